@@ -1,0 +1,393 @@
+"""Train the small model that `interp` ships as its offline default ("tiny-induction").
+
+Run:  python experiments/train_bundled_model.py [--out DIR] [--seed 0] [--steps N] [--smoke]
+
+No machine here can download GPT-2, so the project trains its own model, on CPU, from
+text every Python installation already has: the standard library's own ``.py`` source,
+found at run time through `sysconfig`. Half of each step is that text (next-token
+prediction over random windows); the other half is synthetic ``a + a`` sequences of
+random tokens (with and without a leading BOS, repeat length drawn per batch) where only
+the repeated copy is scored, which is what makes the induction circuit form in minutes.
+
+Architecture (why rotary): GPT-2-shaped models with learned absolute positions, trained
+for minutes, learned shortcuts ("attend N back" heads, duplicate-token heads plus a
+positional smear) instead of induction. With rotary positions, which enter only queries
+and keys, a 2-layer 4-head model forms the textbook circuit: a previous-token head in
+layer 0 and an induction head in layer 1 that K-composes with it.
+
+Outputs, in --out: config.json, model.safetensors, tokenizer files, training_log.csv
+(loss and per-head scores over steps) and TRAINING.json (settings, wall time and the
+figures of experiments/measure_bundled_model.py measured on the saved checkpoint).
+The phase-change figure (an SVG) goes to --figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import os
+import platform
+import random
+import sysconfig
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# BPE training is multi-threaded; its merges are still deterministic, but stay polite
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from jaxtyping import Int  # noqa: E402
+from measure_bundled_model import (  # noqa: E402
+    format_report,
+    half_losses,
+    head_scores,
+    measure,
+    repeated_random_tokens,
+)
+from torch import Tensor  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "interp" / "bundled" / "tiny-induction"
+DEFAULT_FIGURE = REPO / "docs" / "img" / "bundled_model_training.svg"
+EOT = "<|endoftext|>"
+# package folders that are mostly tests or GUI code, not representative Python
+SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    steps: int = 2500
+    vocab_size: int = 2048  # BPE merges + 256 bytes + EOT; small keeps embed/unembed cheap
+    max_text_chars: int = 12_000_000  # the whole filtered stdlib is ~11M characters
+    d_model: int = 64
+    n_layers: int = 2  # induction needs two: previous-token head, then induction head
+    n_heads: int = 4
+    d_mlp: int = 256
+    n_ctx: int = 256  # rotary has no table; this only bounds what configs promise
+    text_len: int = 128  # window length of text batches
+    text_batch: int = 32
+    synth_batch: int = 32
+    rep_len_min: int = 4
+    rep_len_max: int = 80  # covers the detector's 10..60 with margin on both sides
+    bos_prob: float = 0.5  # the detector uses [BOS]+a+a, NeoX users feed a+a
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+    eval_every: int = 100
+    eval_batch: int = 16
+    threads: int = 2  # fixed so the same seed gives the same weights
+
+    def __post_init__(self) -> None:
+        if self.n_layers < 2:
+            raise ValueError(f"n_layers={self.n_layers}: an induction circuit needs at least 2 layers")
+        if 2 * self.rep_len_max + 1 > self.n_ctx or self.text_len > self.n_ctx:
+            raise ValueError(f"sequences longer than n_ctx={self.n_ctx}; lower rep_len_max or text_len")
+
+
+SMOKE = dict(steps=60, vocab_size=512, max_text_chars=300_000, eval_every=20, eval_batch=8)
+
+
+def stdlib_sources(max_chars: int, seed: int) -> list[str]:
+    """The standard library's .py files (no tests), shuffled by seed, up to max_chars."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(f for f in root.rglob("*.py") if not SKIP_DIRS & set(f.relative_to(root).parts))
+    random.Random(seed).shuffle(files)
+    texts, total = [], 0
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # a few files are latin-1 test fixtures; not worth special-casing
+        texts.append(text)
+        total += len(text)
+        if total >= max_chars:
+            break
+    if not texts:
+        raise RuntimeError(f"no readable .py files under {root}; is the standard library installed?")
+    return texts
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, n_ctx: int, out: Path):
+    """Byte-level BPE (any string encodes), saved and reloaded as PreTrainedTokenizerFast.
+
+    The reload matters: an in-memory PreTrainedTokenizerFast lacks name_or_path, which
+    TransformerBridge reads.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],  # first, so its id is 0
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=EOT,
+        eos_token=EOT,
+        unk_token=EOT,
+        clean_up_tokenization_spaces=False,  # else decode(encode(" .")) loses the space
+        model_max_length=n_ctx,
+    )
+    fast.save_pretrained(out)
+    return PreTrainedTokenizerFast.from_pretrained(out)
+
+
+def build_model(cfg: TrainConfig, tokenizer):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    eot = tokenizer.convert_tokens_to_ids(EOT)
+    hf_cfg = GPTNeoXConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.d_model,
+        num_attention_heads=cfg.n_heads,
+        num_hidden_layers=cfg.n_layers,
+        intermediate_size=cfg.d_mlp,
+        max_position_embeddings=cfg.n_ctx,
+        rotary_pct=1.0,  # every query/key dimension rotates: positions live only in QK
+        use_parallel_residual=False,  # sequential blocks, like GPT-2: attn then MLP
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        bos_token_id=eot,
+        eos_token_id=eot,
+    )
+    hf_cfg._attn_implementation = "eager"  # output_attentions for the per-head log
+    return GPTNeoXForCausalLM(hf_cfg)
+
+
+class Batches:
+    """Seeded batch source: text windows and synthetic repeats from one torch.Generator."""
+
+    def __init__(self, cfg: TrainConfig, text_ids: Int[Tensor, " n_tokens"], d_vocab: int, bos_id: int):
+        self.cfg, self.text_ids, self.d_vocab, self.bos_id = cfg, text_ids, d_vocab, bos_id
+        self.gen = torch.Generator().manual_seed(cfg.seed + 1)
+
+    def text(self, batch: int) -> Int[Tensor, "batch pos"]:
+        n = self.cfg.text_len
+        starts = torch.randint(0, len(self.text_ids) - n, (batch,), generator=self.gen)
+        return torch.stack([self.text_ids[s : s + n] for s in starts.tolist()])
+
+    def synthetic(self) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+        """(tokens, labels) where only the predictable part of the second copy is scored."""
+        cfg = self.cfg
+        rep_len = int(torch.randint(cfg.rep_len_min, cfg.rep_len_max + 1, (1,), generator=self.gen))
+        has_bos = bool(torch.rand(1, generator=self.gen) < cfg.bos_prob)
+        tokens = repeated_random_tokens(
+            self.d_vocab, rep_len, cfg.synth_batch, self.gen, bos_id=self.bos_id if has_bos else None
+        )
+        labels = torch.full_like(tokens, -100)
+        # labels[p] is the target of position p-1; a[0] of the second copy is unpredictable
+        second = int(has_bos) + rep_len
+        labels[:, second + 1 :] = tokens[:, second + 1 :]
+        return tokens, labels
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+@torch.no_grad()
+def evaluate(model, cfg: TrainConfig, val_ids: Tensor, d_vocab: int, bos_id: int) -> dict[str, float]:
+    """Held-out text loss, repeated/first-half loss and per-head scores on fixed batches."""
+    model.eval()
+    gen = torch.Generator().manual_seed(12345)  # the same eval batches at every step
+    row: dict[str, float] = {}
+    ind_sum = prev_sum = 0.0
+    firsts, seconds = [], []
+    rep_lens = (10, 30, 60)
+    for rep_len in rep_lens:
+        tokens = repeated_random_tokens(d_vocab, rep_len, cfg.eval_batch, gen, bos_id=bos_id)
+        out = model(tokens, output_attentions=True)
+        scores = [head_scores(a, rep_len, True) for a in out.attentions]
+        ind_sum = ind_sum + torch.stack([s[0] for s in scores])
+        prev_sum = prev_sum + torch.stack([s[1] for s in scores])
+        first, second = half_losses(out.logits, tokens, rep_len, True)
+        firsts.append(first)
+        seconds.append(second)
+    n = cfg.text_len
+    starts = torch.linspace(0, len(val_ids) - n - 1, cfg.eval_batch).long().tolist()
+    text = torch.stack([val_ids[s : s + n] for s in starts])
+    row["val_text_loss"] = model(text, labels=text).loss.item()
+    row["loss_first_half"] = sum(firsts) / len(firsts)
+    row["loss_repeated_half"] = sum(seconds) / len(seconds)
+    for layer in range(cfg.n_layers):
+        for head in range(cfg.n_heads):
+            row[f"induction_{layer}.{head}"] = (ind_sum[layer, head] / len(rep_lens)).item()
+            row[f"prev_token_{layer}.{head}"] = (prev_sum[layer, head] / len(rep_lens)).item()
+    model.train()
+    return row
+
+
+def train(cfg: TrainConfig, out: Path) -> tuple[list[dict[str, float]], float]:
+    """Tokenizer, model, training loop; saves the checkpoint into out. Returns (log, seconds)."""
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True)
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+
+    texts = stdlib_sources(cfg.max_text_chars, cfg.seed)
+    n_val = max(1, len(texts) // 50)  # whole files held out: no window overlaps training
+    tokenizer = train_tokenizer(texts[n_val:], cfg.vocab_size, cfg.n_ctx, out)
+    eot = tokenizer.convert_tokens_to_ids(EOT)
+
+    def ids_of(chunk: list[str]) -> Tensor:
+        # the backend encoder: whole files are far longer than the model's context
+        encoded = tokenizer.backend_tokenizer.encode_batch(chunk, add_special_tokens=False)
+        return torch.tensor([i for e in encoded for i in [*e.ids, eot]])
+
+    train_ids, val_ids = ids_of(texts[n_val:]), ids_of(texts[:n_val])
+    model = build_model(cfg, tokenizer)
+    d_vocab = model.config.vocab_size
+    batches = Batches(cfg, train_ids, d_vocab, eot)
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.98),
+    )
+    log: list[dict[str, float]] = []
+    bar = tqdm(range(cfg.steps + 1), desc="train", unit="step")
+    for step in bar:
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            row = {"step": step, "elapsed_s": time.perf_counter() - t0}
+            row.update(evaluate(model, cfg, val_ids, d_vocab, eot))
+            log.append(row)
+            best = max(v for k, v in row.items() if k.startswith("induction_1."))
+            bar.set_postfix(text=f"{row['val_text_loss']:.2f}", rep=f"{row['loss_repeated_half']:.2f}", ind=f"{best:.2f}")
+        if step == cfg.steps:
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        text = batches.text(cfg.text_batch)
+        tokens, labels = batches.synthetic()
+        loss_text = model(text, labels=text).loss
+        logits = model(tokens).logits
+        loss_synth = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        (loss_text + loss_synth).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    seconds = time.perf_counter() - t0
+    model.config._attn_implementation = "eager"
+    model.save_pretrained(out, safe_serialization=True)
+    return log, seconds
+
+
+def write_log(log: list[dict[str, float]], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(log[0]))
+        writer.writeheader()
+        for row in log:
+            writer.writerow({k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+
+def training_svg(log: list[dict[str, float]], title: str) -> str:
+    """A hand-written SVG: repeated-half loss (left axis) and best layer-1 induction score
+    (right axis, 0..1) against step. No plotting dependency, a few KB."""
+    w, h, left, right, top, bottom = 640, 340, 60, 60, 40, 50
+    steps = [r["step"] for r in log]
+    losses = [r["loss_repeated_half"] for r in log]
+    text = [r["val_text_loss"] for r in log]
+    ind = [max(v for k, v in r.items() if k.startswith("induction_1.")) for r in log]
+    y_max = math.ceil(max(losses + text))
+    sx = lambda s: left + (w - left - right) * s / max(steps)  # noqa: E731
+    sy_loss = lambda v: top + (h - top - bottom) * (1 - v / y_max)  # noqa: E731
+    sy_ind = lambda v: top + (h - top - bottom) * (1 - v)  # noqa: E731
+
+    def path(xs, ys, colour, dash=""):
+        pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys))
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        return f'<polyline fill="none" stroke="{colour}" stroke-width="2"{extra} points="{pts}"/>'
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{w}" height="{h}" fill="white"/>',
+        f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>',
+        f'<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" stroke="black"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="black"/>',
+        f'<line x1="{w - right}" y1="{top}" x2="{w - right}" y2="{h - bottom}" stroke="black"/>',
+    ]
+    for i in range(5):
+        s = round(max(steps) * i / 4)
+        parts.append(f'<text x="{sx(s):.1f}" y="{h - bottom + 16}" text-anchor="middle">{s}</text>')
+        v = y_max * i / 4
+        parts.append(f'<text x="{left - 6}" y="{sy_loss(v) + 4:.1f}" text-anchor="end" fill="#1f77b4">{v:.1f}</text>')
+        parts.append(f'<text x="{w - right + 6}" y="{sy_ind(i / 4) + 4:.1f}" fill="#d62728">{i / 4:.2f}</text>')
+    parts += [
+        f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">training step</text>',
+        f'<text transform="translate(16 {h / 2}) rotate(-90)" text-anchor="middle" fill="#1f77b4">loss (nats)</text>',
+        f'<text transform="translate({w - 14} {h / 2}) rotate(90)" text-anchor="middle" fill="#d62728">'
+        "best induction score</text>",
+        path([sx(s) for s in steps], [sy_loss(v) for v in losses], "#1f77b4"),
+        path([sx(s) for s in steps], [sy_loss(v) for v in text], "#7f7f7f", "5,4"),
+        path([sx(s) for s in steps], [sy_ind(v) for v in ind], "#d62728"),
+        f'<text x="{w - right - 8}" y="{top + 14}" text-anchor="end" fill="#1f77b4">repeated-half loss</text>',
+        f'<text x="{w - right - 8}" y="{top + 30}" text-anchor="end" fill="#7f7f7f">held-out stdlib text loss</text>',
+        f'<text x="{w - right - 8}" y="{top + 46}" text-anchor="end" fill="#d62728">best layer-1 induction score</text>',
+        "</svg>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint folder")
+    parser.add_argument("--seed", type=int, default=TrainConfig.seed)
+    parser.add_argument("--steps", type=int, default=None, help=f"default {TrainConfig.steps}")
+    parser.add_argument("--smoke", action="store_true", help="tiny settings that run in well under a minute")
+    parser.add_argument("--figure", type=Path, default=None, help=f"SVG path (default {DEFAULT_FIGURE.relative_to(REPO)}; with --smoke, inside --out)")
+    parser.add_argument("--no-measure", action="store_true", help="skip measuring the saved checkpoint")
+    args = parser.parse_args(argv)
+
+    overrides = dict(SMOKE) if args.smoke else {}
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    cfg = TrainConfig(seed=args.seed, **overrides)
+    figure = args.figure or (args.out / "training_curve.svg" if args.smoke else DEFAULT_FIGURE)
+
+    log, seconds = train(cfg, args.out)
+    write_log(log, args.out / "training_log.csv")
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    figure.write_text(training_svg(log, f"tiny-induction training (seed {cfg.seed})"))
+    print(f"trained {cfg.steps} steps in {seconds:.0f} s; checkpoint in {args.out}")
+
+    meta = {
+        "name": "tiny-induction",
+        "architecture": "GPTNeoXForCausalLM, rotary (rotary_pct=1.0), sequential residual",
+        "config": dataclasses.asdict(cfg),
+        "train_wall_seconds": round(seconds, 1),
+        "machine": f"{platform.machine()}, torch {torch.__version__}, {cfg.threads} threads",
+        "python_stdlib": f"Python {platform.python_version()}",
+        "final_log_row": log[-1],
+    }
+    if not args.no_measure:
+        figures = measure(args.out, seed=0)
+        print(format_report(figures))
+        meta["measured"] = figures
+    (args.out / "TRAINING.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

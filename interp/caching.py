@@ -1,0 +1,219 @@
+"""Run a prompt and keep exactly the activations an analysis asked for.
+
+``run_cached(model, prompt, patterns=True)`` caches one hook per layer, not the whole
+forward pass: GPT-2 small on 8x256 tokens holds ~2.4 GB of activations if everything is
+kept, ~72 MB for one kind. Per-head outputs (``z @ W_O`` per head) are computed inside the
+hook from ``hook_z`` so that neither ``z`` nor TransformerLens's gated ``hook_result`` is kept.
+
+Hooks added here live only for the run: they are removed when it ends, also when a hook or
+the forward pass raises (``model.hooks`` context; see tests/test_caching.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+__all__ = ["CachedRun", "PromptError", "run_cached", "to_tokens", "RESID_KINDS"]
+
+RESID_KINDS = ("pre", "mid", "post")
+Prompt = str | Sequence[str] | Sequence[int] | Tensor
+HookFn = Callable[..., Tensor | None]
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be run: empty, too long, or with ids outside the vocabulary."""
+
+
+def _n_ctx(model) -> int:
+    return int(model.cfg.n_ctx)
+
+
+def _check_ids(tokens: Tensor, model) -> Int[Tensor, "batch pos"]:
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise PromptError(f"token ids must be integers, got dtype {tokens.dtype}")
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2:
+        raise PromptError(f"token ids must be [pos] or [batch, pos], got shape {tuple(tokens.shape)}")
+    if tokens.numel() == 0:
+        raise PromptError("the prompt is empty: pass at least one token")
+    d_vocab = int(model.cfg.d_vocab)
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= d_vocab:
+        raise PromptError(f"token ids must lie in [0, {d_vocab - 1}] (the model's vocabulary), "
+                          f"got values from {lo} to {hi}")
+    if tokens.shape[1] > _n_ctx(model):
+        raise PromptError(f"prompt has {tokens.shape[1]} tokens but the model's context is "
+                          f"{_n_ctx(model)}; pass a shorter prompt")
+    return tokens.long()
+
+
+def to_tokens(model, prompt: Prompt, *, prepend_bos: bool | None = None) -> Int[Tensor, "batch pos"]:
+    """Validate a prompt (text, a batch of texts, or token ids) and return ``[batch, pos]`` ids.
+
+    Text is tokenised by the model's tokenizer (``prepend_bos`` as the model's default when
+    None); a batch of texts must tokenise to equal lengths, since padding would be attended to.
+    """
+    if isinstance(prompt, Tensor):
+        tokens = prompt
+    elif isinstance(prompt, str) or (isinstance(prompt, Sequence) and prompt
+                                     and all(isinstance(p, str) for p in prompt)):
+        texts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if any(not t for t in texts):
+            raise PromptError("the prompt is empty: pass some text")
+        if model.tokenizer is None:
+            raise PromptError("this model has no tokenizer; pass token ids instead of text")
+        rows = [model.to_tokens(t, prepend_bos=prepend_bos, truncate=False)[0].cpu() for t in texts]
+        lengths = sorted({len(r) for r in rows})
+        if len(lengths) > 1:
+            raise PromptError(f"the texts tokenise to different lengths {lengths}; run them "
+                              "separately or pass equal-length token ids")
+        tokens = torch.stack(rows)
+    elif isinstance(prompt, Sequence):
+        if not prompt:
+            raise PromptError("the prompt is empty: pass some text or token ids")
+        try:
+            tokens = torch.as_tensor(prompt)
+        except (TypeError, ValueError) as exc:
+            raise PromptError(f"cannot read the prompt as token ids: {exc}") from exc
+    else:
+        raise PromptError(f"a prompt is text, a list of texts or token ids, not {type(prompt).__name__}")
+    return _check_ids(tokens, model)
+
+
+def _hook_name(layer: int, suffix: str) -> str:
+    return f"blocks.{layer}.{suffix}"
+
+
+def check_hook_names(model, names: Sequence[str]) -> None:
+    """Raise for hook names the model does not have or only fires behind a flag."""
+    available = model.hook_dict
+    for name in names:
+        if name not in available:
+            close = difflib.get_close_matches(name, list(available), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise KeyError(f"unknown hook name '{name}'{hint}")
+        reason = model._gated_hook_reason(name)
+        if reason is not None:
+            raise KeyError(f"hook '{name}' does not fire on this model as configured: {reason}")
+
+
+@dataclass(frozen=True)
+class CachedRun:
+    """The tokens, logits and the requested activations of one forward pass."""
+
+    tokens: Int[Tensor, "batch pos"]
+    logits: Float[Tensor, "batch pos d_vocab"] | None
+    activations: dict[str, Tensor] = field(repr=False)
+    layers: tuple[int, ...]
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self.activations:
+            raise KeyError(f"'{name}' was not cached; ask for it in run_cached "
+                           f"(cached: {', '.join(sorted(self.activations)) or 'nothing'})")
+        return self.activations[name]
+
+    def _stack(self, suffix: str) -> Tensor:
+        return torch.stack([self[_hook_name(layer, suffix)] for layer in self.layers])
+
+    def resid(self, kind: str = "post") -> Float[Tensor, "layer batch pos d_model"]:
+        return self._stack(f"hook_resid_{kind}")
+
+    def patterns(self) -> Float[Tensor, "layer batch head q_pos k_pos"]:
+        return self._stack("attn.hook_pattern")
+
+    def scores(self) -> Float[Tensor, "layer batch head q_pos k_pos"]:
+        """Scaled attention scores ``q·k/sqrt(d_head)``; masked entries hold ``finfo.min``."""
+        return self._stack("attn.hook_attn_scores")
+
+    def head_outputs(self) -> Float[Tensor, "layer batch pos head d_model"]:
+        """Each head's write to the residual stream, ``z @ W_O`` (``b_O`` not included)."""
+        return self._stack("attn.hook_result")
+
+    def ln_scales(self, which: str = "ln1") -> Float[Tensor, "layer batch pos 1"]:
+        return self._stack(f"{which}.hook_scale")
+
+
+def _head_output_hook(W_O: Float[Tensor, "head d_head d_model"], store: dict, name: str) -> HookFn:
+    def hook(z: Float[Tensor, "batch pos head d_head"], hook) -> None:
+        store[name] = torch.einsum("bphd,hdm->bphm", z.detach(), W_O.to(z.dtype))
+
+    return hook
+
+
+def _store_hook(store: dict, name: str) -> HookFn:
+    def hook(act: Tensor, hook) -> None:
+        store[name] = act.detach()
+
+    return hook
+
+
+def run_cached(
+    model,
+    prompt: Prompt,
+    *,
+    resid: Sequence[str] = (),
+    patterns: bool = False,
+    scores: bool = False,
+    head_outputs: bool = False,
+    ln_scales: bool = False,
+    hooks: Sequence[str] = (),
+    layers: Sequence[int] | None = None,
+    interventions: Sequence[tuple[str, HookFn]] = (),
+    keep_logits: bool = True,
+    prepend_bos: bool | None = None,
+) -> CachedRun:
+    """Run ``prompt`` through ``model`` once, caching only what was asked for.
+
+    Args:
+        resid: residual-stream positions per layer, any of ``"pre"``, ``"mid"``, ``"post"``.
+        patterns: attention patterns ``[batch head q_pos k_pos]`` per layer.
+        scores: scaled, masked attention scores (the QK products) per layer.
+        head_outputs: per-head outputs ``z @ W_O`` ``[batch pos head d_model]`` per layer,
+            stored under ``blocks.L.attn.hook_result``.
+        ln_scales: LayerNorm scales of every LayerNorm in the chosen layers and ``ln_final``.
+        hooks: further raw hook names (validated: unknown or gated names raise ``KeyError``).
+        layers: the layers to cache (default all).
+        interventions: ``(hook_name, fn)`` forward hooks that may edit activations (ablations);
+            removed when the run ends, even if one raises.
+        keep_logits: return the logits (``[batch pos d_vocab]`` can be the largest tensor).
+    """
+    tokens = to_tokens(model, prompt, prepend_bos=prepend_bos).to(model.cfg.device)
+    n_layers = int(model.cfg.n_layers)
+    chosen = tuple(range(n_layers)) if layers is None else tuple(int(layer) for layer in layers)
+    bad = [layer for layer in chosen if not 0 <= layer < n_layers]
+    if bad:
+        raise ValueError(f"layers {bad} out of range: the model has {n_layers} layers")
+    unknown = [kind for kind in resid if kind not in RESID_KINDS]
+    if unknown:
+        raise ValueError(f"resid kinds must be among {RESID_KINDS}, got {unknown}")
+
+    names = [_hook_name(layer, f"hook_resid_{kind}") for layer in chosen for kind in resid]
+    names += [_hook_name(layer, "attn.hook_pattern") for layer in chosen if patterns]
+    names += [_hook_name(layer, "attn.hook_attn_scores") for layer in chosen if scores]
+    if ln_scales:
+        norms = [_hook_name(layer, f"{ln}.hook_scale") for layer in chosen for ln in ("ln1", "ln2")]
+        names += [n for n in norms if n in model.hook_dict] + ["ln_final.hook_scale"]
+    names += list(hooks)
+    check_hook_names(model, names + [name for name, _ in interventions])
+    if head_outputs:
+        check_hook_names(model, [_hook_name(layer, "attn.hook_z") for layer in chosen])
+
+    store: dict[str, Tensor] = {}
+    fwd_hooks: list[tuple[str, HookFn]] = list(interventions)
+    fwd_hooks += [(name, _store_hook(store, name)) for name in dict.fromkeys(names)]
+    if head_outputs:
+        W_O = model.W_O
+        fwd_hooks += [(_hook_name(layer, "attn.hook_z"),
+                       _head_output_hook(W_O[layer], store, _hook_name(layer, "attn.hook_result")))
+                      for layer in chosen]
+    with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks, reset_hooks_end=True):
+        logits = model(tokens, return_type="logits")
+    return CachedRun(tokens=tokens, logits=logits if keep_logits else None,
+                     activations=store, layers=chosen)

@@ -1,0 +1,59 @@
+"""The ``interp`` command: a thin dispatcher over ``interp.commands.<name>`` modules.
+
+Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int``. Errors the user can fix end in one line on stderr and exit code 1;
+no half-written output is left behind (writers in ``interp.html`` are atomic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# command name -> module implementing it (imported only when that command runs)
+COMMANDS = {
+    "induction": "interp.commands.induction",
+    "attention": "interp.commands.attention",
+    "circuits": "interp.commands.circuits",
+    "attribute": "interp.commands.attribute",
+    "models": "interp.commands.models",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="interp", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        try:  # TEMPORARY while command modules are being written; removed before release
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interp: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one clear line for the user; --verbose shows the traceback
+        if args.verbose:
+            raise
+        print(f"interp {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``interp`` sub-command (see ``interp.cli.COMMANDS``)."""

@@ -1,0 +1,192 @@
+"""Load a hooked model: a hub name, a local checkpoint directory, or a bundled model.
+
+All three go through TransformerLens 4's ``TransformerBridge.boot_transformers``; this module
+only decides *what* to hand it and refuses, with one clear message, what would otherwise fail
+slowly (a 45-second retry loop offline) or silently (a 1-token tokenizer, pickled weights).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+__all__ = ["ModelLoadError", "BUNDLED_DIR", "bundled_models", "load_model", "resolve_source"]
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+
+# any one of these makes a directory's tokenizer loadable by transformers' AutoTokenizer
+TOKENIZER_FILE_SETS: tuple[tuple[str, ...], ...] = (
+    ("tokenizer.json",),
+    ("vocab.json", "merges.txt"),
+    ("tokenizer.model",),
+    ("spiece.model",),
+    ("vocab.txt",),
+)
+SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+HUB_PROBE_TIMEOUT_S = 3.0  # a reachable hub answers a TCP connect well inside this
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded; the message says why and what to do."""
+
+
+def bundled_models() -> list[str]:
+    """Short names of the models shipped inside the package."""
+    if not BUNDLED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in BUNDLED_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def _missing_tokenizer(directory: Path) -> bool:
+    return not any(all((directory / f).is_file() for f in files) for files in TOKENIZER_FILE_SETS)
+
+
+def check_checkpoint_dir(directory: Path, *, allow_pickle: bool) -> None:
+    """Refuse a directory that is not a complete, safely loadable checkpoint."""
+    if not directory.is_dir():
+        raise ModelLoadError(f"{directory} is not a directory; pass a checkpoint directory "
+                             "written by save_pretrained, a hub name, or a bundled model "
+                             f"({', '.join(bundled_models()) or 'none installed'})")
+    if not (directory / "config.json").is_file():
+        raise ModelLoadError(f"{directory} is not a model checkpoint: it has no config.json. "
+                             "Write one with model.save_pretrained(directory).")
+    has_safe = any((directory / f).is_file() for f in SAFE_WEIGHTS)
+    has_pickle = any((directory / f).is_file() for f in PICKLED_WEIGHTS)
+    if not has_safe and not has_pickle:
+        raise ModelLoadError(f"{directory} has a config.json but no weights (expected "
+                             f"{' or '.join(SAFE_WEIGHTS)}). Write them with "
+                             "model.save_pretrained(directory).")
+    if not has_safe and not allow_pickle:
+        raise ModelLoadError(f"{directory} holds only pickled weights (pytorch_model.bin), and "
+                             "unpickling can run arbitrary code. Convert them with "
+                             "model.save_pretrained(directory, safe_serialization=True), or pass "
+                             "allow_pickle=True if you trust the file.")
+    if _missing_tokenizer(directory):
+        raise ModelLoadError(f"{directory} has no tokenizer files (expected tokenizer.json, or "
+                             "vocab.json + merges.txt, or tokenizer.model). Save one there with "
+                             "tokenizer.save_pretrained(directory); TransformerLens would "
+                             "otherwise build a useless 1-token tokenizer.")
+
+
+def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:
+    """Return ``(kind, location)`` with kind ``"bundled"``, ``"local"`` or ``"hub"``."""
+    text = os.fspath(name_or_path)
+    if not text.strip():
+        raise ModelLoadError("model name is empty; pass a hub name such as 'gpt2', a checkpoint "
+                             f"directory, or a bundled model ({', '.join(bundled_models())})")
+    if text in bundled_models():
+        return "bundled", str(BUNDLED_DIR / text)
+    path = Path(text).expanduser()
+    if path.exists() or isinstance(name_or_path, os.PathLike):
+        return "local", str(path)
+    # hub ids are "name" or "org/name"; anything with more parts or a leading ./ ~ / is a path
+    if text.startswith((".", "~", "/")) or text.count("/") > 1:
+        raise ModelLoadError(f"no such directory: {text}")
+    return "hub", text
+
+
+def _hub_cached(repo_id: str, filename: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, filename), str)
+
+
+def _hub_reachable() -> bool:
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=HUB_PROBE_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def _hub_is_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+
+
+def check_hub_name(repo_id: str, *, allow_pickle: bool) -> None:
+    """Fail fast when a hub model can be neither found in the cache nor fetched."""
+    cached = _hub_cached(repo_id, "config.json")
+    if not cached:
+        advice = ("Download it on a machine with access and pass the directory written by "
+                  "save_pretrained (config, safetensors weights and tokenizer), or use a bundled "
+                  f"model: {', '.join(bundled_models()) or 'none installed'}.")
+        if _hub_is_offline():
+            raise ModelLoadError(f"'{repo_id}' is not in the local cache and the hub is disabled "
+                                 f"(HF_HUB_OFFLINE is set). {advice}")
+        if not _hub_reachable():
+            raise ModelLoadError(f"'{repo_id}' is not in the local cache and the model hub cannot "
+                                 f"be reached from this machine. {advice}")
+    if allow_pickle:
+        return
+    if cached:
+        has_safe = any(_hub_cached(repo_id, f) for f in SAFE_WEIGHTS)
+    else:
+        from huggingface_hub import list_repo_files
+
+        has_safe = any(f in SAFE_WEIGHTS for f in list_repo_files(repo_id))
+    if not has_safe:
+        raise ModelLoadError(f"'{repo_id}' has no safetensors weights, and loading pickled weights "
+                             "can run arbitrary code. Pass allow_pickle=True if you trust it.")
+
+
+def load_model(
+    name_or_path: str | os.PathLike,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    **bridge_kwargs,
+):
+    """Load a hooked model (a TransformerLens 4 ``TransformerBridge``), in eval mode.
+
+    Args:
+        name_or_path: a hub name (``"gpt2"``), a directory written by ``save_pretrained``
+            (config, safetensors weights, tokenizer), or a bundled model's short name
+            (see :func:`bundled_models`).
+        device: where to put the model; ``None`` lets TransformerLens choose.
+        dtype: parameter dtype.
+        allow_pickle: permit ``pytorch_model.bin`` weights (unpickling can run code).
+        trust_remote_code: permit a checkpoint's own modelling code to run.
+        **bridge_kwargs: passed to ``boot_transformers`` as they are: ``device_map``,
+            ``n_devices``, ``max_memory`` for models larger than one device, ``n_ctx``, ...
+
+    Raises:
+        ModelLoadError: the source cannot be loaded; the message says what to do.
+    """
+    from transformer_lens.model_bridge import TransformerBridge
+
+    kind, location = resolve_source(name_or_path)
+    if kind == "hub":
+        check_hub_name(location, allow_pickle=allow_pickle)
+    else:
+        check_checkpoint_dir(Path(location), allow_pickle=allow_pickle)
+    if device is not None and bridge_kwargs.get("device_map") is not None:
+        raise ModelLoadError("pass either device or device_map, not both")
+    logger.info("loading %s model from %s", kind, location)
+    try:
+        model = TransformerBridge.boot_transformers(
+            location, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+            **bridge_kwargs,
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"could not load '{name_or_path}': {exc}") from exc
+    if model.tokenizer is None or len(model.tokenizer) < 2:
+        raise ModelLoadError(f"'{name_or_path}' loaded without a usable tokenizer; save one next "
+                             "to the weights with tokenizer.save_pretrained(directory)")
+    model.eval()
+    return model
