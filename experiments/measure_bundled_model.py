@@ -123,30 +123,68 @@ def run_repeated(bridge, tokens, rep_len: int, has_bos: bool, ablate: list[tuple
     return torch.stack(ind), torch.stack(prev), first, second
 
 
-def composition_scores(bridge) -> tuple[Float[Tensor, "head head"], float]:
+def rotary_matrix(delta: int, d_head: int, base: float) -> Float[Tensor, "d_head d_head"]:
+    """R with q_rot . k_rot = q R(q_pos - k_pos) k for HF NeoX rotary (rotate-half pairs)."""
+    angle = delta / base ** (torch.arange(0, d_head, 2).float() / d_head)
+    cos, sin = torch.cat([angle.cos()] * 2), torch.cat([angle.sin()] * 2)
+    eye = torch.eye(d_head)
+    half = d_head // 2
+    rotate_half = torch.cat([-eye[:, half:], eye[:, :half]], dim=1)
+    return eye * cos + rotate_half * sin
+
+
+def folded_weights(bridge) -> dict[str, Tensor]:
+    """W_Q, W_K, W_V [layer head d_model d_head] with ln1's weight and centring folded in.
+
+    The per-token 1/std scale cannot be folded into weights and is ignored, as in
+    TransformerLens's composition scores; biases do not enter the score.
+    """
+    d_model = bridge.cfg.d_model
+    centre = torch.eye(d_model) - 1.0 / d_model  # LayerNorm removes the mean first
+    layers = bridge.original_model.gpt_neox.layers
+    ln = torch.stack([layer.input_layernorm.weight.detach() for layer in layers])  # [layer d_model]
+    fold = centre[None] * ln[:, None, :]  # [layer d_model d_model]: x -> centre(x) * w
+    return {
+        name: torch.einsum("lab,lhbe->lhae", fold, getattr(bridge, name).detach())
+        for name in ("W_Q", "W_K", "W_V")
+    }
+
+
+def _comp(qk: Tensor, ov: Tensor) -> Float[Tensor, "src dst"]:
+    """||W_QK_dst W_OV_src^T||_F / (||W_QK_dst||_F ||W_OV_src||_F) for all pairs."""
+    prod = torch.einsum("dab,scb->sdac", qk, ov)  # [src dst d_model d_model]
+    return prod.norm(dim=(-2, -1)) / (ov.norm(dim=(-2, -1))[:, None] * qk.norm(dim=(-2, -1))[None, :])
+
+
+def composition_scores(bridge, rep_lens=REP_LENS) -> dict[str, Tensor | float]:
     """K-composition of each layer-0 head (source) into each layer-1 head (destination).
 
-    ||W_QK_dst W_OV_src^T||_F / (||W_QK_dst||_F ||W_OV_src||_F) on the raw weights, with a
-    baseline: the same statistic for Gaussian matrices of the same shapes (mean of 50).
-    Rotary positions rotate q and k by their positions before the dot product, so the
-    true bilinear form is W_Q R(q_pos - k_pos) W_K^T; the unrotated product is only an
-    approximation of it, which is why the causal ablation is the primary evidence.
+    "plain": TransformerLens's score with W_QK = W_Q W_K^T (LayerNorm weight folded in).
+    Rotary rotates q and k before their dot product, so the real bilinear form between a
+    query and a key (q_pos - k_pos) apart is W_Q R(q_pos - k_pos) W_K^T; "rotary" averages
+    the score over the offsets an induction head uses (rep_len - 1). Both are weight-level
+    approximations; the causal ablations in `measure` are the primary evidence.
+    "baseline": the same statistic for Gaussian matrices of the same ranks (mean of 50).
     """
-    W_Q, W_K, W_V, W_O = bridge.W_Q, bridge.W_K, bridge.W_V, bridge.W_O  # [layer head ...]
-    qk = W_Q[1] @ W_K[1].transpose(-1, -2)  # [head d_model d_model]
-    ov = W_V[0] @ W_O[0]  # [head d_model d_model]
-    prod = torch.einsum("dab,scb->sdac", qk, ov)  # [src dst d_model d_model]
-    norm = qk.norm(dim=(-2, -1))[None, :] * ov.norm(dim=(-2, -1))[:, None]
-    scores = prod.norm(dim=(-2, -1)) / norm
-
+    w = folded_weights(bridge)
+    ov = w["W_V"][0] @ bridge.W_O[0].detach()  # [head d_model d_model]
+    qk_plain = w["W_Q"][1] @ w["W_K"][1].transpose(-1, -2)
+    d_model, d_head = w["W_Q"].shape[2], w["W_Q"].shape[3]
+    base = float(getattr(bridge.cfg, "rotary_base", 10000))
+    rotated = [
+        _comp(w["W_Q"][1] @ rotary_matrix(L - 1, d_head, base) @ w["W_K"][1].transpose(-1, -2), ov)
+        for L in rep_lens
+    ]
     gen = torch.Generator().manual_seed(0)
-    d_model, d_head = W_Q.shape[2], W_Q.shape[3]
-    base = []
+    samples = []
     for _ in range(50):
-        a = torch.randn(d_model, d_head, generator=gen) @ torch.randn(d_head, d_model, generator=gen)
-        b = torch.randn(d_model, d_head, generator=gen) @ torch.randn(d_head, d_model, generator=gen)
-        base.append(((a @ b.T).norm() / (a.norm() * b.norm())).item())
-    return scores, sum(base) / len(base)
+        a, b = (torch.randn(d_model, d_head, generator=gen) @ torch.randn(d_head, d_model, generator=gen) for _ in "ab")
+        samples.append(((a @ b.T).norm() / (a.norm() * b.norm())).item())
+    return {
+        "plain": _comp(qk_plain, ov),
+        "rotary": torch.stack(rotated).mean(0),
+        "baseline": sum(samples) / len(samples),
+    }
 
 
 def measure(checkpoint: str | Path, *, seed: int = 0, batch: int = 32, rep_lens=REP_LENS) -> dict:
@@ -176,7 +214,7 @@ def measure(checkpoint: str | Path, *, seed: int = 0, batch: int = 32, rep_lens=
     abl_ind = losses_with(induction_heads)
     abl_prev = losses_with([prev_head])
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    comp, baseline = composition_scores(bridge)
+    comp = composition_scores(bridge)
 
     no_bos = {}
     for L in rep_lens:
@@ -198,8 +236,9 @@ def measure(checkpoint: str | Path, *, seed: int = 0, batch: int = 32, rep_lens=
         "loss_repeated_half_induction_ablated": mean([r[3] for r in abl_ind.values()]),
         "loss_repeated_half_prev_token_ablated": mean([r[3] for r in abl_prev.values()]),
         "best_induction_score_prev_token_ablated": mean([r[0][best].item() for r in abl_prev.values()]),
-        "k_composition_src_l0_dst_l1": comp.tolist(),
-        "k_composition_random_baseline": baseline,
+        "k_composition_src_l0_dst_l1": comp["plain"].tolist(),
+        "k_composition_rotary_src_l0_dst_l1": comp["rotary"].tolist(),
+        "k_composition_random_baseline": comp["baseline"],
     }
 
 
@@ -228,8 +267,9 @@ def format_report(m: dict) -> str:
         f" {m['loss_repeated_half_prev_token_ablated']:.3f}, best induction score"
         f" {m['best_induction_score_prev_token_ablated']:.3f}"
     )
-    lines.append("K-composition [src layer-0 head][dst layer-1 head]:")
-    lines += ["  " + "  ".join(f"{s:.3f}" for s in row) for row in m["k_composition_src_l0_dst_l1"]]
+    for key, what in [("k_composition_src_l0_dst_l1", "W_Q W_K^T"), ("k_composition_rotary_src_l0_dst_l1", "W_Q R W_K^T")]:
+        lines.append(f"K-composition ({what}) [src layer-0 head][dst layer-1 head]:")
+        lines += ["  " + "  ".join(f"{s:.3f}" for s in row) for row in m[key]]
     lines.append(f"  random baseline {m['k_composition_random_baseline']:.3f}")
     return "\n".join(lines)
 

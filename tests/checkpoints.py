@@ -28,29 +28,32 @@ CORPUS = [
 ]
 
 
-def make_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
+def make_tokenizer(vocab_size: int = 400, corpus: list[str] | None = None) -> PreTrainedTokenizerFast:
     """A byte-level BPE (any string tokenises) with ``<|endoftext|>`` as id 0."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[SPECIAL],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS * 20, trainer)
+    tok.train_from_iterator((corpus or CORPUS) * 20, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL, eos_token=SPECIAL,
                                    unk_token=SPECIAL)
 
 
 def make_checkpoint(directory: Path, *, arch: str = "gpt2", seed: int = 0, n_layers: int = 2,
                     n_heads: int = 4, d_model: int = 64, n_ctx: int = 64, vocab_size: int = 400,
-                    randomize_ln: bool = True, with_tokenizer: bool = True) -> Path:
+                    randomize_ln: bool = True, with_tokenizer: bool = True,
+                    corpus: list[str] | None = None, d_vocab: int | None = None) -> Path:
     """Write a random checkpoint to ``directory`` and return it.
 
-    ``randomize_ln`` draws LayerNorm weights and biases away from (1, 0) so that folding and
+    ``corpus`` trains the tokenizer (default: a few mixed sentences). ``randomize_ln`` draws
+    LayerNorm weights and biases away from (1, 0) so that folding and
     attribution tests really exercise them; biases everywhere are random for the same reason.
+    ``d_vocab`` widens the model's vocabulary beyond the tokenizer's (GPT-2's 50257, say).
     """
     torch.manual_seed(seed)
-    tokenizer = make_tokenizer(vocab_size)
-    vocab = len(tokenizer)
+    tokenizer = make_tokenizer(vocab_size, corpus)
+    vocab = max(len(tokenizer), d_vocab or 0)
     if arch == "gpt2":
         config = GPT2Config(vocab_size=vocab, n_positions=n_ctx, n_embd=d_model, n_layer=n_layers,
                             n_head=n_heads, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0,

@@ -1,0 +1,146 @@
+"""Speed and memory of the factored circuit scores, beside the dense computations.
+
+Run:  python benchmarks/bench_circuits.py [--threads 2] [--repeats 3]
+
+1. GPT-2 small's shape with its real vocabulary (12 layers x 12 heads, d_model 768, d_head 64,
+   d_vocab 50,257; random weights built as tensors, nothing downloaded): copying scores of all
+   144 heads (target <= 2 s, < 1 GB extra memory) and Q/K/V-composition scores of all head
+   pairs (target <= 10 s), with the peak resident memory each adds.
+2. The factored paths against the dense ones (vocab x vocab eigenproblems; d_model x d_model
+   products) on shapes where dense fits, timed side by side in this run, as ratios.
+
+Timings on a shared machine are noisy: the best of ``--repeats`` runs is printed with the
+median. Figures are printed, never asserted in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from interp.circuits import (
+    CircuitWeights,
+    composition_scores,
+    composition_scores_dense,
+    copying_scores,
+    copying_scores_dense,
+)
+
+COPYING_TARGET_S, COPYING_TARGET_BYTES, COMPOSITION_TARGET_S = 2.0, 1024**3, 10.0
+
+
+def random_weights(*, n_layers: int, n_heads: int, d_model: int, d_head: int, d_vocab: int,
+                   seed: int = 0, tied: bool = True) -> CircuitWeights:
+    """GPT-2-like random weights as LayerNorm-folded CircuitWeights (unembed tied to W_E)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int, std: float = 0.02) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * std
+
+    W_E = randn(d_vocab, d_model)
+    W_U = W_E.T if tied else randn(d_model, d_vocab)  # GPT-2 ties them: a view, no copy
+    ln_w = 1 + randn(d_model, std=0.3)
+    unembed_in = torch.diag(ln_w)
+    unembed_in = unembed_in - unembed_in.mean(dim=0, keepdim=True)  # P diag(w), as folded
+    shape_in, shape_out = (n_layers, n_heads, d_model, d_head), (n_layers, n_heads, d_head, d_model)
+    return CircuitWeights(
+        W_E=W_E, W_Q=randn(*shape_in), W_K=randn(*shape_in), W_V=randn(*shape_in),
+        W_O=randn(*shape_out), b_Q=randn(n_layers, n_heads, d_head),
+        b_K=randn(n_layers, n_heads, d_head), b_V=randn(n_layers, n_heads, d_head), W_U=W_U,
+        unembed_in=unembed_in, center_unembed=True, attn_scale=d_head**0.5, ln_folded=True)
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark (VmHWM) for this process; False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(fn: Callable[[], object], repeats: int) -> tuple[float, float, int | None]:
+    """(best seconds, median seconds, peak extra resident bytes or None).
+
+    Memory is read on the first call, before any warm-up, so that no allocation is served by
+    memory an earlier call left mapped: peak RSS (VmHWM, reset first) minus RSS before the call.
+    Times are taken on ``repeats`` further calls.
+    """
+    extra = None
+    if _reset_peak():
+        before = _status_kb("VmRSS")
+        fn()
+        extra = (_status_kb("VmHWM") - before) * 1024
+    else:
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times), statistics.median(times), extra
+
+
+def _mb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 1e6:.0f} MB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--vocab", type=int, default=50257, help="d_vocab of part 1")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+
+    print(f"1. GPT-2 small shape, d_vocab {args.vocab}, random weights")
+    w = random_weights(n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=args.vocab)
+    best, med, extra = measure(lambda: copying_scores(w), args.repeats)
+    ok = best <= COPYING_TARGET_S and (extra is None or extra < COPYING_TARGET_BYTES)
+    print(f"   copying scores, 144 heads: best {best:.2f} s, median {med:.2f} s, peak extra "
+          f"memory {_mb(extra)}  (target <= {COPYING_TARGET_S:.0f} s, < 1 GB: "
+          f"{'met' if ok else 'NOT met'})")
+    total = 0.0
+    for kind in "QKV":
+        best, med, extra = measure(lambda k=kind: composition_scores(w, k), args.repeats)
+        total += best
+        print(f"   {kind}-composition, {12 * 12 * 11 * 12 // 2} pairs: best {best:.2f} s, "
+              f"median {med:.2f} s, peak extra memory {_mb(extra)}")
+    print(f"   all three kinds: {total:.2f} s (target <= {COMPOSITION_TARGET_S:.0f} s: "
+          f"{'met' if total <= COMPOSITION_TARGET_S else 'NOT met'})")
+    del w
+
+    print("\n2. factored vs dense, side by side")
+    small = random_weights(n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=512, seed=1)
+    fast = measure(lambda: copying_scores(small), args.repeats)
+    dense = measure(lambda: copying_scores_dense(small), 1)  # (one warm-up call + 1 timed)
+    err = (copying_scores(small).copying_score - copying_scores_dense(small).copying_score).abs()
+    print(f"   copying, GPT-2 small shape with d_vocab 512: factored {fast[0]:.3f} s, dense "
+          f"(144 eigenproblems of 512x512) {dense[0]:.2f} s: {dense[0] / fast[0]:.0f}x; "
+          f"max |difference| {err.max():.1e}")
+    comp = random_weights(n_layers=6, n_heads=8, d_model=256, d_head=32, d_vocab=512, seed=2)
+    fast = measure(lambda: composition_scores(comp, "QKV"), args.repeats)
+    dense = measure(lambda: composition_scores_dense(comp, "QKV"), 1)
+    err = (composition_scores(comp, "QKV").score
+           - composition_scores_dense(comp, "QKV").score).abs()
+    print(f"   composition (Q, K, V), 6 layers x 8 heads, d_model 256: factored {fast[0]:.3f} s, "
+          f"dense (d_model x d_model products) {dense[0]:.2f} s: {dense[0] / fast[0]:.0f}x; "
+          f"max |difference| {err.max():.1e}")
+
+
+if __name__ == "__main__":
+    main()

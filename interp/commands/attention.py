@@ -1,0 +1,63 @@
+"""``interp attention``: one self-contained HTML page with each layer's attention patterns.
+
+    interp attention --model tiny-induction --prompt "A B C A B" --out attention.html
+
+The page opens offline (CircuitsVis inlined once), and the prompt, its tokens and the model
+name are shown as text, never read as markup or script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+HELP = "write a self-contained HTML page of a prompt's attention patterns, one view per layer"
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny-induction",
+                        help="hub name, checkpoint directory or bundled name "
+                             "(default: tiny-induction)")
+    parser.add_argument("--prompt", required=True, help="the text to run")
+    parser.add_argument("--out", required=True, metavar="FILE.html",
+                        help="where to write the page (written atomically)")
+    parser.add_argument("--layers", type=int, nargs="+", metavar="L",
+                        help="layers to show (default: all)")
+    parser.add_argument("--device", default=None, help="torch device (default: TransformerLens's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    path = write_attention_page(model_name=args.model, prompt=args.prompt, out=args.out,
+                                layers=args.layers, device=args.device)
+    print(f"wrote {path}")
+    return 0
+
+
+def write_attention_page(*, model_name: str, prompt: str, out, layers=None, device=None):
+    """Load ``model_name``, run ``prompt``, and write the attention page to ``out``."""
+    from interp.caching import run_cached
+    from interp.html import Report
+    from interp.loading import load_model
+
+    if not prompt:
+        raise ValueError("the prompt is empty: pass some text with --prompt")
+    model = load_model(model_name, device=device)
+    run = run_cached(model, prompt, patterns=True, layers=layers, keep_logits=False)
+    tokens = model.to_str_tokens(run.tokens[0])
+    patterns = run.patterns()  # [layer batch head q_pos k_pos]
+    n_heads = patterns.shape[2]
+    logger.info("%d tokens, layers %s", len(tokens), list(run.layers))
+
+    report = Report(f"Attention patterns: {model_name}")
+    report.add_text(f"Model: {model_name}\nPrompt ({len(tokens)} tokens): {prompt}")
+    report.add_text("Each view shows one layer's heads: a row is a query (destination) token, a "
+                    "column a key (source) token it attends to. Hover a head to zoom in; "
+                    "click to keep it.")
+    for i, layer in enumerate(run.layers):
+        report.add_heading(f"Layer {layer}")
+        report.add_attention(tokens, patterns[i, 0],
+                             head_names=[f"L{layer}H{h}" for h in range(n_heads)],
+                             caption=f"layer {layer}, {n_heads} heads")
+    return report.write(out)

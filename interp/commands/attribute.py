@@ -1,0 +1,151 @@
+"""``interp attribute``: which components pushed the model toward an answer, and by how much."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+HELP = ("direct logit attribution of an answer (or answer - wrong) and the logit lens; "
+        "write attribution.csv and report.html")
+DEFAULT_MODEL = "tiny-induction"
+CSV_COLUMNS = ["component", "layer", "head", "contribution"]
+TOP_N = 15  # contributors listed in the report and on the terminal
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="hub name, checkpoint directory or bundled model "
+                             f"(default {DEFAULT_MODEL})")
+    parser.add_argument("--prompt", required=True, help="the text the model reads")
+    parser.add_argument("--answer", required=True,
+                        help="the next token to explain; must be a single token, e.g. ' Paris'")
+    parser.add_argument("--wrong", default=None,
+                        help="a counterfactual single token: explain the logit difference "
+                             "answer - wrong instead of the answer's logit")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--pos", type=int, default=-1,
+                        help="position whose prediction is explained (default -1, the last)")
+    parser.add_argument("--top-k", type=int, default=5, help="top tokens per logit-lens row")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
+def build_report(model_name: str, prompt: str, attribution, lens):
+    """The HTML page: the identity, top contributors, per-head heatmap, the logit lens."""
+    from interp.attribution import heads_table, top_contributors
+    from interp.html import Report
+    from interp.plotting import attribution_bars, head_heatmap, logit_lens_lines
+
+    attrs = attribution.attrs
+    target = (f"logit difference {attrs['answer']!r} - {attrs['wrong']!r}"
+              if attrs["wrong"] is not None else f"logit of {attrs['answer']!r}")
+    total = attribution[attribution["component"] == "total"]["contribution"].item()
+    report = Report(f"Direct logit attribution: {model_name}")
+    report.add_text(f"Prompt: {prompt!r} ({attrs['n_tokens']} tokens), explained at position "
+                    f"{attrs['pos']}.")
+    report.add_text(f"The {target} is {total:.6g}. The rows below add up to it: each is a "
+                    "component's write to the residual stream, divided by the final LayerNorm's "
+                    "scale (frozen at its value in this run) and read along the unembedding "
+                    f"direction, on the LayerNorm-folded model (identity error "
+                    f"{attrs['identity_error']:.2g} against {attrs['reference_is']}).")
+    parts = attribution[attribution["component"] != "total"]
+    labelled = parts.assign(label=[_label(c, layer, head) for c, layer, head in
+                                   zip(parts["component"], parts["layer"], parts["head"],
+                                       strict=True)])
+    report.add_heading("Top contributors")
+    report.add_figure(attribution_bars(labelled, "contribution", label="label", top_k=TOP_N,
+                                       title=f"largest contributions to the {target}"))
+    report.add_table(_display(top_contributors(attribution, TOP_N)), max_rows=TOP_N)
+    report.add_heading("Attention heads")
+    report.add_figure(head_heatmap(heads_table(attribution), "contribution",
+                                   title="direct contribution of each head"))
+    report.add_heading("Logit lens")
+    report.add_text("The residual stream after the embeddings and after each block, read "
+                    "through the model's own final LayerNorm and unembedding; the last row is "
+                    "the model's output.")
+    value = "logit_diff" if "logit_diff" in lens.columns else "answer_logit"
+    report.add_figure(logit_lens_lines(lens, value, x="label", line=None,
+                                       title=f"{value} by layer"))
+    report.add_figure(logit_lens_lines(lens, "answer_prob", x="label", line=None,
+                                       title="answer probability by layer"))
+    report.add_table(lens)
+    report.add_heading("All rows")
+    report.add_table(_display(attribution), max_rows=len(attribution))
+    return report
+
+
+def _display(frame):
+    """Blank (not ``<NA>``) where a row has no layer or head."""
+    shown = frame.copy()
+    for column in ("layer", "head", "neuron"):
+        if column in shown.columns:
+            shown[column] = [("" if value is None or str(value) == "<NA>" else int(value))
+                             for value in shown[column]]
+    return shown
+
+
+def _label(component: str, layer, head) -> str:
+    if component == "head":
+        return f"L{layer}H{head}"
+    return component if layer is None or str(layer) == "<NA>" else f"{component} L{layer}"
+
+
+def _write_all(out: Path, files: dict[str, str]) -> list[Path]:
+    """Write all files or none: each goes to a hidden temporary file first (atomically), and
+    only when every one is written are they renamed into place. On failure the temporaries, and
+    the directory if this call created it, are removed; existing files are left as they were."""
+    from interp.html import write_text_atomic
+
+    created_dir = not out.exists()
+    staged: dict[Path, Path] = {}
+    try:
+        for name, text in files.items():
+            staged[out / name] = write_text_atomic(out / f".{name}.staged", text)
+        for final, temporary in staged.items():
+            os.replace(temporary, final)
+    except BaseException:
+        for temporary in staged.values():
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+        if created_dir:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+    return list(staged)
+
+
+def run(args: argparse.Namespace) -> int:
+    from interp.attribution import logit_attribution, logit_lens, resolve_token, top_contributors
+    from interp.loading import load_model
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    if args.out.exists() and not args.out.is_dir():
+        raise NotADirectoryError(f"--out {args.out} exists and is not a directory")
+    say(f"loading {args.model} ...")
+    model = load_model(args.model, device=args.device)
+    resolve_token(model, args.answer)  # fail on a multi-token answer before any work
+    if args.wrong is not None:
+        resolve_token(model, args.wrong, role="wrong answer")
+    say("folding LayerNorm into a copy of the model and attributing ...")
+    # folds a copy, and checks that the rows add up to the ORIGINAL model's logit
+    attribution = logit_attribution(model, args.prompt, args.answer, wrong=args.wrong,
+                                    pos=args.pos)
+    lens = logit_lens(model, args.prompt, args.answer, wrong=args.wrong, pos=args.pos,
+                      k=args.top_k)
+    csv = attribution[CSV_COLUMNS].to_csv(index=False)
+    html = build_report(str(args.model), args.prompt, attribution, lens).to_html()
+    paths = _write_all(args.out, {"attribution.csv": csv, "report.html": html})
+
+    total = attribution[attribution["component"] == "total"]["contribution"].item()
+    what = "logit difference" if args.wrong is not None else "logit"
+    print(f"{what}: {total:.6g} (rows add up to the model's {what} within "
+          f"{attribution.attrs['identity_error']:.2g})")
+    top = top_contributors(attribution, 10)
+    print(top.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    for path in paths:
+        print(f"wrote {path}")
+    return 0

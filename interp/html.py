@@ -1,0 +1,399 @@
+"""Self-contained, injection-safe HTML reports: headings, text, tables, plotly figures and
+CircuitsVis attention views in one file that opens offline, from anywhere.
+
+Safety model (see docs/visualisation.md):
+
+* Every piece of text (titles, captions, table cells, token strings, prompts, model names)
+  is *data*. In markup it is ``html.escape``-d; inside ``<script>`` it only ever appears in
+  JSON data blocks (``<script type="application/json">``) whose ``<``, ``>``, ``&`` and
+  U+2028/U+2029 are written as ``\\u003c``-style escapes, so no string can close the block.
+  A data block is never executed: one fixed bootstrap script reads it with ``JSON.parse``.
+* The page carries a Content-Security-Policy that allows exactly the page's own scripts (by
+  SHA-256 hash) and no network access at all, so even a missed escape could neither run
+  script nor send anything anywhere.
+* plotly.js and the CircuitsVis bundle are inlined at most once per page, only when a figure
+  or an attention view needs them.
+* :func:`write_text_atomic` writes a temporary file beside the target, fsyncs it and renames
+  it over the target: an interrupted write leaves the old file (or none), never half a page.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import hashlib
+import html
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+__all__ = ["Report", "write_text_atomic", "script_json", "ATTENTION_DECIMALS"]
+
+# attention weights are shown as colours and hover values, which resolve far less than 1e-4;
+# 4 decimals keep a 12-head, 128-token layer at ~1.2 MB of JSON instead of ~2.8 MB
+ATTENTION_DECIMALS = 4
+
+# characters that could end a <script> element, open an HTML comment, or end a JS string
+# in older parsers; in JSON they can only occur inside strings, where \uXXXX means the same
+_SCRIPT_ESCAPES = {
+    "<": "\\u003c",
+    ">": "\\u003e",
+    "&": "\\u0026",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
+}
+_SCRIPT_ESCAPE_TABLE = str.maketrans(_SCRIPT_ESCAPES)
+_END_SCRIPT = re.compile(r"</(script)", re.IGNORECASE | re.ASCII)
+
+# no network, no plugins, no frames; scripts only by hash (filled in per page).
+# 'unsafe-inline' styles: plotly inserts <style> elements and React sets style attributes.
+_CSP = ("default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; "
+        "img-src data: blob:; font-src data:; connect-src 'none'; worker-src 'none'; "
+        "frame-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'")
+
+_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0;
+       color: #1f2328; background: #fff; }
+main { max-width: 1100px; margin: 0 auto; padding: 24px; }
+h1 { font-size: 1.6em; margin: 0.2em 0 0.6em; }
+h2 { font-size: 1.25em; margin: 1.4em 0 0.5em; border-bottom: 1px solid #d0d7de; }
+p { line-height: 1.5; white-space: pre-wrap; overflow-wrap: anywhere; }
+figure { margin: 1em 0; }
+figcaption { color: #57606a; font-size: 0.92em; margin-top: 0.3em; white-space: pre-wrap; }
+table { border-collapse: collapse; font-size: 0.9em; font-variant-numeric: tabular-nums; }
+th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: right;
+         white-space: pre; }
+th { background: #f6f8fa; }
+td.text { text-align: left; }
+.interp-note { color: #57606a; font-size: 0.85em; }
+.interp-error { color: #b42318; font-weight: 600; }
+.interp-attention { min-height: 120px; }
+""".strip()
+
+# Reads every data block and renders it. Fixed text: no data is ever spliced into it.
+_BOOTSTRAP = """
+(function () {
+  "use strict";
+  function fail(target, kind, err) {
+    var p = document.createElement("p");
+    p.className = "interp-error";
+    p.textContent = "could not render this " + kind + ": " + err;
+    target.appendChild(p);
+    console.error(err);
+  }
+  var blocks = document.querySelectorAll('script[type="application/json"][data-interp-kind]');
+  for (var i = 0; i < blocks.length; i++) {
+    var block = blocks[i];
+    var kind = block.getAttribute("data-interp-kind");
+    var target = document.getElementById(block.getAttribute("data-interp-target"));
+    try {
+      var spec = JSON.parse(block.textContent);
+      if (kind === "figure") {
+        Plotly.newPlot(target, spec.data || [], spec.layout || {}, spec.config || {});
+      } else if (kind === "attention") {
+        CircuitsVis.render(target.id, CircuitsVis.AttentionHeads, spec);
+      } else {
+        throw new Error("unknown view kind " + kind);
+      }
+    } catch (err) {
+      fail(target, kind, err);
+    }
+  }
+})();
+""".strip()
+
+_PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showLink": False,
+                  "showSendToCloud": False, "showEditInChartStudio": False}
+
+
+def script_json(value) -> str:
+    """JSON text that is safe anywhere inside a ``<script>`` element (and in JS source).
+
+    ``json.dumps`` leaves ``</script>`` as it is; here ``<``, ``>``, ``&``, U+2028 and U+2029
+    become ``\\u003c``-style escapes, which JSON (and JS) read back as the same characters.
+    Non-finite numbers raise ``ValueError`` (JSON has none).
+    """
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text.translate(_SCRIPT_ESCAPE_TABLE)
+
+
+def _inline_script(source: str) -> str:
+    """A JS library's source made safe to inline: no ``</script`` can end the element early.
+
+    ``<\\/script`` means the same inside JS strings, regexes and comments, where such text
+    occurs in bundles (CircuitsVis has ``innerHTML="<script></script>"``). Source-map
+    comments are dropped: the map is not shipped and browsers would try to fetch it.
+    """
+    out = []
+    for line in source.splitlines(keepends=True):
+        if line.startswith("//# sourceMappingURL="):
+            continue
+        out.append(line)
+    text = "".join(out)
+    if "<!--" in text:
+        # with "<script" after it, "<!--" would make the parser swallow the real </script>;
+        # neither bundle has one today, and no rewrite of it is valid JS everywhere
+        raise ValueError("a script to inline contains '<!--'; it cannot be inlined safely")
+    # HTML matches tag names ASCII-case-insensitively: so does re.I with re.A
+    return _END_SCRIPT.sub(lambda m: "<\\/" + m.group(1), text)
+
+
+@functools.cache
+def plotly_js() -> str:
+    """plotly.js as shipped in the installed plotly package, ready to inline."""
+    from plotly.offline import get_plotlyjs
+
+    return _inline_script(get_plotlyjs())
+
+
+@functools.cache
+def circuitsvis_js() -> str:
+    """The CircuitsVis browser bundle (``dist/cdn/iife.js``) that ``RenderedHTML.local_src``
+    inlines, read once from the installed package and made safe to inline."""
+    import circuitsvis
+
+    bundle = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
+    if not bundle.is_file():
+        raise FileNotFoundError(f"the CircuitsVis bundle is missing at {bundle}; reinstall "
+                                "circuitsvis (pip install --force-reinstall circuitsvis)")
+    return _inline_script(bundle.read_text(encoding="utf-8"))
+
+
+def _csp_hash(source: str) -> str:
+    digest = hashlib.sha256(source.encode("utf-8")).digest()
+    return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
+
+
+def _esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _format_cell(value: object) -> tuple[str, bool]:
+    """Cell text and whether it is text (left-aligned) rather than a number."""
+    if isinstance(value, bool) or value is None:
+        return str(value), True
+    if pd.api.types.is_float(value):
+        v = float(value)
+        return ("NaN" if math.isnan(v) else f"{v:.4g}"), False
+    if isinstance(value, int) or pd.api.types.is_integer(value):
+        return str(int(value)), False
+    return str(value), True
+
+
+@dataclass(frozen=True)
+class _Block:
+    html: str  # the block's markup (already escaped)
+    needs: frozenset[str] = frozenset()  # "plotly" / "circuitsvis"
+
+
+class Report:
+    """One self-contained HTML page built from results. Example::
+
+        report = Report("Induction heads in gpt2")
+        report.add_figure(head_heatmap(scores, "induction_score"), caption="per head")
+        report.add_table(scores.sort_values("induction_score").tail(10))
+        report.write("induction.html")
+
+    Blocks appear in the order they are added. All text is shown as text (escaped).
+    """
+
+    def __init__(self, title: str):
+        self.title = str(title)
+        self._blocks: list[_Block] = []
+        self._ids = 0
+
+    def _next_id(self, kind: str) -> str:
+        self._ids += 1
+        return f"interp-{kind}-{self._ids}"
+
+    def add_heading(self, text: str) -> None:
+        self._blocks.append(_Block(f"<h2>{_esc(text)}</h2>"))
+
+    def add_text(self, text: str) -> None:
+        """A paragraph of plain text (line breaks kept; never read as markup)."""
+        self._blocks.append(_Block(f"<p>{_esc(text)}</p>"))
+
+    def add_figure(self, fig, caption: str = "") -> None:
+        """A plotly figure, drawn from its JSON as the figure is now (later changes to
+        ``fig`` do not show)."""
+        import plotly.graph_objects as go
+        import plotly.io as pio
+
+        if not isinstance(fig, go.Figure):
+            raise TypeError(f"add_figure takes a plotly.graph_objects.Figure, got "
+                            f"{type(fig).__name__}")
+        target = self._next_id("figure")
+        # plotly's encoder turns numpy arrays, NaN (-> null) and dates into JSON
+        figure = json.loads(pio.to_json(fig, validate=False, engine="json"))
+        spec = {"data": figure.get("data", []), "layout": figure.get("layout", {}),
+                "config": _PLOTLY_CONFIG}
+        self._blocks.append(_Block(
+            f'<figure><div id="{target}" class="interp-figure"></div>'
+            f'<script type="application/json" data-interp-kind="figure" '
+            f'data-interp-target="{target}">{script_json(spec)}</script>'
+            f"{_caption(caption)}</figure>",
+            frozenset({"plotly"})))
+
+    def add_table(self, df: pd.DataFrame, caption: str = "", max_rows: int = 50) -> None:
+        """A table of ``df``'s first ``max_rows`` rows (numbers to 4 significant digits)."""
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(f"add_table takes a pandas DataFrame, got {type(df).__name__}")
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be at least 1, got {max_rows}")
+        shown = df.head(max_rows)
+        show_index = not (isinstance(df.index, pd.RangeIndex) and df.index.name is None)
+        columns = [" / ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in df.columns]
+        if show_index:
+            columns = [str(df.index.name or "")] + columns
+        head = "".join(f"<th>{_esc(c)}</th>" for c in columns)
+        rows = []
+        for index, row in zip(shown.index, shown.itertuples(index=False, name=None), strict=True):
+            values = ((index,) if show_index else ()) + tuple(row)
+            cells = []
+            for value in values:
+                text, is_text = _format_cell(value)
+                cls = ' class="text"' if is_text else ""
+                cells.append(f"<td{cls}>{_esc(text)}</td>")
+            rows.append("<tr>" + "".join(cells) + "</tr>")
+        note = ""
+        if len(df) > len(shown):
+            note = (f'<p class="interp-note">showing the first {len(shown)} of {len(df)} '
+                    "rows</p>")
+        self._blocks.append(_Block(
+            f"<figure><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody>"
+            f"</table>{note}{_caption(caption)}</figure>"))
+
+    def add_attention(
+        self,
+        tokens: list[str],
+        pattern: Float[Tensor, "head q_pos k_pos"],
+        head_names: list[str] | None = None,
+        caption: str = "",
+    ) -> None:
+        """An interactive CircuitsVis view of one layer's (or any heads') attention patterns."""
+        pattern = torch.as_tensor(pattern).detach()
+        if pattern.ndim != 3:
+            raise ValueError(f"pattern must be [head, q_pos, k_pos], got shape "
+                             f"{tuple(pattern.shape)}; pick one batch element and layer")
+        n_heads, n_q, n_k = pattern.shape
+        tokens = [str(t) for t in tokens]
+        if not (n_q == n_k == len(tokens)):
+            raise ValueError(f"pattern is [head={n_heads}, q_pos={n_q}, k_pos={n_k}] but there "
+                             f"are {len(tokens)} tokens; they must agree")
+        if head_names is None:
+            head_names = [f"H{h}" for h in range(n_heads)]
+        head_names = [str(h) for h in head_names]
+        if len(head_names) != n_heads:
+            raise ValueError(f"{len(head_names)} head names for {n_heads} heads")
+        values = pattern.to(torch.float64).cpu()
+        if not torch.isfinite(values).all():
+            raise ValueError("the pattern holds NaN or infinite values; attention weights "
+                             "must be finite")
+        props = {
+            "attention": values.round(decimals=ATTENTION_DECIMALS).tolist(),
+            "tokens": tokens,
+            "attentionHeadNames": head_names,
+            # grey out the causal mask, unless weights there are non-zero (then show them)
+            "maskUpperTri": bool((values.triu(1) == 0).all()),
+        }
+        target = self._next_id("attention")
+        self._blocks.append(_Block(
+            f'<figure><div id="{target}" class="interp-attention"></div>'
+            f'<script type="application/json" data-interp-kind="attention" '
+            f'data-interp-target="{target}">{script_json(props)}</script>'
+            f"{_caption(caption)}</figure>",
+            frozenset({"circuitsvis"})))
+
+    def to_html(self) -> str:
+        """The whole page: markup, data blocks, and the scripts it needs, each once."""
+        needs = frozenset().union(*(b.needs for b in self._blocks))
+        scripts = []
+        if "plotly" in needs:
+            scripts.append(plotly_js())
+        if "circuitsvis" in needs:
+            scripts.append(circuitsvis_js())
+        if needs:
+            scripts.append(_BOOTSTRAP)
+        csp = _CSP.format(hashes=" ".join(_csp_hash(s) for s in scripts) or "'none'")
+        parts = [
+            "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
+            f'<meta http-equiv="Content-Security-Policy" content="{_esc(csp)}">\n',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
+            '<meta name="generator" content="interp">\n',
+            f"<title>{_esc(self.title)}</title>\n<style>\n{_STYLE}\n</style>\n</head>\n",
+            f"<body>\n<main>\n<h1>{_esc(self.title)}</h1>\n",
+        ]
+        parts += [block.html + "\n" for block in self._blocks]
+        parts.append("</main>\n")
+        parts += [f"<script>{source}</script>\n" for source in scripts]
+        parts.append("</body>\n</html>\n")
+        return "".join(parts)
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Render and write the page atomically; returns the path written."""
+        return write_text_atomic(path, self.to_html())
+
+
+def _caption(caption: str) -> str:
+    return f"<figcaption>{_esc(caption)}</figcaption>" if caption else ""
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` so that readers see the old file or the new one,
+    never a part: temp file in the same directory, fsync, ``os.replace``.
+
+    Missing parent directories are created. On any error (also ``KeyboardInterrupt``) the
+    temporary file is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; pass a file name such as "
+                                f"{path / 'report.html'}")
+    data = text.encode("utf-8")  # encode first: an unencodable string writes nothing
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file 0600; give it the mode a plain open() would have
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (best effort: not every platform opens directories)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

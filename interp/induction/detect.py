@@ -1,0 +1,156 @@
+"""Find a model's induction heads: scores, ablation evidence and a documented verdict.
+
+A head is called an induction head (``is_induction``) when all of these hold:
+
+* ``induction_score_min >= INDUCTION_MIN`` (0.4): at *every* repeat length it puts at least 40%
+  of its attention on the token after the earlier copy. A head that attends a fixed distance
+  back matches at one length only.
+* ``offset_control_score <= CONTROL_MAX_RATIO * induction_score`` (0.25): on fresh tokens,
+  where no earlier copy exists, it does not attend the same relative position; an
+  "attend N back" head does. (NaN when the batch has no filler, i.e. a single repeat length.)
+* ``ablation_loss_increase >= ABLATION_MIN_SHARE * in_context_gain`` (5%): mean-ablating it
+  costs at least 5% of what the repeat saves (first-half minus repeated-half loss). Heads
+  whose ablation was not measured (NaN) are judged on the first two conditions alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from interp.induction.batches import RepeatedTokens, ordinary_token_ids, repeated_tokens
+from interp.induction.scores import HeadScan, ablated_repeated_loss, scan_heads
+
+__all__ = ["InductionResult", "detect_induction_heads", "run_induction_scan", "COLUMNS",
+           "INDUCTION_MIN", "CONTROL_MAX_RATIO", "ABLATION_MIN_SHARE", "DEFAULT_SEQ_LENS"]
+
+logger = logging.getLogger(__name__)
+
+INDUCTION_MIN = 0.4
+CONTROL_MAX_RATIO = 0.25
+ABLATION_MIN_SHARE = 0.05
+DEFAULT_SEQ_LENS = (10, 20, 40)
+COLUMNS = ["layer", "head", "induction_score", "prev_token_score", "duplicate_token_score",
+           "copying_score", "ablation_loss_increase", "is_induction"]
+EXTRA_COLUMNS = ["induction_score_min", "offset_control_score"]
+
+
+@dataclass(frozen=True)
+class InductionResult:
+    """Everything the report shows: the table, the batch, and the losses it came from."""
+
+    table: pd.DataFrame  # COLUMNS + EXTRA_COLUMNS, ranked by induction_score
+    batch: RepeatedTokens
+    scan: HeadScan
+    loss_first_half: float
+    loss_repeated_half: float
+    settings: dict
+
+
+def _bos_id(model) -> int:
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    if bos is None:
+        raise ValueError("the model's tokenizer has no BOS token; induction batches start with one")
+    return int(bos)
+
+
+def _copying(model, enabled: bool) -> pd.Series | None:
+    if not enabled:
+        return None
+    from interp.circuits import copying_scores
+
+    return copying_scores(model).set_index(["layer", "head"])["copying_score"]
+
+
+def _choose_ablations(table: pd.DataFrame, ablate: bool | int) -> list[tuple[int, int]]:
+    if ablate is False or ablate == 0:
+        return []
+    ranked = table.sort_values("induction_score", ascending=False)
+    if ablate is not True:
+        ranked = ranked.head(int(ablate))
+    return list(zip(ranked["layer"].tolist(), ranked["head"].tolist(), strict=True))
+
+
+def run_induction_scan(
+    model,
+    *,
+    seq_lens: Sequence[int] = DEFAULT_SEQ_LENS,
+    batch_size: int = 4,
+    seed: int = 0,
+    ablate: bool | int = True,
+    copying: bool = True,
+    progress: bool = False,
+) -> InductionResult:
+    """Score every head of ``model`` on seeded repeated random tokens.
+
+    Args:
+        seq_lens: repeat lengths; each row is ``[BOS] + a + a + filler`` with ``len(a)`` one of
+            these (several lengths tell induction from "attend N back").
+        batch_size: rows per repeat length.
+        seed: seeds the token draw; the same seed gives the same table.
+        ablate: mean-ablate every head (True), none (False) or the top-N by induction score.
+        copying: add each head's OV copying score (``interp.circuits.copying_scores``).
+        progress: show a progress bar over the ablations.
+    """
+    n_ctx = int(model.cfg.n_ctx)
+    if 1 + 2 * max(seq_lens) > n_ctx:
+        raise ValueError(f"repeat length {max(seq_lens)} makes rows of {1 + 2 * max(seq_lens)} "
+                         f"tokens but the model's context is {n_ctx}; pass shorter seq_lens")
+    vocab = ordinary_token_ids(model.tokenizer, int(model.cfg.d_vocab))
+    batch = repeated_tokens(vocab, seq_lens=seq_lens, batch_size=batch_size,
+                            bos_id=_bos_id(model), seed=seed)
+    scan = scan_heads(model, batch)
+    first = float(scan.loss[batch.loss_positions("first")].mean())
+    repeated = float(scan.loss[batch.loss_positions("repeated")].mean())
+
+    n_layers, n_heads = scan.scores["induction"].shape
+    layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
+    by_len = torch.stack(list(scan.induction_by_len.values()))  # [len layer head]
+    table = pd.DataFrame({
+        "layer": layer.flatten().numpy(), "head": head.flatten().numpy(),
+        "induction_score": scan.scores["induction"].flatten().numpy(),
+        "prev_token_score": scan.scores["previous"].flatten().numpy(),
+        "duplicate_token_score": scan.scores["duplicate"].flatten().numpy(),
+        "induction_score_min": by_len.min(dim=0).values.flatten().numpy(),
+        "offset_control_score": scan.scores["control"].flatten().numpy(),
+    })
+    copy = _copying(model, copying)
+    table["copying_score"] = (float("nan") if copy is None else
+                              copy.reindex(pd.MultiIndex.from_frame(table[["layer", "head"]])).values)
+
+    table["ablation_loss_increase"] = float("nan")
+    heads = _choose_ablations(table, ablate)
+    for lay, hd in tqdm(heads, desc="ablating heads", disable=not progress or not heads):
+        loss = ablated_repeated_loss(model, batch, lay, hd)
+        table.loc[(table["layer"] == lay) & (table["head"] == hd), "ablation_loss_increase"] = (
+            loss - repeated)
+
+    gain = first - repeated
+    control_ok = ~(table["offset_control_score"] > CONTROL_MAX_RATIO * table["induction_score"])
+    ablation_ok = ~(table["ablation_loss_increase"] < ABLATION_MIN_SHARE * gain)
+    table["is_induction"] = ((table["induction_score_min"] >= INDUCTION_MIN) & control_ok
+                             & ablation_ok & (gain > 0))
+    table = table[COLUMNS + EXTRA_COLUMNS].sort_values(
+        ["induction_score", "layer", "head"], ascending=[False, True, True]).reset_index(drop=True)
+    settings = {"seq_lens": list(seq_lens), "batch_size": batch_size, "seed": seed,
+                "thresholds": {"induction_min": INDUCTION_MIN,
+                               "control_max_ratio": CONTROL_MAX_RATIO,
+                               "ablation_min_share": ABLATION_MIN_SHARE}}
+    logger.info("repeated-half loss %.3f vs first half %.3f", repeated, first)
+    return InductionResult(table=table, batch=batch, scan=scan, loss_first_half=first,
+                           loss_repeated_half=repeated, settings=settings)
+
+
+def detect_induction_heads(model, **kwargs) -> pd.DataFrame:
+    """The ranked table of :func:`run_induction_scan` (same keyword arguments).
+
+    Columns: ``layer, head, induction_score, prev_token_score, duplicate_token_score,
+    copying_score, ablation_loss_increase, is_induction`` and the verdict's inputs
+    ``induction_score_min, offset_control_score``. Thresholds: see the module docstring.
+    """
+    return run_induction_scan(model, **kwargs).table

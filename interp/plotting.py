@@ -1,0 +1,316 @@
+"""Plotly figures made from results (DataFrames and tensors); nothing here shows or writes.
+
+Every function returns a ``plotly.graph_objects.Figure``: show it in a notebook, or put it in
+a page with :class:`interp.html.Report`. Conventions shared by all of them:
+
+* heads are labelled ``L5H1`` (:func:`head_label`), layers run down, heads across;
+* token strings label axes, with whitespace made visible (``\\n`` as ``↵``);
+  positions are numeric axes with token tick labels, so repeated tokens stay separate;
+* every text taken from data (tokens, component names, legend names, titles) goes through
+  :func:`plotly_text`: plotly.js reads a subset of HTML in its labels (``<b>``, ``<a href>``),
+  and escaping makes a token such as ``<b>`` show as it is instead of as bold text.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+__all__ = [
+    "attention_heatmap", "attribution_bars", "head_heatmap", "head_label", "logit_lens_lines",
+    "loss_by_position", "plotly_text", "token_label", "TEMPLATE",
+]
+
+TEMPLATE = "plotly_white"
+POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # the ends of RdBu, for signed bars
+MAX_TICK_LABELS = 64  # more token tick labels than this overlap; hover still names tokens
+MAX_TICK_CHARS = 24  # longer tokens are cut on axes (hover shows them whole)
+MAX_HOVER_CELLS = 128 * 128  # per-cell hover text costs ~40 bytes a cell in the page
+
+_VISIBLE_WHITESPACE = str.maketrans({"\n": "↵", "\r": "␍", "\t": "⇥"})
+
+
+def plotly_text(text: object) -> str:
+    """``text`` escaped for plotly.js labels, which read ``<b>``, ``<br>``, ``<a href>``...:
+    ``&``, ``<``, ``>`` become entities that plotly shows as the characters themselves."""
+    return html.escape(str(text), quote=False)
+
+
+def token_label(token: str, *, max_chars: int | None = None) -> str:
+    """A token as an axis or hover label: whitespace control characters made visible, cut to
+    ``max_chars`` (with ``…``), and escaped with :func:`plotly_text`. Spaces are kept
+    (``" the"`` differs from ``"the"``)."""
+    text = str(token).translate(_VISIBLE_WHITESPACE) or "∅"
+    if max_chars is not None and len(text) > max_chars:
+        text = text[: max_chars - 1] + "…"
+    return plotly_text(text)
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{int(layer)}H{int(head)}"
+
+
+def _title(title: str | None) -> dict | None:
+    return None if title is None else {"text": plotly_text(title)}
+
+
+def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{what} takes a pandas DataFrame, got {type(df).__name__}")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what} needs columns {list(columns)}; {missing} missing "
+                         f"(the DataFrame has {list(df.columns)})")
+
+
+def _finite_or_none(values) -> list[float | None]:
+    return [None if v is None or not math.isfinite(float(v)) else float(v) for v in values]
+
+
+def head_heatmap(df: pd.DataFrame, value: str, *, title: str | None = None) -> go.Figure:
+    """A layer x head heatmap of any per-head score (``df`` has ``layer, head, <value>``).
+
+    Signed scores get a diverging scale centred on 0; NaN (an undefined score) is left blank.
+    Heads missing from ``df`` are blank too.
+    """
+    _require(df, ["layer", "head", value], "head_heatmap")
+    if df.empty:
+        raise ValueError("head_heatmap got an empty DataFrame")
+    duplicated = df.duplicated(["layer", "head"])
+    if duplicated.any():
+        first = df.loc[duplicated, ["layer", "head"]].iloc[0]
+        raise ValueError(f"head {head_label(first['layer'], first['head'])} appears more than "
+                         f"once; aggregate first (e.g. df.groupby(['layer', 'head']).mean())")
+    layers = df["layer"].astype(int).to_numpy()
+    heads = df["head"].astype(int).to_numpy()
+    if layers.min() < 0 or heads.min() < 0:
+        raise ValueError("layer and head indices must be non-negative")
+    n_layers, n_heads = int(layers.max()) + 1, int(heads.max()) + 1
+    z = np.full((n_layers, n_heads), np.nan)
+    z[layers, heads] = pd.to_numeric(df[value], errors="coerce").to_numpy(dtype=float)
+    finite = z[np.isfinite(z)]
+    signed = finite.size > 0 and finite.min() < 0 < finite.max()
+    name = plotly_text(value)
+    hover = [[f"{head_label(layer, head)}<br>{name}" for head in range(n_heads)]
+             for layer in range(n_layers)]
+    fig = go.Figure(go.Heatmap(
+        z=[_finite_or_none(row) for row in z], x=list(range(n_heads)), y=list(range(n_layers)),
+        customdata=hover, hovertemplate="%{customdata}: %{z:.4g}<extra></extra>",
+        colorscale="RdBu" if signed else "Viridis", zmid=0 if signed else None,
+        colorbar={"title": {"text": name}}, hoverongaps=False, xgap=1, ygap=1,
+    ))
+    fig.update_layout(
+        template=TEMPLATE, title=_title(title),
+        xaxis={"title": {"text": "head"}, "dtick": 1, "constrain": "domain"},
+        yaxis={"title": {"text": "layer"}, "dtick": 1, "autorange": "reversed"},
+        height=int(min(900, 180 + 32 * n_layers)),
+    )
+    return fig
+
+
+def _position_axis(tokens: Sequence[str] | None, n_pos: int, *, title: str) -> dict:
+    axis: dict = {"title": {"text": title}}
+    if tokens is not None and n_pos <= MAX_TICK_LABELS:
+        axis.update(tickmode="array", tickvals=list(range(n_pos)),
+                    ticktext=[token_label(t, max_chars=MAX_TICK_CHARS) for t in tokens])
+    return axis
+
+
+def _check_tokens(tokens: Sequence[str] | None, n_pos: int) -> None:
+    if tokens is not None and len(tokens) != n_pos:
+        raise ValueError(f"{len(tokens)} tokens for {n_pos} positions; they must agree")
+
+
+def loss_by_position(
+    loss: pd.DataFrame | Tensor | np.ndarray,
+    *,
+    tokens: Sequence[str] | None = None,
+    value: str = "loss",
+    title: str | None = None,
+    marks: Mapping[int, str] | None = None,
+) -> go.Figure:
+    """Per-token loss against position: the mean line, and a ±1 std band over a batch.
+
+    ``loss`` is a tensor/array ``[pos]`` or ``[batch pos]``, or a DataFrame with ``pos`` and
+    ``value`` columns (several rows per position are averaged). ``marks`` draws labelled
+    vertical lines, e.g. ``{seq_len: "repeat starts"}``.
+    """
+    if isinstance(loss, pd.DataFrame):
+        _require(loss, ["pos", value], "loss_by_position")
+        grouped = loss.groupby("pos")[value]
+        mean, std, count = grouped.mean(), grouped.std(), grouped.count()
+        positions = mean.index.to_numpy()
+    else:
+        values = torch.as_tensor(loss).detach().to(torch.float64).cpu()
+        if values.ndim == 1:
+            values = values[None]
+        if values.ndim != 2:
+            raise ValueError(f"loss must be [pos] or [batch, pos], got shape "
+                             f"{tuple(values.shape)}")
+        mean = pd.Series(values.mean(0).numpy())
+        std = pd.Series(values.std(0).numpy() if values.shape[0] > 1
+                        else np.full(values.shape[1], np.nan))
+        count = pd.Series(np.full(values.shape[1], values.shape[0]))
+        positions = np.arange(values.shape[1])
+    _check_tokens(tokens, len(positions))
+    hover = ([f"pos {int(p)} {token_label(t)}" for p, t in zip(positions, tokens, strict=True)]
+             if tokens is not None else [f"pos {int(p)}" for p in positions])
+    name = plotly_text(value)
+    traces = []
+    if (count > 1).any():
+        upper, lower = (mean + std).to_numpy(), (mean - std).to_numpy()
+        traces += [
+            go.Scatter(x=positions, y=_finite_or_none(upper), mode="lines", line={"width": 0},
+                       showlegend=False, hoverinfo="skip"),
+            go.Scatter(x=positions, y=_finite_or_none(lower), mode="lines", line={"width": 0},
+                       fill="tonexty", fillcolor="rgba(33,102,172,0.18)", name="± 1 std",
+                       hoverinfo="skip"),
+        ]
+    traces.append(go.Scatter(x=positions, y=_finite_or_none(mean.to_numpy()),
+                             mode="lines+markers", name=f"mean {name}", customdata=hover,
+                             hovertemplate="%{customdata}: %{y:.4g}<extra></extra>",
+                             line={"color": POSITIVE}))
+    fig = go.Figure(traces)
+    for pos, label in (marks or {}).items():
+        fig.add_vline(x=pos, line={"dash": "dash", "color": "#57606a"},
+                      annotation={"text": plotly_text(label)}, annotation_position="top")
+    fig.update_layout(template=TEMPLATE, title=_title(title),
+                      xaxis=_position_axis(tokens, len(positions), title="position"),
+                      yaxis={"title": {"text": name}}, hovermode="closest")
+    return fig
+
+
+def _component_labels(df: pd.DataFrame, label: str | None) -> list[str]:
+    if label is not None:
+        _require(df, [label], "attribution_bars")
+        return [str(v) for v in df[label]]
+    for column in ("component", "name", "label"):
+        if column in df.columns:
+            return [str(v) for v in df[column]]
+    if {"layer", "head"} <= set(df.columns):
+        return [head_label(layer, head) for layer, head in zip(df["layer"], df["head"],
+                                                               strict=True)]
+    return [str(v) for v in df.index]
+
+
+def attribution_bars(
+    df: pd.DataFrame,
+    value: str = "attribution",
+    *,
+    label: str | None = None,
+    top_k: int | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """Horizontal bars of per-component attributions, largest magnitude at the top,
+    coloured by sign. Labels come from ``label``, else a ``component``/``name``/``label``
+    column, else ``layer, head`` (as ``L5H1``), else the index. NaN values (undefined) are
+    listed last, without a bar."""
+    _require(df, [value], "attribution_bars")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    labels = _component_labels(df, label)
+    values = pd.to_numeric(df[value], errors="coerce").to_numpy(dtype=float)
+    order = sorted(range(len(values)),
+                   key=lambda i: (not math.isfinite(values[i]), -abs(values[i])
+                                  if math.isfinite(values[i]) else 0.0))
+    if top_k is not None:
+        order = order[:top_k]
+    shown = [values[i] for i in order]
+    fig = go.Figure(go.Bar(
+        x=_finite_or_none(shown), y=list(range(len(order))), orientation="h",
+        marker={"color": [POSITIVE if v >= 0 else NEGATIVE if math.isfinite(v) else "#999"
+                          for v in shown]},
+        customdata=[plotly_text(labels[i]) for i in order],
+        hovertemplate="%{customdata}: %{x:.4g}<extra></extra>",
+    ))
+    fig.update_layout(
+        template=TEMPLATE, title=_title(title),
+        xaxis={"title": {"text": plotly_text(value)}, "zeroline": True},
+        yaxis={"tickmode": "array", "tickvals": list(range(len(order))),
+               "ticktext": [plotly_text(labels[i]) for i in order], "autorange": "reversed"},
+        height=int(min(1600, 140 + 22 * len(order))), showlegend=False,
+    )
+    return fig
+
+
+def logit_lens_lines(
+    df: pd.DataFrame,
+    value: str = "logit",
+    *,
+    x: str = "layer",
+    line: str | None = "token",
+    title: str | None = None,
+) -> go.Figure:
+    """Logit-lens lines: ``value`` (a logit, probability, rank or logit difference) at each
+    ``x`` (a layer index or a stage name such as ``"embed"``, in the order given), one line
+    per distinct ``line`` value (e.g. each target token). ``line=None`` (or no such column)
+    draws a single line."""
+    _require(df, [x, value], "logit_lens_lines")
+    stages = list(dict.fromkeys(df[x].tolist()))  # order of first appearance
+    numeric = all(isinstance(s, int | float | np.integer | np.floating) for s in stages)
+    position = {stage: (float(stage) if numeric else i) for i, stage in enumerate(stages)}
+    groups = (df.groupby(line, sort=False) if line is not None and line in df.columns
+              else [(value, df)])
+    fig = go.Figure()
+    for key, group in groups:
+        key = key[0] if isinstance(key, tuple) and len(key) == 1 else key
+        name = token_label(key) if line is not None and line in df.columns else plotly_text(key)
+        xs = [position[s] for s in group[x]]
+        fig.add_trace(go.Scatter(
+            x=xs, y=_finite_or_none(pd.to_numeric(group[value], errors="coerce")),
+            mode="lines+markers", name=name,
+            customdata=[f"{name} at {plotly_text(s)}" for s in group[x]],
+            hovertemplate="%{customdata}: %{y:.4g}<extra></extra>",
+        ))
+    xaxis: dict = {"title": {"text": plotly_text(x)}}
+    if not numeric:
+        xaxis.update(tickmode="array", tickvals=list(range(len(stages))),
+                     ticktext=[plotly_text(s) for s in stages])
+    fig.update_layout(template=TEMPLATE, title=_title(title), xaxis=xaxis,
+                      yaxis={"title": {"text": plotly_text(value)}},
+                      legend={"title": {"text": plotly_text(line) if line else ""}})
+    return fig
+
+
+def attention_heatmap(
+    pattern: Float[Tensor, "q_pos k_pos"],
+    tokens: Sequence[str],
+    *,
+    title: str | None = None,
+) -> go.Figure:
+    """One head's attention pattern: queries (destinations) down, keys (sources) across,
+    token strings on both axes, weights on a fixed 0..1 scale."""
+    values = torch.as_tensor(pattern).detach().to(torch.float64).cpu()
+    if values.ndim != 2 or values.shape[0] != values.shape[1]:
+        raise ValueError(f"pattern must be [q_pos, k_pos] with q_pos == k_pos, got shape "
+                         f"{tuple(values.shape)}; pick one batch element, layer and head")
+    n = values.shape[0]
+    _check_tokens(tokens, n)
+    labels = [token_label(t) for t in tokens]
+    trace = dict(z=[_finite_or_none(row) for row in values.tolist()],
+                 x=list(range(n)), y=list(range(n)), zmin=0.0, zmax=1.0,
+                 colorscale="Blues", colorbar={"title": {"text": "attention"}})
+    if n * n <= MAX_HOVER_CELLS:
+        trace.update(customdata=[[f"{labels[q]} ({q}) → {labels[k]} ({k})" for k in range(n)]
+                                 for q in range(n)],
+                     hovertemplate="%{customdata}: %{z:.3f}<extra></extra>")
+    else:
+        trace.update(hovertemplate="q %{y} → k %{x}: %{z:.3f}<extra></extra>")
+    fig = go.Figure(go.Heatmap(**trace))
+    size = int(min(1000, 220 + 14 * n))
+    fig.update_layout(
+        template=TEMPLATE, title=_title(title), width=size + 120, height=size,
+        xaxis=_position_axis(tokens, n, title="key (source)") | {"tickangle": -60,
+                                                                   "constrain": "domain"},
+        yaxis=_position_axis(tokens, n, title="query (destination)")
+        | {"autorange": "reversed", "scaleanchor": "x"},
+    )
+    return fig
