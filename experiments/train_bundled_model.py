@@ -43,6 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from jaxtyping import Int  # noqa: E402
 from measure_bundled_model import (  # noqa: E402
+    N_SPECIAL,
     format_report,
     half_losses,
     head_scores,
@@ -70,6 +71,7 @@ class TrainConfig:
     n_layers: int = 2  # induction needs two: previous-token head, then induction head
     n_heads: int = 4
     d_mlp: int = 256
+    init_range: float = 0.02  # std of every weight at init (HF's default is 0.02)
     n_ctx: int = 256  # rotary has no table; this only bounds what configs promise
     text_len: int = 128  # window length of text batches
     text_batch: int = 16
@@ -78,6 +80,8 @@ class TrainConfig:
     rep_len_max: int = 80  # covers the detector's 10..60 with margin on both sides
     bos_prob: float = 0.5  # the detector uses [BOS]+a+a, NeoX users feed a+a
     synth_only_steps: int = 0  # curriculum: the first steps see only synthetic repeats
+    vocab_start: int = 2048  # synthetic tokens come from this many ordinary ids at first...
+    vocab_ramp_steps: int = 0  # ...growing linearly to all of them over these steps
     lr: float = 3e-3
     warmup: int = 100
     weight_decay: float = 0.01
@@ -164,6 +168,7 @@ def build_model(cfg: TrainConfig, tokenizer):
         hidden_dropout=0.0,
         bos_token_id=eot,
         eos_token_id=eot,
+        initializer_range=cfg.init_range,
     )
     hf_cfg._attn_implementation = "eager"  # output_attentions for the per-head log
     return GPTNeoXForCausalLM(hf_cfg)
@@ -175,21 +180,33 @@ class Batches:
     def __init__(self, cfg: TrainConfig, text_ids: Int[Tensor, " n_tokens"], d_vocab: int, bos_id: int):
         self.cfg, self.text_ids, self.d_vocab, self.bos_id = cfg, text_ids, d_vocab, bos_id
         self.gen = torch.Generator().manual_seed(cfg.seed + 1)
+        # ordinary ids (not <|endoftext|>) in a seeded random order, for the vocabulary ramp
+        self.ordinary = N_SPECIAL + torch.randperm(d_vocab - N_SPECIAL, generator=self.gen)
 
     def text(self, batch: int) -> Int[Tensor, "batch pos"]:
         n = self.cfg.text_len
         starts = torch.randint(0, len(self.text_ids) - n, (batch,), generator=self.gen)
         return torch.stack([self.text_ids[s : s + n] for s in starts.tolist()])
 
-    def synthetic(self) -> tuple[Int[Tensor, "batch pos"], int]:
-        """(tokens, position where the second copy starts)."""
+    def synthetic(self, step: int) -> tuple[Int[Tensor, "batch pos"], int]:
+        """(tokens, position where the second copy starts).
+
+        Early batches draw from a small random subset of the vocabulary that grows to all
+        of it by cfg.vocab_ramp_steps: with few distinct tokens, each token's embedding
+        gets many updates per step, and the circuit forms in far fewer steps.
+        """
         cfg = self.cfg
         rep_len = int(torch.randint(cfg.rep_len_min, cfg.rep_len_max + 1, (1,), generator=self.gen))
         has_bos = bool(torch.rand(1, generator=self.gen) < cfg.bos_prob)
         batch = max(8, cfg.synth_tokens // (2 * rep_len + 1))
-        bos_id = self.bos_id if has_bos else None
-        tokens = repeated_random_tokens(self.d_vocab, rep_len, batch, self.gen, bos_id=bos_id)
-        return tokens, int(has_bos) + rep_len
+        n_ordinary = len(self.ordinary)
+        ramp = min(1.0, step / cfg.vocab_ramp_steps) if cfg.vocab_ramp_steps else 1.0
+        n_used = min(n_ordinary, int(cfg.vocab_start + (n_ordinary - cfg.vocab_start) * ramp))
+        half = self.ordinary[torch.randint(0, n_used, (batch, rep_len), generator=self.gen)]
+        parts = [half, half]
+        if has_bos:
+            parts.insert(0, torch.full((batch, 1), self.bos_id, dtype=torch.long))
+        return torch.cat(parts, dim=1), int(has_bos) + rep_len
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -297,7 +314,7 @@ def train(cfg: TrainConfig, out: Path, log_path: Path) -> tuple[list[dict[str, f
                 break
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            tokens, second = batches.synthetic()
+            tokens, second = batches.synthetic(step)
             loss = synthetic_loss(model, tokens, second)
             if step >= cfg.synth_only_steps:
                 text = batches.text(cfg.text_batch)

@@ -23,16 +23,13 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="interp", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="interp", description="Mechanistic interpretability of transformers: induction "
+        "heads, logit attribution, QK/OV circuits and attention views.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
-        try:  # TEMPORARY while command modules are being written; removed before release
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
+        module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
         command.set_defaults(run=module.run)

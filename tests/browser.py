@@ -60,6 +60,11 @@ def find_chromium() -> str | None:
 MAX_SHOT_HEIGHT = 8000  # px; longer pages are cut in the screenshot, not in the checks
 
 
+# the navigation has committed and the page finished loading: until then the evaluation may
+# run on the previous about:blank document, where every "all views drawn" check is vacuously
+# true (seen under load: a page reported ready with 0 of 5 figures)
+LOADED_JS = "(location.protocol === 'file:' && document.readyState === 'complete')"
+
 class BrowserError(RuntimeError):
     pass
 
@@ -213,7 +218,8 @@ class Chromium:
             while time.monotonic() < deadline:
                 self._drain(0.05)
                 value = self.call("Runtime.evaluate",
-                                  {"expression": f"Boolean({ready_js})", "returnByValue": True},
+                                  {"expression": f"Boolean({LOADED_JS} && ({ready_js}))",
+                                   "returnByValue": True},
                                   session=session)
                 if value.get("result", {}).get("value") is True:
                     ready = True

@@ -1,0 +1,153 @@
+"""``interp circuits``: per-head copying scores and Q/K/V-composition scores from the weights."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HELP = ("score every head from its weights: copying (full OV eigenvalues) and Q/K/V-composition; "
+        "write copying_scores.csv, composition_scores.csv and report.html")
+DEFAULT_MODEL = "tiny-induction"
+COPYING_CSV, COMPOSITION_CSV, REPORT = "copying_scores.csv", "composition_scores.csv", "report.html"
+COPYING_COLUMNS = ["layer", "head", "copying_score"]
+TOP_PAIRS = 10  # strongest pairs per kind shown in the report
+
+
+def _kinds(text: str) -> str:
+    kinds = text.upper().replace(",", "")
+    if not kinds or any(k not in "QKV" for k in kinds) or len(set(kinds)) != len(kinds):
+        raise argparse.ArgumentTypeError(f"expected some of Q, K, V (e.g. QKV or K), got {text!r}")
+    return kinds
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"hub name, checkpoint directory or bundled model (default "
+                             f"{DEFAULT_MODEL})")
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--kinds", type=_kinds, default="QKV",
+                        help="composition kinds to score, some of Q, K, V (default QKV)")
+    parser.add_argument("--no-fold-ln", action="store_true",
+                        help="use the weights as stored instead of folding LayerNorm into them")
+    parser.add_argument("--baseline-samples", type=_positive, default=200,
+                        help="random matrix pairs behind the composition baseline (default 200)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the baseline (default 0)")
+    parser.add_argument("--no-report", action="store_true", help="write only the two CSV files")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
+def _excess_by_head(comp, kind: str):
+    """Per later head: the strongest composition into it, minus the random baseline."""
+    rows = comp[comp["kind"] == kind]
+    grouped = rows.assign(excess=rows["score"] - rows["baseline"])
+    return (grouped.groupby(["dst_layer", "dst_head"], as_index=False)["excess"].max()
+            .rename(columns={"dst_layer": "layer", "dst_head": "head"}))
+
+
+def build_report(model_name: str, copying, composition, *, fold_ln: bool) -> str:
+    from interp.html import Report
+    from interp.plotting import head_heatmap
+
+    report = Report(f"QK/OV circuits of {model_name}")
+    report.add_text(
+        "Scores from the weights alone (no prompt). "
+        + ("LayerNorm weights, biases and centring are folded into the weights that read from "
+           "each LayerNorm; its division by a per-token scale is left out, so the full OV circuit "
+           "W_E W_V W_O W_U is the usual approximation of what a head does to a token's embedding."
+           if fold_ln else "Weights as stored (LayerNorm not folded in)."))
+    report.add_heading("Copying scores")
+    report.add_text("Σλ / Σ|λ| over the eigenvalues of each head's full OV circuit: near 1 the "
+                    "head raises the logit of the token it attends to (copying); near -1 it "
+                    "lowers it. Blank: undefined (all eigenvalues numerically zero).")
+    report.add_figure(head_heatmap(copying, "copying_score", title="copying score"))
+    report.add_table(copying.sort_values("copying_score", ascending=False).head(TOP_PAIRS),
+                     caption="heads with the highest copying scores")
+    for kind in composition["kind"].unique():
+        rows = composition[composition["kind"] == kind]
+        if rows.empty:
+            continue
+        baseline = float(rows["baseline"].iloc[0])
+        report.add_heading(f"{kind}-composition")
+        report.add_text(f"||W_OV W_B||_F / (||W_OV||_F ||W_B||_F) for every earlier head's OV "
+                        f"circuit into a later head's {kind} side. Random matrices of the same "
+                        f"shapes score {baseline:.4f} on average: read scores against that.")
+        report.add_figure(head_heatmap(_excess_by_head(composition, kind), "excess",
+                                       title=f"strongest {kind}-composition into each head, "
+                                             "minus the random baseline"))
+        report.add_table(rows.sort_values("score", ascending=False).head(TOP_PAIRS),
+                         caption=f"strongest {kind}-composition pairs")
+    return report.to_html()
+
+
+def _write_all(out: Path, files: dict[str, str]) -> list[Path]:
+    """All files or none: each goes to a temporary name first, then all are renamed."""
+    out.mkdir(parents=True, exist_ok=True)
+    temps: dict[str, Path] = {}
+    try:
+        for name, text in files.items():
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+            temps[name] = Path(tmp)
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+        for name, tmp in temps.items():
+            os.replace(tmp, out / name)
+    finally:
+        for tmp in temps.values():
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+    return [out / name for name in files]
+
+
+def run(args: argparse.Namespace) -> int:
+    from interp.circuits import composition_scores, copying_scores
+    from interp.loading import load_model
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file; pass a directory (it is created if "
+                                 "missing)")
+    fold_ln = not args.no_fold_ln
+    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+    model = load_model(args.model, device=args.device)
+    copying = copying_scores(model, fold_ln=fold_ln)
+    composition = composition_scores(model, args.kinds, fold_ln=fold_ln,
+                                     baseline_samples=args.baseline_samples, seed=args.seed)
+    files = {COPYING_CSV: copying[COPYING_COLUMNS].to_csv(index=False),
+             COMPOSITION_CSV: composition.to_csv(index=False)}
+    if not args.no_report:
+        files[REPORT] = build_report(str(args.model), copying, composition, fold_ln=fold_ln)
+    paths = _write_all(out, files)
+
+    top = copying.sort_values("copying_score", ascending=False).head(5)
+    print("highest copying scores: " + ", ".join(
+        f"L{lay}H{h} {s:.3f}" for lay, h, s in zip(top["layer"], top["head"],
+                                                   top["copying_score"], strict=True)))
+    n_undefined = int(copying["undefined"].sum())
+    if n_undefined:
+        print(f"{n_undefined} heads have no copying score (all eigenvalues numerically zero)")
+    for kind in args.kinds:
+        rows = composition[composition["kind"] == kind]
+        if rows.empty:
+            print(f"{kind}-composition: no pairs (one layer)")
+            continue
+        best = rows.loc[rows["score"].idxmax()]
+        print(f"{kind}-composition: strongest L{best.src_layer}H{best.src_head} -> "
+              f"L{best.dst_layer}H{best.dst_head} {best.score:.3f} (random baseline "
+              f"{best.baseline:.3f})")
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
