@@ -59,16 +59,21 @@ def main() -> None:
             for name in TL_HEADS:
                 detect_head(model, texts, name)
 
-    times = time_side_by_side({"plain forward": forward, "interp scan": scan,
-                               "detect_head x3": tl_detect_head}, repeat=args.repeat)
+    times = time_side_by_side({"plain forward": forward, "interp scan": scan},
+                              repeat=args.repeat)
+    # detect_head is an order of magnitude slower: timed once, beside a forward pass of its own
+    slow = time_side_by_side({"plain forward": forward, "detect_head x3": tl_detect_head},
+                             repeat=1)
     base = times["plain forward"]
-    for name, seconds in times.items():
-        print(f"{name:>16}: {seconds:7.3f} s  ({seconds / base:5.2f}x plain forward)")
+    print(f"{'plain forward':>16}: {base:7.3f} s")
+    print(f"{'interp scan':>16}: {times['interp scan']:7.3f} s  "
+          f"({times['interp scan'] / base:5.2f}x plain forward)")
+    print(f"{'detect_head x3':>16}: {slow['detect_head x3']:7.3f} s  "
+          f"({slow['detect_head x3'] / slow['plain forward']:5.2f}x plain forward)")
     ratio = times["interp scan"] / base
-    speedup = times["detect_head x3"] / times["interp scan"]
+    speedup = (slow["detect_head x3"] / slow["plain forward"]) / ratio
     print(f"scan / forward = {ratio:.2f} (target <= 1.2): {'OK' if ratio <= 1.2 else 'MISSED'}")
     print(f"detect_head / scan = {speedup:.1f}x (target > 1): {'OK' if speedup > 1 else 'MISSED'}")
-
 
 if __name__ == "__main__":
     main()

@@ -213,6 +213,13 @@ def measure(checkpoint: str | Path, *, seed: int = 0, batch: int = 32, rep_lens=
 
     abl_ind = losses_with(induction_heads)
     abl_prev = losses_with([prev_head])
+    n_layers, n_heads = mean_ind.shape
+    # every head alone: the induction and previous-token heads against the rest as controls
+    single = {
+        f"{layer}.{head}": sum(r[3] for r in losses_with([(layer, head)]).values()) / len(rep_lens)
+        for layer in range(n_layers)
+        for head in range(n_heads)
+    }
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     comp = composition_scores(bridge)
 
@@ -235,6 +242,7 @@ def measure(checkpoint: str | Path, *, seed: int = 0, batch: int = 32, rep_lens=
         "loss_ratio_repeated_over_first": mean(list(seconds.values())) / mean(list(firsts.values())),
         "loss_repeated_half_induction_ablated": mean([r[3] for r in abl_ind.values()]),
         "loss_repeated_half_prev_token_ablated": mean([r[3] for r in abl_prev.values()]),
+        "loss_repeated_half_single_head_ablated": single,
         "best_induction_score_prev_token_ablated": mean([r[0][best].item() for r in abl_prev.values()]),
         "k_composition_src_l0_dst_l1": comp["plain"].tolist(),
         "k_composition_rotary_src_l0_dst_l1": comp["rotary"].tolist(),
@@ -267,6 +275,10 @@ def format_report(m: dict) -> str:
         f" {m['loss_repeated_half_prev_token_ablated']:.3f}, best induction score"
         f" {m['best_induction_score_prev_token_ablated']:.3f}"
     )
+    lines.append("repeated-half loss with one head ablated:")
+    single = m["loss_repeated_half_single_head_ablated"]
+    lines += ["  " + "  ".join(f"{name}: {loss:.3f}" for name, loss in single.items() if name.startswith(f"{l}."))
+              for l in range(len(m["induction_score_by_head"]))]
     for key, what in [("k_composition_src_l0_dst_l1", "W_Q W_K^T"), ("k_composition_rotary_src_l0_dst_l1", "W_Q R W_K^T")]:
         lines.append(f"K-composition ({what}) [src layer-0 head][dst layer-1 head]:")
         lines += ["  " + "  ".join(f"{s:.3f}" for s in row) for row in m[key]]

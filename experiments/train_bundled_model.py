@@ -4,16 +4,22 @@ Run:  python experiments/train_bundled_model.py [--out DIR] [--seed 0] [--steps 
 
 No machine here can download GPT-2, so the project trains its own model, on CPU, from
 text every Python installation already has: the standard library's own ``.py`` source,
-found at run time through `sysconfig`. Half of each step is that text (next-token
-prediction over random windows); the other half is synthetic ``a + a`` sequences of
-random tokens (with and without a leading BOS, repeat length drawn per batch) where only
-the repeated copy is scored, which is what makes the induction circuit form in minutes.
+found at run time through `sysconfig`. Every step has two halves: stdlib text
+(next-token prediction over random windows), and synthetic ``a + a`` sequences of
+random ordinary tokens (with and without a leading BOS, repeat length drawn per batch,
+4..80) where the repeated copy is scored (and the first copy with a small weight).
 
 Architecture (why rotary): GPT-2-shaped models with learned absolute positions, trained
 for minutes, learned shortcuts ("attend N back" heads, duplicate-token heads plus a
 positional smear) instead of induction. With rotary positions, which enter only queries
 and keys, a 2-layer 4-head model forms the textbook circuit: a previous-token head in
-layer 0 and an induction head in layer 1 that K-composes with it.
+layer 0 and induction heads in layer 1 that K-compose with it.
+
+Why the embeddings are tied for the first 1200 steps (then untied; the saved model is
+an ordinary untied GPTNeoXForCausalLM): with a 2k vocabulary in 64 dimensions and
+separate embedding and unembedding, the copying half of the circuit must be learned
+token by token, and the phase change came after ~1800 steps or not at all in 2000;
+with shared weights it comes at ~800-1000 steps.
 
 Outputs, in --out: config.json, model.safetensors, tokenizer files, training_log.csv
 (loss and per-head scores over steps) and TRAINING.json (settings, wall time and the
@@ -43,7 +49,6 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from jaxtyping import Int  # noqa: E402
 from measure_bundled_model import (  # noqa: E402
-    N_SPECIAL,
     format_report,
     half_losses,
     head_scores,
@@ -64,7 +69,7 @@ SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    steps: int = 2500
+    steps: int = 1800
     vocab_size: int = 2048  # BPE merges + 256 bytes + EOT; small keeps embed/unembed cheap
     max_text_chars: int = 12_000_000  # the whole filtered stdlib is ~11M characters
     d_model: int = 64
@@ -79,9 +84,8 @@ class TrainConfig:
     rep_len_min: int = 4
     rep_len_max: int = 80  # covers the detector's 10..60 with margin on both sides
     bos_prob: float = 0.5  # the detector uses [BOS]+a+a, NeoX users feed a+a
-    synth_only_steps: int = 0  # curriculum: the first steps see only synthetic repeats
-    vocab_start: int = 2048  # synthetic tokens come from this many ordinary ids at first...
-    vocab_ramp_steps: int = 0  # ...growing linearly to all of them over these steps
+    first_copy_weight: float = 0.05  # see synthetic_loss
+    tie_until: int = 1200  # embedding and unembedding share weights until this step (see tie_embeddings)
     lr: float = 3e-3
     warmup: int = 100
     weight_decay: float = 0.01
@@ -96,7 +100,7 @@ class TrainConfig:
             raise ValueError(f"sequences longer than n_ctx={self.n_ctx}; lower rep_len_max or text_len")
 
 
-SMOKE = dict(steps=60, vocab_size=512, max_text_chars=300_000, eval_every=20, eval_batch=8)
+SMOKE = dict(steps=60, tie_until=30, vocab_size=512, max_text_chars=300_000, eval_every=20, eval_batch=8)
 
 
 def stdlib_sources(max_chars: int, seed: int) -> list[str]:
@@ -180,33 +184,21 @@ class Batches:
     def __init__(self, cfg: TrainConfig, text_ids: Int[Tensor, " n_tokens"], d_vocab: int, bos_id: int):
         self.cfg, self.text_ids, self.d_vocab, self.bos_id = cfg, text_ids, d_vocab, bos_id
         self.gen = torch.Generator().manual_seed(cfg.seed + 1)
-        # ordinary ids (not <|endoftext|>) in a seeded random order, for the vocabulary ramp
-        self.ordinary = N_SPECIAL + torch.randperm(d_vocab - N_SPECIAL, generator=self.gen)
 
     def text(self, batch: int) -> Int[Tensor, "batch pos"]:
         n = self.cfg.text_len
         starts = torch.randint(0, len(self.text_ids) - n, (batch,), generator=self.gen)
         return torch.stack([self.text_ids[s : s + n] for s in starts.tolist()])
 
-    def synthetic(self, step: int) -> tuple[Int[Tensor, "batch pos"], int]:
-        """(tokens, position where the second copy starts).
-
-        Early batches draw from a small random subset of the vocabulary that grows to all
-        of it by cfg.vocab_ramp_steps: with few distinct tokens, each token's embedding
-        gets many updates per step, and the circuit forms in far fewer steps.
-        """
+    def synthetic(self) -> tuple[Int[Tensor, "batch pos"], int]:
+        """(tokens, position where the second copy starts): [BOS] + a + a or a + a."""
         cfg = self.cfg
         rep_len = int(torch.randint(cfg.rep_len_min, cfg.rep_len_max + 1, (1,), generator=self.gen))
         has_bos = bool(torch.rand(1, generator=self.gen) < cfg.bos_prob)
         batch = max(8, cfg.synth_tokens // (2 * rep_len + 1))
-        n_ordinary = len(self.ordinary)
-        ramp = min(1.0, step / cfg.vocab_ramp_steps) if cfg.vocab_ramp_steps else 1.0
-        n_used = min(n_ordinary, int(cfg.vocab_start + (n_ordinary - cfg.vocab_start) * ramp))
-        half = self.ordinary[torch.randint(0, n_used, (batch, rep_len), generator=self.gen)]
-        parts = [half, half]
-        if has_bos:
-            parts.insert(0, torch.full((batch, 1), self.bos_id, dtype=torch.long))
-        return torch.cat(parts, dim=1), int(has_bos) + rep_len
+        bos_id = self.bos_id if has_bos else None
+        tokens = repeated_random_tokens(self.d_vocab, rep_len, batch, self.gen, bos_id=bos_id)
+        return tokens, int(has_bos) + rep_len
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -249,15 +241,47 @@ def evaluate(model, cfg: TrainConfig, val_ids: Tensor, d_vocab: int, bos_id: int
     return row
 
 
-def synthetic_loss(model, tokens: Int[Tensor, "batch pos"], second: int) -> Tensor:
-    """Loss on the second copy's predictable tokens only (a[1:] given a[:-1]).
+def tie_embeddings(model) -> None:
+    """Share one matrix between embedding and unembedding (for the first phase only).
 
-    The first copy is random and unpredictable; scoring it would teach a uniform prior
-    that fights the text. Unembedding only the scored positions halves the cost.
+    With separate matrices, copying a token (the induction head's OV circuit) must be
+    learned token by token: 2k unembedding rows aligned with 2k embedding rows in 64
+    dimensions. Shared, any OV close to a positive multiple of the identity copies every
+    token at once, and the circuit forms in a few hundred steps instead of thousands.
     """
-    hidden = model.gpt_neox(tokens).last_hidden_state[:, second:-1]  # [batch rep_len-1 d_model]
+    model.get_output_embeddings().weight = model.get_input_embeddings().weight
+
+
+def untie_embeddings(model, opt: torch.optim.Optimizer) -> None:
+    """Give the unembedding its own copy of the shared matrix and its Adam state, so the
+    text objective can specialise it; the model computes the same function at the switch."""
+    shared = model.get_input_embeddings().weight
+    own = torch.nn.Parameter(shared.detach().clone())
+    model.get_output_embeddings().weight = own
+    group = next(g for g in opt.param_groups if any(p is shared for p in g["params"]))
+    opt.add_param_group({**{k: v for k, v in group.items() if k != "params"}, "params": [own]})
+    opt.state[own] = {k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state.get(shared, {}).items()}
+
+
+def synthetic_loss(model, tokens: Int[Tensor, "batch pos"], second: int, first_weight: float) -> Tensor:
+    """Loss on the repeated copy's predictable tokens (a[1:] given a[:-1]), plus
+    first_weight times the same predictions on the first copy.
+
+    The first copy is random: the best prediction there is "any ordinary token". A small
+    weight on it keeps the model calibrated on text it has never seen (without it, the
+    model confidently copies earlier tokens everywhere, ~16 nats on a random first half).
+    The unpredictable a[0] of the second copy is never scored.
+    """
+    rep_len = tokens.shape[1] - second  # second = has_bos + rep_len
+    first = second - rep_len
+    hidden = model.gpt_neox(tokens).last_hidden_state[:, first:-1]  # [batch 2*rep_len-1 d_model]
     logits = model.get_output_embeddings()(hidden)
-    return F.cross_entropy(logits.flatten(0, 1), tokens[:, second + 1 :].flatten())
+    targets = tokens[:, first + 1 :]
+    repeated = F.cross_entropy(logits[:, rep_len:].flatten(0, 1), targets[:, rep_len:].flatten())
+    if first_weight == 0:
+        return repeated
+    novel = F.cross_entropy(logits[:, : rep_len - 1].flatten(0, 1), targets[:, : rep_len - 1].flatten())
+    return repeated + first_weight * novel
 
 
 def train(cfg: TrainConfig, out: Path, log_path: Path) -> tuple[list[dict[str, float]], dict[str, float]]:
@@ -284,6 +308,8 @@ def train(cfg: TrainConfig, out: Path, log_path: Path) -> tuple[list[dict[str, f
 
     train_ids, val_ids = ids_of(texts[n_val:]), ids_of(texts[:n_val])
     model = build_model(cfg, tokenizer)
+    if cfg.tie_until > 0:
+        tie_embeddings(model)
     d_vocab = model.config.vocab_size
     batches = Batches(cfg, train_ids, d_vocab, eot)
 
@@ -312,68 +338,69 @@ def train(cfg: TrainConfig, out: Path, log_path: Path) -> tuple[list[dict[str, f
                 bar.set_postfix(text=f"{row['val_text_loss']:.2f}", rep=f"{row['loss_repeated_half']:.2f}", ind=f"{best:.2f}")
             if step == cfg.steps:
                 break
+            if step == cfg.tie_until and cfg.tie_until > 0:
+                untie_embeddings(model, opt)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            tokens, second = batches.synthetic(step)
-            loss = synthetic_loss(model, tokens, second)
-            if step >= cfg.synth_only_steps:
-                text = batches.text(cfg.text_batch)
-                loss = loss + model(text, labels=text).loss
+            text = batches.text(cfg.text_batch)
+            tokens, second = batches.synthetic()
+            loss = model(text, labels=text).loss + synthetic_loss(model, tokens, second, cfg.first_copy_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
 
+    if model.get_output_embeddings().weight is model.get_input_embeddings().weight:
+        untie_embeddings(model, opt)  # the saved architecture is always untied
     timings = {"wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0}
     model.save_pretrained(out, safe_serialization=True)
+    (out / "model.safetensors").chmod(0o644)  # saved owner-only; it is package data
     return log, timings
 
 
-def training_svg(log: list[dict[str, float]], title: str) -> str:
-    """A hand-written SVG: repeated-half loss (left axis) and best layer-1 induction score
-    (right axis, 0..1) against step. No plotting dependency, a few KB."""
-    w, h, left, right, top, bottom = 640, 340, 60, 60, 40, 50
+def training_svg(log: list[dict[str, float]], title: str, untie_step: int | None = None) -> str:
+    """A hand-written SVG of the phase change: repeated-half and held-out text loss (left
+    axis), best layer-1 induction and layer-0 previous-token scores (right axis, 0..1),
+    against step. No plotting dependency; a few KB."""
+    w, h, left, right, top, bottom = 660, 360, 60, 60, 40, 50
+    ph = h - top - bottom
     steps = [r["step"] for r in log]
-    losses = [r["loss_repeated_half"] for r in log]
-    text = [r["val_text_loss"] for r in log]
-    ind = [max(v for k, v in r.items() if k.startswith("induction_1.")) for r in log]
-    y_max = math.ceil(max(losses + text))
+    best = lambda r, prefix: max(v for k, v in r.items() if k.startswith(prefix))  # noqa: E731
+    series = [  # (values, axis, colour, dash, label)
+        ([r["loss_repeated_half"] for r in log], "loss", "#1f77b4", "", "repeated-half loss"),
+        ([r["val_text_loss"] for r in log], "loss", "#7f7f7f", "5,4", "held-out stdlib text loss"),
+        ([best(r, "induction_1.") for r in log], "score", "#d62728", "", "best layer-1 induction score"),
+        ([best(r, "prev_token_0.") for r in log], "score", "#ff7f0e", "2,3", "best layer-0 previous-token score"),
+    ]
+    y_max = math.ceil(max(max(v) for v, axis, *_ in series if axis == "loss"))
     sx = lambda s: left + (w - left - right) * s / max(steps)  # noqa: E731
-    sy_loss = lambda v: top + (h - top - bottom) * (1 - v / y_max)  # noqa: E731
-    sy_ind = lambda v: top + (h - top - bottom) * (1 - v)  # noqa: E731
-
-    def path(xs, ys, colour, dash=""):
-        pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys))
-        extra = f' stroke-dasharray="{dash}"' if dash else ""
-        return f'<polyline fill="none" stroke="{colour}" stroke-width="2"{extra} points="{pts}"/>'
-
+    sy = {"loss": lambda v: top + ph * (1 - v / y_max), "score": lambda v: top + ph * (1 - v)}
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
         f'<rect width="{w}" height="{h}" fill="white"/>',
-        f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>',
-        f'<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" stroke="black"/>',
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="black"/>',
-        f'<line x1="{w - right}" y1="{top}" x2="{w - right}" y2="{h - bottom}" stroke="black"/>',
+        f'<text x="{w / 2}" y="22" text-anchor="middle" font-size="14">{title}</text>',
+        f'<path d="M{left},{top}V{h - bottom}H{w - right}V{top}" fill="none" stroke="black"/>',
+        f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">training step</text>',
+        f'<text transform="translate(16 {top + ph / 2}) rotate(-90)" text-anchor="middle">loss (nats)</text>',
+        f'<text transform="translate({w - 14} {top + ph / 2}) rotate(90)" text-anchor="middle">score</text>',
     ]
     for i in range(5):
         s = round(max(steps) * i / 4)
         parts.append(f'<text x="{sx(s):.1f}" y="{h - bottom + 16}" text-anchor="middle">{s}</text>')
-        v = y_max * i / 4
-        parts.append(f'<text x="{left - 6}" y="{sy_loss(v) + 4:.1f}" text-anchor="end" fill="#1f77b4">{v:.1f}</text>')
-        parts.append(f'<text x="{w - right + 6}" y="{sy_ind(i / 4) + 4:.1f}" fill="#d62728">{i / 4:.2f}</text>')
-    parts += [
-        f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">training step</text>',
-        f'<text transform="translate(16 {h / 2}) rotate(-90)" text-anchor="middle" fill="#1f77b4">loss (nats)</text>',
-        f'<text transform="translate({w - 14} {h / 2}) rotate(90)" text-anchor="middle" fill="#d62728">'
-        "best induction score</text>",
-        path([sx(s) for s in steps], [sy_loss(v) for v in losses], "#1f77b4"),
-        path([sx(s) for s in steps], [sy_loss(v) for v in text], "#7f7f7f", "5,4"),
-        path([sx(s) for s in steps], [sy_ind(v) for v in ind], "#d62728"),
-        f'<text x="{w - right - 8}" y="{top + 14}" text-anchor="end" fill="#1f77b4">repeated-half loss</text>',
-        f'<text x="{w - right - 8}" y="{top + 30}" text-anchor="end" fill="#7f7f7f">held-out stdlib text loss</text>',
-        f'<text x="{w - right - 8}" y="{top + 46}" text-anchor="end" fill="#d62728">best layer-1 induction score</text>',
-        "</svg>",
-    ]
+        parts.append(f'<text x="{left - 6}" y="{sy["loss"](y_max * i / 4) + 4:.1f}" text-anchor="end">{y_max * i / 4:.1f}</text>')
+        parts.append(f'<text x="{w - right + 6}" y="{sy["score"](i / 4) + 4:.1f}">{i / 4:.2f}</text>')
+    if untie_step is not None and 0 < untie_step < max(steps):
+        x = sx(untie_step)
+        parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{h - bottom}" stroke="#999" stroke-dasharray="1,3"/>')
+        parts.append(f'<text x="{x + 4:.1f}" y="{top + 14}" fill="#666">embeddings untied</text>')
+    for i, (values, axis, colour, dash, label) in enumerate(series):
+        pts = " ".join(f"{sx(s):.1f},{sy[axis](v):.1f}" for s, v in zip(steps, values))
+        extra = f' stroke-dasharray="{dash}"' if dash else ""
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{extra} points="{pts}"/>')
+        y = top + 0.36 * ph + 16 * i  # legend in the band the curves cross only during the change
+        parts.append(f'<line x1="{w - right - 230}" y1="{y - 4}" x2="{w - right - 205}" y2="{y - 4}" stroke="{colour}" stroke-width="2"{extra}/>')
+        parts.append(f'<text x="{w - right - 200}" y="{y}">{label}</text>')
+    parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
 
@@ -395,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log, timings = train(cfg, args.out, args.out / "training_log.csv")
     figure.parent.mkdir(parents=True, exist_ok=True)
-    figure.write_text(training_svg(log, f"tiny-induction training (seed {cfg.seed})"))
+    figure.write_text(training_svg(log, f"tiny-induction training (seed {cfg.seed})", cfg.tie_until))
     print(
         f"trained {cfg.steps} steps in {timings['wall_s']:.0f} s wall, {timings['cpu_s']:.0f} s CPU;"
         f" checkpoint in {args.out}"

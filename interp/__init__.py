@@ -1,7 +1,10 @@
 """interp: mechanistic interpretability on TransformerLens 4's hooked models.
 
-The public names below are imported on first use, so ``import interp`` stays cheap
-(the command line starts fast) and has no side effects.
+The most used names are here, imported on first use, so ``import interp`` stays cheap
+(the command line starts fast) and has no side effects. The rest lives in the modules:
+``interp.circuits`` (full circuits, materialising slices), ``interp.plotting`` (figures),
+``interp.html``, ``interp.layernorm``, ``interp.attribution``, ``interp.induction``,
+``interp.reference``.
 """
 
 from __future__ import annotations
@@ -16,25 +19,15 @@ _EXPORTS = {
     "run_cached": "interp.caching",
     "CachedRun": "interp.caching",
     "PromptError": "interp.caching",
-    "to_tokens": "interp.caching",
     "detect_induction_heads": "interp.induction",
     "run_induction_scan": "interp.induction",
+    "copying_scores": "interp.circuits",
+    "composition_scores": "interp.circuits",
     "fold_layernorm": "interp.layernorm",
-    "FoldError": "interp.layernorm",
     "logit_attribution": "interp.attribution",
     "logit_lens": "interp.attribution",
-    "AttributionError": "interp.attribution",
-    "TokenError": "interp.attribution",
     "Report": "interp.html",
-    "write_text_atomic": "interp.html",
-    "head_heatmap": "interp.plotting",
-    "loss_by_position": "interp.plotting",
-    "attribution_bars": "interp.plotting",
-    "logit_lens_lines": "interp.plotting",
-    "attention_heatmap": "interp.plotting",
     "ReferenceGPT2": "interp.reference",
-    "ReferenceConfig": "interp.reference",
-    "UnsupportedArchitectureError": "interp.reference",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -362,7 +362,7 @@ def test_cli_multi_token_answer_fails_and_writes_nothing(gpt2_dir, tmp_path, cap
 
 
 def test_cli_failure_while_reporting_leaves_nothing(gpt2_dir, tmp_path, monkeypatch):
-    import interp.commands.attribute as command
+    import interp.cli.attribute as command
 
     def broken(*args, **kwargs):
         raise RuntimeError("report failed")

@@ -114,8 +114,8 @@ def test_folded_weights_equal_transformer_lens_folding(gpt2_dir, gpt2_model):
     # folding a folded model changes nothing (its LayerNorms are the identity affine map)
     again = circuit_weights(compat)
     assert torch.allclose(again.W_V, ours.W_V, atol=TL_ATOL)
-    assert copying_scores(compat).copying_score.sub(copying_scores(ours).copying_score).abs().max() \
-        <= FACTORED_ATOL
+    diff = copying_scores(compat).copying_score - copying_scores(ours).copying_score
+    assert diff.abs().max() <= FACTORED_ATOL
 
 
 def test_ov_and_qk_circuits_are_the_products(gpt2_model):
@@ -315,7 +315,8 @@ def test_scores_on_gpt2_small_shaped_model(gpt2_small_shaped_model):
     assert len(comp) == 3 * 144 * 132 // 2  # pairs with src_layer < dst_layer
     w = circuit_weights(model)
     # spot-check pairs against dense float64 d_model x d_model products
-    for kind, (sl, sh, dl, dh) in [("Q", (0, 1, 11, 5)), ("K", (4, 7, 5, 0)), ("V", (10, 11, 11, 11))]:
+    pairs = [("Q", (0, 1, 11, 5)), ("K", (4, 7, 5, 0)), ("V", (10, 11, 11, 11))]
+    for kind, (sl, sh, dl, dh) in pairs:
         A = w.W_V[sl, sh].double() @ w.W_O[sl, sh].double()
         QK = w.W_Q[dl, dh].double() @ w.W_K[dl, dh].double().T
         B = {"Q": QK, "K": QK.T, "V": w.W_V[dl, dh].double() @ w.W_O[dl, dh].double()}[kind]

@@ -65,14 +65,14 @@ def _gram_root(G: Float[Tensor, "... d_head d_head"]) -> Float[Tensor, "... d_he
     return root.to(G.dtype)
 
 
-def _reduce_left(A1: Float[Tensor, "... d_model d_head"], A2: Float[Tensor, "... d_head d_model"]
-                 ) -> Float[Tensor, "... d_head d_model"]:
+def _reduce_left(A1: Float[Tensor, "... d_model d_head"],
+                 A2: Float[Tensor, "... d_head d_model"]) -> Float[Tensor, "... d_head d_model"]:
     """``C`` with ``||A1 A2 X||_F == ||C X||_F`` for every X: ``C = Lᵀ A2``, ``A1ᵀA1 = L Lᵀ``."""
     return _gram_root(A1.transpose(-2, -1) @ A1).transpose(-2, -1) @ A2
 
 
-def _reduce_right(B1: Float[Tensor, "... d_model d_head"], B2: Float[Tensor, "... d_head d_model"]
-                  ) -> Float[Tensor, "... d_model d_head"]:
+def _reduce_right(B1: Float[Tensor, "... d_model d_head"],
+                  B2: Float[Tensor, "... d_head d_model"]) -> Float[Tensor, "... d_model d_head"]:
     """``D`` with ``||X B1 B2||_F == ||X D||_F`` for every X: ``D = B1 L``, ``B2 B2ᵀ = L Lᵀ``."""
     return B1 @ _gram_root(B2 @ B2.transpose(-2, -1))
 
@@ -120,7 +120,7 @@ def _frame(kind: str, scores: Float[Tensor, "layer head layer head"],
     grid = torch.stack(torch.meshgrid(torch.arange(L), torch.arange(H), torch.arange(L),
                                       torch.arange(H), indexing="ij"), dim=-1).reshape(-1, 4)
     keep = grid[:, 0] < grid[:, 2]
-    grid, values = grid[keep], scores.reshape(-1)[keep]
+    grid, values = grid[keep], scores.reshape(-1).cpu()[keep]
     return pd.DataFrame({"kind": kind, "src_layer": grid[:, 0].numpy(),
                          "src_head": grid[:, 1].numpy(), "dst_layer": grid[:, 2].numpy(),
                          "dst_head": grid[:, 3].numpy(), "score": values.double().numpy(),

@@ -60,6 +60,7 @@ def ov_eigenvalues(model, *, fold_ln: bool | None = None
 
 def _frame(scores: Tensor, undefined: Tensor) -> pd.DataFrame:
     n_layers, n_heads = scores.shape
+    scores, undefined = scores.cpu(), undefined.cpu()
     df = pd.DataFrame({
         "layer": torch.arange(n_layers).repeat_interleave(n_heads).tolist(),
         "head": torch.arange(n_heads).repeat(n_layers).tolist(),

@@ -168,6 +168,17 @@ def _expand_kv(w: Tensor, n_heads: int) -> Tensor:
     return w if w.shape[1] == n_heads else w.repeat_interleave(n_heads // w.shape[1], dim=1)
 
 
+def _bias(model, name: str, W_Q: Tensor) -> Float[Tensor, "layer head d_head"]:
+    """A stacked attention bias, zeros for bias-free projections."""
+    try:
+        bias = getattr(model, name)
+    except AttributeError:  # TransformerLens raises for checkpoints without this parameter
+        bias = None
+    if bias is None:
+        return torch.zeros(W_Q.shape[:2] + W_Q.shape[3:], dtype=W_Q.dtype, device=W_Q.device)
+    return _expand_kv(bias.detach().to(W_Q.dtype), W_Q.shape[1])
+
+
 def circuit_weights(model, *, fold_ln: bool = True) -> CircuitWeights:
     """Read a TransformerBridge's weights (detached, float32 or wider) for circuit analysis.
 
@@ -186,7 +197,7 @@ def circuit_weights(model, *, fold_ln: bool = True) -> CircuitWeights:
             return _expand_kv(getattr(model, name).detach().to(dtype), n_heads)
 
         W_Q, W_K, W_V, W_O = get("W_Q"), get("W_K"), get("W_V"), model.W_O.detach().to(dtype)
-        b_Q, b_K, b_V = get("b_Q"), get("b_K"), get("b_V")
+        b_Q, b_K, b_V = (_bias(model, name, W_Q) for name in ("b_Q", "b_K", "b_V"))
         W_E, W_U = model.W_E.detach().to(dtype), model.W_U.detach().to(dtype)
         unembed_in, center_unembed = None, False
         if fold_ln and getattr(cfg, "normalization_type", None) is not None:

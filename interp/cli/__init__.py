@@ -1,4 +1,4 @@
-"""The ``interp`` command: a thin dispatcher over ``interp.commands.<name>`` modules.
+"""The ``interp`` command: a thin dispatcher over ``interp.cli.<name>`` modules.
 
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
 ``run(args) -> int``. Errors the user can fix end in one line on stderr and exit code 1;
@@ -14,11 +14,11 @@ import sys
 
 # command name -> module implementing it (imported only when that command runs)
 COMMANDS = {
-    "induction": "interp.commands.induction",
-    "attention": "interp.commands.attention",
-    "circuits": "interp.commands.circuits",
-    "attribute": "interp.commands.attribute",
-    "models": "interp.commands.models",
+    "induction": "interp.cli.induction",
+    "attention": "interp.cli.attention",
+    "circuits": "interp.cli.circuits",
+    "attribute": "interp.cli.attribute",
+    "models": "interp.cli.models",
 }
 
 

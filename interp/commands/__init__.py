@@ -1,1 +1,0 @@
-"""One module per ``interp`` sub-command (see ``interp.cli.COMMANDS``)."""
