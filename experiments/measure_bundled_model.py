@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from statistics import fmean as mean
 
 import torch
 import torch.nn.functional as F
@@ -50,17 +51,11 @@ def repeated_random_tokens(
     return torch.cat(parts, dim=1)
 
 
-def induction_offsets(rep_len: int, has_bos: bool) -> tuple[int, int]:
-    """(first query position of the second copy, position count of one copy)."""
-    start = int(has_bos) + rep_len
-    return start, rep_len
-
-
 def head_scores(
     pattern: Float[Tensor, "batch head q_pos k_pos"], rep_len: int, has_bos: bool
 ) -> tuple[Float[Tensor, " head"], Float[Tensor, " head"]]:
     """Induction and previous-token scores of one layer's heads."""
-    start, _ = induction_offsets(rep_len, has_bos)
+    start = int(has_bos) + rep_len  # first query position of the second copy
     # offset rep_len-1: the token after the earlier copy of the current token
     induction = pattern.diagonal(offset=-(rep_len - 1), dim1=-2, dim2=-1)
     induction = induction[..., start - (rep_len - 1) :].mean(dim=(0, -1))
@@ -69,7 +64,10 @@ def head_scores(
 
 
 def half_losses(
-    logits: Float[Tensor, "batch pos d_vocab"], tokens: Int[Tensor, "batch pos"], rep_len: int, has_bos: bool
+    logits: Float[Tensor, "batch pos d_vocab"],
+    tokens: Int[Tensor, "batch pos"],
+    rep_len: int,
+    has_bos: bool,
 ) -> tuple[float, float]:
     """Next-token loss on the first copy and on the repeated copy.
 
@@ -118,7 +116,7 @@ def run_repeated(bridge, tokens, rep_len: int, has_bos: bool, ablate: list[tuple
 
     hooks = _z_ablation_hooks(list(ablate)) + [(name, save) for name in names]
     logits = bridge.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits")
-    ind, prev = zip(*(head_scores(store[name], rep_len, has_bos) for name in names))
+    ind, prev = zip(*(head_scores(store[name], rep_len, has_bos) for name in names), strict=True)
     first, second = half_losses(logits, tokens, rep_len, has_bos)
     return torch.stack(ind), torch.stack(prev), first, second
 
@@ -153,7 +151,9 @@ def folded_weights(bridge) -> dict[str, Tensor]:
 def _comp(qk: Tensor, ov: Tensor) -> Float[Tensor, "src dst"]:
     """||W_QK_dst W_OV_src^T||_F / (||W_QK_dst||_F ||W_OV_src||_F) for all pairs."""
     prod = torch.einsum("dab,scb->sdac", qk, ov)  # [src dst d_model d_model]
-    return prod.norm(dim=(-2, -1)) / (ov.norm(dim=(-2, -1))[:, None] * qk.norm(dim=(-2, -1))[None, :])
+    return prod.norm(dim=(-2, -1)) / (
+        ov.norm(dim=(-2, -1))[:, None] * qk.norm(dim=(-2, -1))[None, :]
+    )
 
 
 def composition_scores(bridge, rep_lens=REP_LENS) -> dict[str, Tensor | float]:
@@ -178,7 +178,11 @@ def composition_scores(bridge, rep_lens=REP_LENS) -> dict[str, Tensor | float]:
     gen = torch.Generator().manual_seed(0)
     samples = []
     for _ in range(50):
-        a, b = (torch.randn(d_model, d_head, generator=gen) @ torch.randn(d_head, d_model, generator=gen) for _ in "ab")
+        a, b = (
+            torch.randn(d_model, d_head, generator=gen)
+            @ torch.randn(d_head, d_model, generator=gen)
+            for _ in "ab"
+        )
         samples.append(((a @ b.T).norm() / (a.norm() * b.norm())).item())
     return {
         "plain": _comp(qk_plain, ov),
@@ -204,9 +208,7 @@ def measure(checkpoint: str | Path, *, seed: int = 0, batch: int = 32, rep_lens=
     mean_ind = torch.stack(list(ind.values())).mean(0)  # [layer head]
     best = divmod(int(mean_ind.argmax()), mean_ind.shape[1])
     prev_head = (0, int(prev[0].argmax()))
-    induction_heads = [
-        (1, h) for h in range(mean_ind.shape[1]) if mean_ind[1, h] >= 0.3
-    ] or [best]
+    induction_heads = [(1, h) for h in range(mean_ind.shape[1]) if mean_ind[1, h] >= 0.3] or [best]
 
     def losses_with(ablate):
         return {L: run_repeated(bridge, t, L, True, ablate) for L, t in batches.items()}
@@ -216,11 +218,10 @@ def measure(checkpoint: str | Path, *, seed: int = 0, batch: int = 32, rep_lens=
     n_layers, n_heads = mean_ind.shape
     # every head alone: the induction and previous-token heads against the rest as controls
     single = {
-        f"{layer}.{head}": sum(r[3] for r in losses_with([(layer, head)]).values()) / len(rep_lens)
+        f"{layer}.{head}": mean(r[3] for r in losses_with([(layer, head)]).values())
         for layer in range(n_layers)
         for head in range(n_heads)
     }
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     comp = composition_scores(bridge)
 
     no_bos = {}
@@ -237,13 +238,15 @@ def measure(checkpoint: str | Path, *, seed: int = 0, batch: int = 32, rep_lens=
         "induction_heads_ablated": [list(h) for h in induction_heads],
         "previous_token_head": list(prev_head),
         "previous_token_score": prev[prev_head].item(),
-        "loss_first_half": mean(list(firsts.values())),
-        "loss_repeated_half": mean(list(seconds.values())),
-        "loss_ratio_repeated_over_first": mean(list(seconds.values())) / mean(list(firsts.values())),
+        "loss_first_half": mean(firsts.values()),
+        "loss_repeated_half": mean(seconds.values()),
+        "loss_ratio_repeated_over_first": mean(seconds.values()) / mean(firsts.values()),
         "loss_repeated_half_induction_ablated": mean([r[3] for r in abl_ind.values()]),
         "loss_repeated_half_prev_token_ablated": mean([r[3] for r in abl_prev.values()]),
         "loss_repeated_half_single_head_ablated": single,
-        "best_induction_score_prev_token_ablated": mean([r[0][best].item() for r in abl_prev.values()]),
+        "best_induction_score_prev_token_ablated": mean(
+            r[0][best].item() for r in abl_prev.values()
+        ),
         "k_composition_src_l0_dst_l1": comp["plain"].tolist(),
         "k_composition_rotary_src_l0_dst_l1": comp["rotary"].tolist(),
         "k_composition_random_baseline": comp["baseline"],
@@ -255,9 +258,15 @@ def format_report(m: dict) -> str:
     b = tuple(m["best_induction_head"])
     p = tuple(m["previous_token_head"])
     lines = ["induction score [layer][head] (mean over repeat lengths):"]
-    lines += [f"  L{l}: " + "  ".join(f"{s:.3f}" for s in row) for l, row in enumerate(m["induction_score_by_head"])]
+    lines += [
+        f"  L{layer}: " + "  ".join(f"{s:.3f}" for s in row)
+        for layer, row in enumerate(m["induction_score_by_head"])
+    ]
     lines += ["previous-token score [layer][head]:"]
-    lines += [f"  L{l}: " + "  ".join(f"{s:.3f}" for s in row) for l, row in enumerate(m["previous_token_score_by_head"])]
+    lines += [
+        f"  L{layer}: " + "  ".join(f"{s:.3f}" for s in row)
+        for layer, row in enumerate(m["previous_token_score_by_head"])
+    ]
     lines.append(f"best induction head {b[0]}.{b[1]} by repeat length (with BOS / without):")
     for L, s in m["best_induction_score_by_rep_len"].items():
         lines.append(f"  L={L:3d}: {s:.3f} / {m['best_induction_score_by_rep_len_no_bos'][L]:.3f}")
@@ -277,9 +286,13 @@ def format_report(m: dict) -> str:
     )
     lines.append("repeated-half loss with one head ablated:")
     single = m["loss_repeated_half_single_head_ablated"]
-    lines += ["  " + "  ".join(f"{name}: {loss:.3f}" for name, loss in single.items() if name.startswith(f"{l}."))
-              for l in range(len(m["induction_score_by_head"]))]
-    for key, what in [("k_composition_src_l0_dst_l1", "W_Q W_K^T"), ("k_composition_rotary_src_l0_dst_l1", "W_Q R W_K^T")]:
+    for layer in range(len(m["induction_score_by_head"])):
+        row = [f"{name}: {loss:.3f}" for name, loss in single.items() if name[0] == str(layer)]
+        lines.append("  " + "  ".join(row))
+    for key, what in [
+        ("k_composition_src_l0_dst_l1", "W_Q W_K^T"),
+        ("k_composition_rotary_src_l0_dst_l1", "W_Q R W_K^T"),
+    ]:
         lines.append(f"K-composition ({what}) [src layer-0 head][dst layer-1 head]:")
         lines += ["  " + "  ".join(f"{s:.3f}" for s in row) for row in m[key]]
     lines.append(f"  random baseline {m['k_composition_random_baseline']:.3f}")

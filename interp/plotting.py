@@ -111,7 +111,7 @@ def head_heatmap(df: pd.DataFrame, value: str, *, title: str | None = None) -> g
         template=TEMPLATE, title=_title(title),
         xaxis={"title": {"text": "head"}, "dtick": 1, "constrain": "domain"},
         yaxis={"title": {"text": "layer"}, "dtick": 1, "autorange": "reversed"},
-        height=int(min(900, 180 + 32 * n_layers)),
+        height=int(min(900, max(300, 180 + 32 * n_layers))),  # room for the colour bar
     )
     return fig
 

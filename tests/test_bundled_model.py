@@ -4,6 +4,7 @@ experiments/measure_bundled_model.py, from the attention patterns alone."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ BUNDLED = REPO / "interp" / "bundled" / "tiny-induction"
 REP_LENS = (10, 30, 60)
 MAX_BYTES = 10 * 1024 * 1024  # the package ships this folder; keep wheels small
 ATOL_LOGITS = 1e-4  # float32, two layers: the bridge reorders a few matmuls
+ATOL_SCORES = 1e-5  # one 16-dim dot product in float32
 STRINGS = [
     "",
     "def f(x):\n    return x ** 2  # square\n",
@@ -53,8 +55,12 @@ def _repeated(d_vocab: int, rep_len: int, bos: int, batch: int = 24, seed: int =
 
 def _patterns(bridge, tokens: torch.Tensor) -> torch.Tensor:
     """[layer batch head q_pos k_pos]"""
-    _, cache = bridge.run_with_cache(tokens, names_filter=lambda name: name.endswith("attn.hook_pattern"))
-    return torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(bridge.cfg.n_layers)])
+    _, cache = bridge.run_with_cache(
+        tokens, names_filter=lambda name: name.endswith("attn.hook_pattern")
+    )
+    return torch.stack(
+        [cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(bridge.cfg.n_layers)]
+    )
 
 
 def _induction_scores(pattern: torch.Tensor, rep_len: int) -> torch.Tensor:
@@ -127,9 +133,34 @@ def test_induction_head_and_previous_token_head(bridge, rep_len):
     assert previous[0].max() >= 0.5, f"layer-0 previous-token scores {previous[0].tolist()}"
 
     nll = -F.log_softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
-    first = nll[:, 1 : rep_len].mean()  # a[0..L-2] -> a[1..L-1]
+    first = nll[:, 1:rep_len].mean()  # a[0..L-2] -> a[1..L-1]
     repeated = nll[:, 1 + rep_len : 2 * rep_len].mean()  # the same predictions, second copy
     assert repeated <= 0.25 * first, (first.item(), repeated.item())
+
+
+def test_rotary_matrix_reproduces_attention_scores(bridge):
+    """The weight-level QK of the docs and composition scores: score(q, k) is
+    q R(q_pos - k_pos) k / sqrt(d_head), with q and k as hook_q/hook_k give them (unrotated)."""
+    spec = importlib.util.spec_from_file_location(
+        "measure_bundled_model", REPO / "experiments" / "measure_bundled_model.py"
+    )
+    measure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(measure)
+
+    theta = json.loads((BUNDLED / "config.json").read_text())["rope_parameters"]["rope_theta"]
+    tokens = bridge.to_tokens("for i in range(10):\n    total += i")
+    keep = ("attn.hook_q", "attn.hook_k", "attn.hook_attn_scores")
+    _, cache = bridge.run_with_cache(tokens, names_filter=lambda name: name.endswith(keep))
+    for layer in range(bridge.cfg.n_layers):
+        q = cache[f"blocks.{layer}.attn.hook_q"][0]  # [pos head d_head]
+        k = cache[f"blocks.{layer}.attn.hook_k"][0]
+        scores = cache[f"blocks.{layer}.attn.hook_attn_scores"][0]  # [head q_pos k_pos]
+        n_pos, _, d_head = q.shape
+        for i in range(n_pos):
+            for j in range(i + 1):  # the causal part; the rest is masked
+                rot = measure.rotary_matrix(i - j, d_head, theta)
+                dense = torch.einsum("he,ef,hf->h", q[i], rot, k[j]) / d_head**0.5
+                torch.testing.assert_close(scores[:, i, j], dense, atol=ATOL_SCORES, rtol=0)
 
 
 @pytest.mark.slow

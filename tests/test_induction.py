@@ -165,3 +165,21 @@ def test_table_columns_and_undefined_values(gpt2_model):
 def test_bad_settings(gpt2_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         run_induction_scan(gpt2_model, ablate=False, copying=False, **kwargs)
+
+
+def test_bundled_model_induction_heads_are_found():
+    """The shipped model's circuit, found by the detector: induction heads in layer 1 that
+    survive every check, fed by a previous-token head in layer 0 whose ablation breaks them."""
+    model = load_model("tiny-induction", device="cpu")
+    result = run_induction_scan(model, seed=0, ablate=True)
+    table = result.table
+    found = table[table["is_induction"]]
+    assert len(found) >= 1 and set(found["layer"]) == {1}
+    assert found["induction_score_min"].max() >= 0.7
+    assert (found["copying_score"] > 0).all()
+    assert result.loss_repeated_half <= 0.25 * result.loss_first_half
+    prev = table.sort_values("prev_token_score").iloc[-1]
+    assert prev["layer"] == 0 and prev["prev_token_score"] >= 0.5
+    # without the previous-token head the repeat is no longer predicted
+    gain = result.loss_first_half - result.loss_repeated_half
+    assert prev["ablation_loss_increase"] >= 0.5 * gain
