@@ -1,8 +1,8 @@
 """Run a prompt and keep exactly the activations an analysis asked for.
 
 ``run_cached(model, prompt, patterns=True)`` caches one hook per layer, not the whole
-forward pass: GPT-2 small on 8x256 tokens holds ~2.4 GB of activations if everything is
-kept, ~72 MB for one kind. Per-head outputs (``z @ W_O`` per head) are computed inside the
+forward pass: a GPT-2-small-shaped model on 8x256 tokens holds 4.9 GB of activations if
+everything is kept, 72 MB for the residual stream after each layer. Per-head outputs (``z @ W_O`` per head) are computed inside the
 hook from ``hook_z`` so that neither ``z`` nor TransformerLens's gated ``hook_result`` is kept.
 
 Hooks added here live only for the run: they are removed when it ends, also when a hook or
