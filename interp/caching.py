@@ -101,7 +101,9 @@ def check_hook_names(model, names: Sequence[str]) -> None:
             raise KeyError(f"unknown hook name '{name}'{hint}")
         reason = model._gated_hook_reason(name)
         if reason is not None:
-            raise KeyError(f"hook '{name}' does not fire on this model as configured: {reason}")
+            hint = "; pass head_outputs=True instead" if name.endswith("attn.hook_result") else ""
+            raise KeyError(f"hook '{name}' does not fire on this model as configured: "
+                           f"{reason}{hint}")
 
 
 @dataclass(frozen=True)

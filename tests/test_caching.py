@@ -82,7 +82,7 @@ def test_rotary_model_caches_too(neox_model):
 
 @pytest.mark.parametrize("name, match", [
     ("blocks.0.attn.hook_patern", "unknown hook name.*hook_pattern"),
-    ("blocks.0.attn.hook_result", "does not fire"),
+    ("blocks.0.attn.hook_result", "does not fire.*head_outputs=True"),
 ])
 def test_bad_hook_names_are_errors(gpt2_model, name, match):
     with pytest.raises(KeyError, match=match):
