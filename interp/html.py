@@ -216,6 +216,17 @@ class Report:
         self._ids += 1
         return f"interp-{kind}-{self._ids}"
 
+    def _add_view(self, kind: str, payload: dict, caption: str, *, needs: str) -> None:
+        """An empty ``div`` and its JSON data block; the bootstrap script draws one into the
+        other, so the data is never executed as script."""
+        target = self._next_id(kind)
+        self._blocks.append(_Block(
+            f'<figure><div id="{target}" class="interp-{kind}"></div>'
+            f'<script type="application/json" data-interp-kind="{kind}" '
+            f'data-interp-target="{target}">{script_json(payload)}</script>'
+            f"{_caption(caption)}</figure>",
+            frozenset({needs})))
+
     def add_heading(self, text: str) -> None:
         self._blocks.append(_Block(f"<h2>{_esc(text)}</h2>"))
 
@@ -232,17 +243,11 @@ class Report:
         if not isinstance(fig, go.Figure):
             raise TypeError(f"add_figure takes a plotly.graph_objects.Figure, got "
                             f"{type(fig).__name__}")
-        target = self._next_id("figure")
         # plotly's encoder turns numpy arrays, NaN (-> null) and dates into JSON
         figure = json.loads(pio.to_json(fig, validate=False, engine="json"))
         spec = {"data": figure.get("data", []), "layout": figure.get("layout", {}),
                 "config": _PLOTLY_CONFIG}
-        self._blocks.append(_Block(
-            f'<figure><div id="{target}" class="interp-figure"></div>'
-            f'<script type="application/json" data-interp-kind="figure" '
-            f'data-interp-target="{target}">{script_json(spec)}</script>'
-            f"{_caption(caption)}</figure>",
-            frozenset({"plotly"})))
+        self._add_view("figure", spec, caption, needs="plotly")
 
     def add_table(self, df: pd.DataFrame, caption: str = "", max_rows: int = 50) -> None:
         """A table of ``df``'s first ``max_rows`` rows (numbers to 4 significant digits)."""
@@ -306,13 +311,7 @@ class Report:
             # grey out the causal mask, unless weights there are non-zero (then show them)
             "maskUpperTri": bool((values.triu(1) == 0).all()),
         }
-        target = self._next_id("attention")
-        self._blocks.append(_Block(
-            f'<figure><div id="{target}" class="interp-attention"></div>'
-            f'<script type="application/json" data-interp-kind="attention" '
-            f'data-interp-target="{target}">{script_json(props)}</script>'
-            f"{_caption(caption)}</figure>",
-            frozenset({"circuitsvis"})))
+        self._add_view("attention", props, caption, needs="circuitsvis")
 
     def to_html(self) -> str:
         """The whole page: markup, data blocks, and the scripts it needs, each once."""
