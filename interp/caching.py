@@ -20,7 +20,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.memory import check_budget, drop_retained_patterns, release_retained
+from interp.memory import (
+    check_budget,
+    drop_retained_patterns,
+    release_retained,
+    trim_freed_memory,
+)
 from interp.offload import stacked_weight
 
 if TYPE_CHECKING:
@@ -310,5 +315,7 @@ def run_cached(
         # as large as two resid caches) that no analysis here reads
         logits = model(tokens, return_type="logits", use_cache=False)
     release_retained(model)
+    if store:  # a kept cache: hand back the pass's freed working memory that glibc keeps
+        trim_freed_memory()
     return CachedRun(tokens=tokens, logits=logits if keep_logits else None,
                      activations=store, layers=chosen)

@@ -19,12 +19,12 @@ ends; ``run_cached`` drops each one as soon as its layer is done
 (:func:`drop_retained_patterns`).
 
 Peaks match these estimates once freed memory goes back to the operating system at once
-(:func:`return_freed_memory`, which every budgeted run sets); glibc's default keeps ~25-40%
-more resident.
+(:func:`return_freed_memory`); glibc's default keeps 1.4-2.2x what is in use resident.
 
 Everything scales with the number of rows, so a budget becomes a number of rows per chunk
-(:func:`rows_per_chunk`); analyses that reduce as they go (the induction scan) split their
-batch into such chunks and give the same numbers as one pass.
+(:func:`rows_per_chunk`, which leaves room for what glibc keeps); analyses that reduce as they
+go (the induction scan) split their batch into such chunks and give the same numbers as one
+pass.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import torch
 __all__ = ["MemoryBudgetError", "parse_size", "format_size", "estimate_cache_bytes",
            "estimate_forward_bytes", "estimate_loss_bytes", "estimate_run_bytes", "check_budget",
            "rows_per_chunk", "drop_retained_patterns", "release_retained",
-           "return_freed_memory"]
+           "return_freed_memory", "trim_freed_memory"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -237,24 +237,32 @@ def rows_per_chunk(model, n_pos: int, max_bytes: int | str, *, n_rows: int,
                    kept_per_row: int = 0, loss: bool = False, what: str = "this analysis") -> int:
     """How many rows of ``n_pos`` tokens one forward pass may take under ``max_bytes``.
 
-    ``kept_per_row``: bytes per row the analysis keeps across chunks (its reduced results);
+    ``kept_per_row``: bytes per row a pass needs beside the forward pass (what it records);
     ``loss``: it computes a next-token loss from the logits after each pass
-    (:func:`estimate_loss_bytes`). Chunks are planned to 90% of the budget. Raises :class:`MemoryBudgetError` when not even one row fits.
+    (:func:`estimate_loss_bytes`). Chunks are planned to 90% of the budget, and to 2.5x the
+    estimate per row: glibc keeps freed memory resident (peaks measured 1.4-2.5x what is in
+    use), and splitting costs almost nothing, since a pass's time grows with its rows. Only
+    when one row would not fit that way are freed blocks returned to the operating system
+    (:func:`return_freed_memory`, which costs page faults) and chunks planned to the estimate
+    itself. Raises :class:`MemoryBudgetError` when not even one row fits.
     """
     budget = parse_size(max_bytes)
     per_row = estimate_forward_bytes(model, (1, n_pos))
     if loss:
         per_row = max(per_row, estimate_loss_bytes(model, (1, n_pos)))
     per_row += kept_per_row
-    if budget < _GLIBC_SLACK * per_row * n_rows:
-        return_freed_memory()
     usable = int(budget * _PLAN_SHARE)
     if per_row > usable:
         raise MemoryBudgetError(
             f"{what} needs about {format_size(per_row)} per row of {n_pos} tokens, more than "
             f"{_PLAN_SHARE:.0%} of max_bytes={format_size(budget)}; raise max_bytes to at least "
             f"{format_size(per_row / _PLAN_SHARE)} or use shorter rows")
-    return max(1, min(n_rows, usable // per_row))
+    if per_row * n_rows * _GLIBC_SLACK <= usable:
+        return n_rows  # one pass, with room for what glibc keeps
+    if per_row * _GLIBC_SLACK <= usable:
+        return int(usable // (per_row * _GLIBC_SLACK))
+    return_freed_memory()
+    return min(n_rows, usable // per_row)
 
 
 def check_budget(
@@ -269,7 +277,7 @@ def check_budget(
     budget = parse_size(max_bytes)
     batch, n_pos = _shape(prompt_shape)
     need = estimate_run_bytes(model, (batch, n_pos), **what)
-    if budget < _GLIBC_SLACK * need:
+    if budget < _GLIBC_SLACK_ONE_PASS * need:
         return_freed_memory()
     if need <= budget:
         return
@@ -328,9 +336,11 @@ def release_retained(model) -> None:
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-# glibc's default keeps up to this many times the memory in use (measured 1.5-1.8x): budgets
-# this much above the estimate hold without returning memory (which costs page faults)
-_GLIBC_SLACK = 2
+# glibc's default keeps resident up to this many times the memory in use (measured 1.4-2.2x
+# for one pass, growing to 2.5x over 14 chunks): plans this much above the estimate hold
+# without returning memory (which costs page faults); run_cached's single pass uses 2
+_GLIBC_SLACK = 2.5
+_GLIBC_SLACK_ONE_PASS = 2
 # chunks are planned to this share of a budget: the rest covers the estimate's error and
 # what grows across chunks (allocator, interpreter; measured up to +7% after 6 chunks)
 _PLAN_SHARE = 0.9
@@ -344,10 +354,11 @@ def return_freed_memory(threshold: int = 2**20) -> bool:
     32 MiB come from a heap that keeps freed memory resident: a forward pass then peaks ~40%
     above what it uses (measured by benchmarks/bench_memory.py). Fixing the threshold (glibc's
     ``mallopt(M_MMAP_THRESHOLD)``, what ``MALLOC_MMAP_THRESHOLD_`` sets) keeps the peak at
-    what is in use, at the price of page faults on fresh memory (budgeted scans of small
-    batches ran up to 1.6x slower). Process-wide and harmless to results; interp calls it when
-    a budget is less than twice the estimate, and leaves a ``MALLOC_MMAP_THRESHOLD_`` the
-    user set alone. Returns False where there is no glibc (macOS, Windows, musl).
+    what is in use, at the price of page faults on fresh memory (a scan ran 1.3-1.5x slower).
+    Process-wide and harmless to results; interp calls it only where splitting cannot help:
+    a ``run_cached`` budget under twice its estimate, or chunks where one row with glibc's
+    slack would not fit. It leaves a ``MALLOC_MMAP_THRESHOLD_`` the user set alone. Returns
+    False where there is no glibc (macOS, Windows, musl).
     """
     global _FREED_MEMORY_RETURNED
     if _FREED_MEMORY_RETURNED or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
@@ -364,3 +375,32 @@ def return_freed_memory(threshold: int = 2**20) -> bool:
     if _FREED_MEMORY_RETURNED:
         trim(0)  # and hand back what the heap holds now
     return _FREED_MEMORY_RETURNED
+
+
+
+def trim_freed_memory() -> bool:
+    """Hand back to the operating system the free memory glibc's heap still holds
+    (``malloc_trim(0)``), so that the process's resident size is what it uses.
+
+    ``run_cached`` calls it after a pass that keeps activations: glibc's default keeps the
+    pass's freed working memory resident, 1.4-1.9x the cache on the benchmark, and after the
+    trim the resident growth is within 7% of :func:`estimate_cache_bytes`. Returns False where
+    there is no glibc.
+    """
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 - glibc only
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC is False:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
+
+
+_LIBC = None  # glibc, once looked up; False where there is none

@@ -103,7 +103,7 @@ def test_context_manager_equals_run_cached_and_cleans_up(gpt2_model, tokens):
     with torch.inference_mode():
         plain = gpt2_model(tokens)
         with intervene(gpt2_model, [item]):
-            inside = gpt2_model(tokens)
+            inside = gpt2_model(tokens, use_cache=False)  # as run_cached runs it
         after = gpt2_model(tokens)
     assert torch.equal(inside, run_cached(gpt2_model, tokens, interventions=[item]).logits)
     assert not torch.allclose(inside, plain)
@@ -120,7 +120,8 @@ def test_hooks_removed_when_an_intervention_fails(gpt2_model, tokens):
     with pytest.raises(ValueError, match="same token length"):
         run_cached(gpt2_model, tokens, interventions=[item])
     with torch.inference_mode():
-        assert torch.equal(gpt2_model(tokens), run_cached(gpt2_model, tokens).logits)
+        assert torch.equal(gpt2_model(tokens, use_cache=False),
+                           run_cached(gpt2_model, tokens).logits)
 
 
 def test_tuples_and_objects_mix(gpt2_model, tokens):

@@ -7,17 +7,21 @@ Peak process memory against the estimates is measured from outside, by benchmark
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 import torch
 
-from interp import estimate_cache_bytes, load_model, run_cached
+from interp import estimate_cache_bytes, load_model, memory, run_cached
 from interp.caching import CachedRun
 from interp.cli import main
 from interp.induction import ordinary_token_ids, repeated_tokens, run_induction_scan, scan_heads
-from interp.induction.scores import ablated_repeated_loss, chunk_rows
+from interp.induction.scores import ablated_repeated_loss, chunk_rows, held_bytes
 from interp.loading import ModelLoadError
 from interp.memory import (
+    _GLIBC_SLACK,
+    _PLAN_SHARE,
     MemoryBudgetError,
     _per_token,
     estimate_forward_bytes,
@@ -141,10 +145,49 @@ def batch(gpt2_model):
 def _budget_for(model, batch, rows: int) -> int:
     n_pos = batch.tokens.shape[1]
     per_row = max(estimate_forward_bytes(model, (1, n_pos)), estimate_loss_bytes(model, (1, n_pos)))
-    budget = int(rows * (per_row + 16 * n_pos) / 0.9) + 1  # chunks use 90% of a budget
+    # what the scan keeps for every row comes off first; chunks use 90% of the rest, with room
+    # for 2.5x their estimate (what glibc keeps)
+    budget = held_bytes(model, batch) + math.ceil(
+        rows * _GLIBC_SLACK * (per_row + 16 * n_pos) / _PLAN_SHARE) + 1
     assert rows_per_chunk(model, n_pos, budget, n_rows=100, kept_per_row=16 * n_pos,
                           loss=True) == rows
     return budget
+
+
+def test_chunks_leave_room_for_glibc_and_return_memory_only_when_one_row_needs_it(
+        gpt2_model, monkeypatch):
+    returned = []
+    monkeypatch.setattr(memory, "return_freed_memory", lambda: returned.append(1) or True)
+    n_pos = 40
+    per_row = estimate_forward_bytes(gpt2_model, (1, n_pos))
+
+    def room_for(rows: int) -> int:  # a budget for this many rows with glibc's slack
+        return math.ceil(rows * _GLIBC_SLACK * per_row / _PLAN_SHARE) + 1
+
+    assert rows_per_chunk(gpt2_model, n_pos, room_for(10), n_rows=10) == 10  # one pass
+    assert rows_per_chunk(gpt2_model, n_pos, room_for(10), n_rows=25) == 10  # split
+    assert rows_per_chunk(gpt2_model, n_pos, room_for(10) - 2 * per_row, n_rows=25) == 9
+    assert rows_per_chunk(gpt2_model, n_pos, room_for(1), n_rows=25) == 1
+    assert not returned  # splitting is enough: freed memory stays with glibc
+    tight = int(1.5 * per_row / _PLAN_SHARE)  # one row fits, but not with glibc's slack
+    assert rows_per_chunk(gpt2_model, n_pos, tight, n_rows=25) == 1
+    assert returned == [1]
+    with pytest.raises(MemoryBudgetError, match="per row"):
+        rows_per_chunk(gpt2_model, n_pos, int(0.9 * per_row), n_rows=25)
+
+
+def test_run_cached_hands_back_freed_memory_only_when_it_keeps_a_cache(gpt2_model, monkeypatch):
+    import interp.caching as caching
+
+    tokens = torch.randint(1, 300, (2, 12))
+
+    assert memory.trim_freed_memory() in (True, False)  # False without glibc
+    trims = []
+    monkeypatch.setattr(caching, "trim_freed_memory", lambda: trims.append(1))
+    run_cached(gpt2_model, tokens)  # logits only: nothing to hand back for
+    assert trims == []
+    run_cached(gpt2_model, tokens, patterns=True)
+    assert trims == [1]
 
 
 def test_chunked_scan_equals_one_pass(gpt2_model, batch):
@@ -181,8 +224,22 @@ def test_budgeted_induction_scan_gives_the_same_table(gpt2_model, batch):
 
 
 def test_a_budget_too_small_for_one_row_says_the_minimum(gpt2_model, batch):
-    with pytest.raises(MemoryBudgetError, match="raise max_bytes to at least"):
+    with pytest.raises(MemoryBudgetError, match="raise max_bytes to at least") as info:
         scan_heads(gpt2_model, batch, max_bytes="1KB")
+    least = parse_size(str(info.value).split("at least ")[1].split(",")[0].replace(" ", ""))
+    scan_heads(gpt2_model, batch, max_bytes=int(least * 1.01))  # the minimum it names runs
+    with pytest.raises(MemoryBudgetError, match="keeps"):
+        scan_heads(gpt2_model, batch, max_bytes=int(least * 0.99))
+
+
+def test_the_scan_budget_counts_what_it_keeps_for_every_row(gpt2_model, batch):
+    n_rows, n_pos = batch.tokens.shape
+    one = scan_heads(gpt2_model, batch)
+    n_targets = sum(len(batch.targets(kind)[0]) for kind in one.scores)
+    # the gathered scores (one number per target, layer and head) and the losses, as allocated
+    kept = one.loss.nbytes + n_targets * gpt2_model.cfg.n_layers * gpt2_model.cfg.n_heads * 4
+    indices = n_targets * 3 * 8  # (row, query, key) of every target, int64
+    assert kept <= held_bytes(gpt2_model, batch) <= kept + indices + n_rows * 4
 
 
 # ---- models bigger than memory: accelerate's offload ----
@@ -283,7 +340,8 @@ def test_cli_device_map_and_max_memory(four_layer_dir, tmp_path, capsys):
 
 # ---- peak memory measured from outside (a child process, Linux's peak-RSS counter) ----
 
-def _child_peak(model_dir, what: str, rows_per_length: int, budget: str | None) -> dict:
+def _child_peak(model_dir, what: str, rows_per_length: int, budget: str | None,
+                freed: bool = True) -> dict:
     import json
     import os
     import subprocess
@@ -293,7 +351,7 @@ def _child_peak(model_dir, what: str, rows_per_length: int, budget: str | None) 
     script = Path(__file__).parents[1] / "benchmarks" / "bench_memory.py"
     limit = [] if budget is None else ["--budget", budget]
     env = dict(os.environ)
-    if budget is None:  # what a budget sets (interp.memory.return_freed_memory), from outside
+    if budget is None and freed:  # what a tight budget sets (return_freed_memory), from outside
         env["MALLOC_MMAP_THRESHOLD_"] = str(2**20)
     done = subprocess.run([sys.executable, str(script), "--child", what, "--model-dir",
                            str(model_dir), "--rows-per-length", str(rows_per_length),
@@ -312,6 +370,10 @@ def test_measured_peaks_match_the_estimates_and_the_budget(gpt2_small_shaped_dir
     cached = _child_peak(gpt2_small_shaped_dir, "cached", 8, "fit")
     assert cached["cache_estimate"] == cached["cache_measured"]
     assert 0.9 <= cached["estimate"] / cached["peak"] <= 1.1
+    assert 0.9 <= cached["cache_estimate"] / cached["cache_resident"] <= 1.1
+    # no budget: glibc's default allocator, and what the cache holds once run_cached returns
+    plain = _child_peak(gpt2_small_shaped_dir, "cached", 8, None, freed=False)
+    assert 0.9 <= plain["cache_estimate"] / plain["cache_resident"] <= 1.1
     budget = scan["peak"] // 3
     held = _child_peak(gpt2_small_shaped_dir, "scan", 8, str(budget))
     assert held["chunks"] >= 3 and held["peak"] <= 1.1 * budget

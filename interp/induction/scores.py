@@ -89,19 +89,52 @@ def _z_sum_hook(out: dict, layer: int) -> Callable:
     return hook
 
 
-def chunk_rows(model, batch: RepeatedTokens, max_bytes: int | str | None) -> list[slice]:
+def held_bytes(model, batch: RepeatedTokens, *, scores: bool = True) -> int:
+    """Bytes the scan keeps for the whole batch while it runs, whatever its chunks: the
+    next-token losses and, with ``scores``, every target's gathered score (one number per layer
+    and head) and its indices."""
+    n_rows, n_pos = batch.tokens.shape
+    held = n_rows * n_pos * 4
+    if scores:
+        per_target = int(model.cfg.n_layers) * int(model.cfg.n_heads) * 4 + 3 * 8
+        held += per_target * sum(len(batch.targets(kind)[0]) for kind in SCORE_TARGETS)
+    return held
+
+
+def chunk_rows(model, batch: RepeatedTokens, max_bytes: int | str | None, *,
+               scores: bool = True) -> list[slice]:
     """Row slices of ``batch`` whose forward passes each fit ``max_bytes`` (one slice if None).
 
-    Per row, a pass keeps its next-token losses and the gathered scores (a few numbers) and
-    needs the forward pass's working memory (:func:`interp.memory.estimate_forward_bytes`), or
-    after it the loss over the logits (:func:`interp.memory.estimate_loss_bytes`).
+    What the scan keeps for the whole batch (:func:`held_bytes`) comes off the budget first;
+    each pass then needs the forward pass's working memory
+    (:func:`interp.memory.estimate_forward_bytes`), or after it the loss over the logits
+    (:func:`interp.memory.estimate_loss_bytes`), per row.
     """
     n_rows, n_pos = batch.tokens.shape
     if max_bytes is None:
         return [slice(0, n_rows)]
-    from interp.memory import rows_per_chunk
+    from interp.memory import (
+        _PLAN_SHARE,
+        MemoryBudgetError,
+        estimate_forward_bytes,
+        estimate_loss_bytes,
+        format_size,
+        parse_size,
+        rows_per_chunk,
+    )
 
-    size = rows_per_chunk(model, n_pos, max_bytes, n_rows=n_rows, kept_per_row=16 * n_pos,
+    budget, held = parse_size(max_bytes), held_bytes(model, batch, scores=scores)
+    per_row = max(estimate_forward_bytes(model, (1, n_pos)),
+                  estimate_loss_bytes(model, (1, n_pos))) + 16 * n_pos
+    least = held + per_row / _PLAN_SHARE
+    if budget < least:
+        raise MemoryBudgetError(
+            f"the induction scan keeps {format_size(held)} of scores and losses for its "
+            f"{n_rows} rows and needs about {format_size(per_row)} per row of {n_pos} tokens "
+            f"in a pass, more than max_bytes={format_size(budget)} allows (passes are planned "
+            f"to {_PLAN_SHARE:.0%} of what is left); raise max_bytes to at least "
+            f"{format_size(least)}, or use fewer or shorter rows")
+    size = rows_per_chunk(model, n_pos, budget - held, n_rows=n_rows, kept_per_row=16 * n_pos,
                           loss=True, what="the induction scan")
     return [slice(start, min(start + size, n_rows)) for start in range(0, n_rows, size)]
 
@@ -182,7 +215,7 @@ def ablated_repeated_loss(model, batch: RepeatedTokens, layer: int, head: int, *
     change it, since ``z`` at ``layer`` depends only on earlier layers. ``max_bytes`` splits the
     batch into chunks (the mean is then measured over the whole batch first).
     """
-    chunks = chunk_rows(model, batch, max_bytes)
+    chunks = chunk_rows(model, batch, max_bytes, scores=False)
     if z_mean is None and len(chunks) > 1:
         z_mean = scan_heads(model, batch, max_bytes=max_bytes, z_mean=True).z_mean[layer][head]
     site = Site("head", layer, head=head)
