@@ -202,13 +202,21 @@ def estimate_forward_bytes(model, prompt_shape) -> int:
     """Peak working memory of one forward pass of ``run_cached`` (see the module docstring),
     the logits included but nothing else that is cached: the largest of one layer's attention
     (scores and pattern), one layer's MLP, and the unembedding."""
+    return max(_transients(model, prompt_shape).values())
+
+
+def _transients(model, prompt_shape) -> dict[str, int]:
+    """Bytes of each moment's working memory: one layer's attention, one layer's MLP, and the
+    unembedding (see the module docstring)."""
     batch, n_pos = _shape(prompt_shape)
     dims, item = _dims(model), _itemsize(model)
     d_mlp = dims["d_mlp"] or 4 * dims["d_model"]
-    attention = _ATTENTION[0] * dims["head"] * n_pos + _ATTENTION[1] * dims["d_model"]
-    mlp = _MLP_TRANSIENT[0] * d_mlp + _MLP_TRANSIENT[1] * dims["d_model"]
-    unembed = _UNEMBED[0] * dims["d_vocab"] + _UNEMBED[1] * dims["d_model"]
-    return batch * n_pos * item * max(attention, mlp, unembed)
+    per_token = {
+        "attention": _ATTENTION[0] * dims["head"] * n_pos + _ATTENTION[1] * dims["d_model"],
+        "mlp": _MLP_TRANSIENT[0] * d_mlp + _MLP_TRANSIENT[1] * dims["d_model"],
+        "unembed": _UNEMBED[0] * dims["d_vocab"] + _UNEMBED[1] * dims["d_model"],
+    }
+    return {moment: batch * n_pos * item * n for moment, n in per_token.items()}
 
 
 def estimate_loss_bytes(model, prompt_shape) -> int:
@@ -224,13 +232,27 @@ def estimate_run_bytes(
         scores: bool = False, head_outputs: bool = False, ln_scales: bool = False,
         hooks: Sequence[str] = (), layers: Sequence[int] | None = None,
         keep_logits: bool = True) -> int:
-    """Peak extra memory of ``run_cached(model, prompt, ...)``: cache plus working memory
-    (a slight overestimate: the last layer's cached items exist only at the end)."""
+    """Peak extra memory of ``run_cached(model, prompt, ...)``: the largest of the last layer's
+    three moments, each with what is cached by then. During its attention, the layer's own
+    patterns, scores, head outputs and later residual streams do not exist yet; during its MLP,
+    its ``resid_post``; at the unembedding the whole cache does (the logits are counted there,
+    whether they are kept or not)."""
     what = dict(resid=resid, patterns=patterns, scores=scores, head_outputs=head_outputs,
                 ln_scales=ln_scales, hooks=hooks, layers=layers, keep_logits=keep_logits)
-    # the forward pass's estimate counts the logits once, whether they are kept or not
     cache = estimate_cache_bytes(model, prompt_shape, **{**what, "keep_logits": False})
-    return cache + estimate_forward_bytes(model, prompt_shape)
+    moments = _transients(model, prompt_shape)
+    batch, n_pos = _shape(prompt_shape)
+    dims = _dims(model)
+    last = dims["n_layers"] - 1
+    row = batch * n_pos * _itemsize(model)  # one number per token
+    after_mlp = after_attention = 0
+    if layers is None or last in layers:
+        after_mlp = row * dims["d_model"] * ("post" in resid)
+        after_attention = after_mlp + row * (dims["d_model"] * ("mid" in resid)
+                                             + dims["head"] * n_pos * (patterns + scores)
+                                             + dims["head"] * dims["d_model"] * head_outputs)
+    return max(cache - after_attention + moments["attention"], cache - after_mlp + moments["mlp"],
+               cache + moments["unembed"])
 
 
 def rows_per_chunk(model, n_pos: int, max_bytes: int | str, *, n_rows: int,
