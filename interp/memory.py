@@ -256,12 +256,14 @@ def estimate_run_bytes(
 
 
 def rows_per_chunk(model, n_pos: int, max_bytes: int | str, *, n_rows: int,
-                   kept_per_row: int = 0, loss: bool = False, what: str = "this analysis") -> int:
+                   kept_per_row: int = 0, loss: bool = False, held: int = 0,
+                   what: str = "this analysis") -> int:
     """How many rows of ``n_pos`` tokens one forward pass may take under ``max_bytes``.
 
     ``kept_per_row``: bytes per row a pass needs beside the forward pass (what it records);
     ``loss``: it computes a next-token loss from the logits after each pass
-    (:func:`estimate_loss_bytes`). Chunks are planned to 90% of the budget, and to 2.5x the
+    (:func:`estimate_loss_bytes`); ``held``: bytes the analysis keeps throughout, whatever its
+    chunks (they come off the budget first). Chunks are planned to 90% of the budget, and to 2.5x the
     estimate per row: glibc keeps freed memory resident (peaks measured 1.4-2.5x what is in
     use), and splitting costs almost nothing, since a pass's time grows with its rows. Only
     when one row would not fit that way are freed blocks returned to the operating system
@@ -273,7 +275,15 @@ def rows_per_chunk(model, n_pos: int, max_bytes: int | str, *, n_rows: int,
     if loss:
         per_row = max(per_row, estimate_loss_bytes(model, (1, n_pos)))
     per_row += kept_per_row
-    usable = int(budget * _PLAN_SHARE)
+    usable = int((budget - held) * _PLAN_SHARE)
+    if held and per_row > usable:
+        least = held + per_row / _PLAN_SHARE
+        raise MemoryBudgetError(
+            f"{what} keeps {format_size(held)} throughout and needs about "
+            f"{format_size(per_row)} per row of {n_pos} tokens in a pass, more than "
+            f"max_bytes={format_size(budget)} allows (passes are planned to {_PLAN_SHARE:.0%} "
+            f"of what is left); raise max_bytes to at least {format_size(least)}, or use fewer "
+            "or shorter rows")
     if per_row > usable:
         raise MemoryBudgetError(
             f"{what} needs about {format_size(per_row)} per row of {n_pos} tokens, more than "

@@ -113,29 +113,11 @@ def chunk_rows(model, batch: RepeatedTokens, max_bytes: int | str | None, *,
     n_rows, n_pos = batch.tokens.shape
     if max_bytes is None:
         return [slice(0, n_rows)]
-    from interp.memory import (
-        _PLAN_SHARE,
-        MemoryBudgetError,
-        estimate_forward_bytes,
-        estimate_loss_bytes,
-        format_size,
-        parse_size,
-        rows_per_chunk,
-    )
+    from interp.memory import rows_per_chunk
 
-    budget, held = parse_size(max_bytes), held_bytes(model, batch, scores=scores)
-    per_row = max(estimate_forward_bytes(model, (1, n_pos)),
-                  estimate_loss_bytes(model, (1, n_pos))) + 16 * n_pos
-    least = held + per_row / _PLAN_SHARE
-    if budget < least:
-        raise MemoryBudgetError(
-            f"the induction scan keeps {format_size(held)} of scores and losses for its "
-            f"{n_rows} rows and needs about {format_size(per_row)} per row of {n_pos} tokens "
-            f"in a pass, more than max_bytes={format_size(budget)} allows (passes are planned "
-            f"to {_PLAN_SHARE:.0%} of what is left); raise max_bytes to at least "
-            f"{format_size(least)}, or use fewer or shorter rows")
-    size = rows_per_chunk(model, n_pos, budget - held, n_rows=n_rows, kept_per_row=16 * n_pos,
-                          loss=True, what="the induction scan")
+    size = rows_per_chunk(model, n_pos, max_bytes, n_rows=n_rows, kept_per_row=16 * n_pos,
+                          loss=True, held=held_bytes(model, batch, scores=scores),
+                          what="the induction scan (scores and losses)")
     return [slice(start, min(start + size, n_rows)) for start in range(0, n_rows, size)]
 
 
