@@ -32,19 +32,27 @@ soft-cap; the last row is the model's output, which is checked.
 
 from __future__ import annotations
 
-import numbers
-from dataclasses import dataclass
-
 import pandas as pd
 import torch
-from jaxtyping import Float
-from torch import Tensor
 
-from interp.caching import Prompt, run_cached, to_tokens
-from interp.layernorm import fold_info, fold_layernorm, is_folded
-from interp.norms import effective_bias, effective_weight, is_rms, normalise, param, soft_cap
+from interp.attribution_batch import logit_attribution_batch
+from interp.attribution_core import (
+    COMPONENTS,
+    IDENTITY_ATOL,
+    IDENTITY_RTOL,
+    TokenError,
+    _attribute,
+    _decode,
+    _position,
+    _single_prompt,
+    _target,
+    resolve_token,
+)
+from interp.engine import Prompt, run_cached
+from interp.layernorm import fold_layernorm, is_folded
+from interp.norms import param, soft_cap
 from interp.offload import materialized
-from interp.residual import AttributionError, ResidualParts, final_logits, residual_parts
+from interp.residual import AttributionError, final_logits, residual_parts
 
 __all__ = [
     "AttributionError",
@@ -58,90 +66,22 @@ __all__ = [
     "top_contributors",
 ]
 
-# row kinds, in the order they appear; "total" is the sum of all others
-COMPONENTS = ("embed", "pos_embed", "head", "attn_bias", "mlp", "neuron", "mlp_bias",
-              "unembed_bias", "mean_logit", "total")
-# The rows must add up to the logit the model computes. float32 activations summed in float64
-# agree with a float32 forward pass to ~1e-6 on logits of order 1; rounding grows with the
-# logits' size, hence the relative part. A real mistake (an unfolded LayerNorm) is ~0.1.
-IDENTITY_ATOL = 1e-4
-IDENTITY_RTOL = 1e-5
 
 
-class TokenError(ValueError):
-    """An answer that is not exactly one token of the model's vocabulary."""
 
 
-def _decode(model, token_id: int) -> str:
-    return model.tokenizer.decode([token_id]) if model.tokenizer is not None else str(token_id)
 
 
-def resolve_token(model, token: str | int, *, role: str = "answer") -> int:
-    """The vocabulary id of a single-token ``token`` (text, or an id that is checked)."""
-    d_vocab = int(model.cfg.d_vocab)
-    if isinstance(token, bool) or not isinstance(token, (str, numbers.Integral)):
-        raise TokenError(f"the {role} must be text or a token id, not {type(token).__name__}")
-    if isinstance(token, numbers.Integral):
-        token = int(token)
-        if not 0 <= token < d_vocab:
-            raise TokenError(f"the {role} id {token} is outside the vocabulary [0, {d_vocab - 1}]")
-        return token
-    if not token:
-        raise TokenError(f"the {role} is empty; pass a single-token {role} such as ' Paris'")
-    if model.tokenizer is None:
-        raise TokenError(f"this model has no tokenizer; pass the {role} as a token id")
-    ids = model.to_tokens(token, prepend_bos=False, truncate=False)[0].tolist()
-    if len(ids) != 1:
-        pieces = [_decode(model, i) for i in ids]
-        raise TokenError(f"{token!r} tokenises to {len(ids)} tokens {pieces}; pass a "
-                         f"single-token {role}")
-    return int(ids[0])
 
 
-def _single_prompt(model, prompt: Prompt) -> Tensor:
-    tokens = to_tokens(model, prompt)
-    if tokens.shape[0] != 1:
-        raise ValueError(f"pass one prompt, not a batch of {tokens.shape[0]}")
-    return tokens
 
 
-def _position(pos: int, n_pos: int) -> int:
-    if not -n_pos <= pos < n_pos:
-        raise ValueError(f"pos {pos} is out of range for a prompt of {n_pos} tokens")
-    return pos % n_pos
 
 
-@dataclass(frozen=True)
-class _Target:
-    answer: int
-    wrong: int | None
-
-    def direction(self, W_U: Float[Tensor, "d_model d_vocab"]) -> Float[Tensor, " d_model"]:
-        d = W_U[:, self.answer].double()
-        return d if self.wrong is None else d - W_U[:, self.wrong].double()
-
-    def read(self, logits: Float[Tensor, " d_vocab"]) -> float:
-        value = logits[self.answer].double()
-        return float(value if self.wrong is None else value - logits[self.wrong].double())
 
 
-def _check_identity(total: float, reference: float, logits: Tensor, against: str) -> float:
-    error = abs(total - reference)
-    bound = IDENTITY_ATOL + IDENTITY_RTOL * float(logits.abs().max())
-    if not error <= bound:
-        raise AttributionError(f"the attributions add up to {total:.6g} but {against} is "
-                               f"{reference:.6g} (error {error:.3g} > {bound:.3g}); refusing to "
-                               "return numbers that do not add up")
-    return error
 
 
-def _note(model) -> str | None:
-    cap = soft_cap(model)
-    if cap is None:
-        return None
-    return (f"this model soft-caps its logits (cap * tanh(logit / cap), cap = {cap:g}), which is "
-            "not linear: the rows decompose the logit before the cap; the model's output is "
-            "attrs['output']")
 
 
 def logit_attribution(
@@ -195,67 +135,8 @@ def logit_attribution(
     return _attribute(model, folded, tokens, target, position, parts, reference, neurons)
 
 
-def _target(model, answer: str | int, wrong: str | int | None) -> _Target:
-    target = _Target(resolve_token(model, answer),
-                     None if wrong is None else resolve_token(model, wrong, role="wrong answer"))
-    if target.wrong == target.answer:
-        raise TokenError("the answer and the wrong token are the same token; their logit "
-                         "difference is 0 by definition")
-    return target
 
 
-def _attribute(model, folded, tokens: Tensor, target: _Target, position: int,
-               parts: ResidualParts, logits: Tensor | None, neurons: bool) -> pd.DataFrame:
-    """The attribution frame of one prompt from its residual parts (of the folded model) and
-    the unfolded model's pre-cap ``logits`` at ``position`` (None when ``model`` is folded)."""
-    info = fold_info(folded)
-    final = folded.ln_final
-    raw_direction = target.direction(folded.W_U.detach().cpu())
-    # whatever of ln_final's weight the fold left (ones after folding) multiplies the direction
-    direction = effective_weight(final) * raw_direction
-    if not is_rms(final):  # (c - mean c) · d == c · (d - mean d): centre the direction once
-        direction = direction - direction.mean()
-    contributions = parts.stack @ direction / parts.scale
-    b_U = param(folded, "b_U")
-    bias = float(effective_bias(final) @ raw_direction)
-    if b_U is not None:
-        bias += float(b_U[target.answer] - (0.0 if target.wrong is None else b_U[target.wrong]))
-    labels = parts.labels + [("unembed_bias", None, None, None)]
-    values = contributions.tolist() + [bias]
-    folded_total = sum(values)
-    _check_identity(folded_total, target.read(parts.logits), parts.logits,
-                    "the folded model's logit")
-    if target.wrong is None and info.center_unembed:
-        labels.append(("mean_logit", None, None, None))
-        values.append(float(info.mean_logit(normalise(final, parts.x, parts.scale))))
-    total = sum(values)
-    cap = soft_cap(model)
-    capped = "" if cap is None else " before soft-capping"
-    if folded is model:
-        mean = " plus its vocabulary mean" if info.center_unembed and target.wrong is None else ""
-        reference, against = total, f"the folded model's logit{capped}{mean}"
-        error = abs(folded_total - target.read(parts.logits))
-    else:
-        reference, against = target.read(logits), f"the model's logit{capped}"
-        error = _check_identity(total, reference, logits, against)
-    # folding never centres a soft-capped unembedding, so the folded output is the model's
-    output = reference if cap is None else target.read(parts.output)
-    labels.append(("total", None, None, None))
-    values.append(total)
-
-    columns = ["component", "layer", "head"] + (["neuron"] if neurons else [])
-    frame = pd.DataFrame([label[:3] + ((label[3],) if neurons else ()) for label in labels],
-                         columns=columns)
-    for column in columns[1:]:
-        frame[column] = frame[column].astype("Int64")
-    frame["contribution"] = pd.Series(values, dtype="float64")
-    frame.attrs.update(answer=_decode(model, target.answer), answer_id=target.answer,
-                       wrong=None if target.wrong is None else _decode(model, target.wrong),
-                       wrong_id=target.wrong, pos=position, n_tokens=int(tokens.shape[1]),
-                       reference=reference, reference_is=against, identity_error=error,
-                       normalization="RMSNorm" if is_rms(final) else "LayerNorm",
-                       soft_cap=cap, output=output, note=_note(model))
-    return frame
 
 
 def top_contributors(frame: pd.DataFrame, n: int = 10) -> pd.DataFrame:
@@ -348,7 +229,3 @@ def heads_table(frame: pd.DataFrame) -> pd.DataFrame:
     heads = frame[frame["component"] == "head"]
     return heads[["layer", "head", "contribution"]].astype(
         {"layer": int, "head": int}).reset_index(drop=True)
-
-
-
-from interp.attribution_batch import logit_attribution_batch  # noqa: E402  (uses this module)

@@ -15,10 +15,9 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from interp.attribution import _attribute, _position, _single_prompt, _target
-from interp.caching import Prompt, run_cached, to_tokens
+from interp.attribution_core import _attribute, _position, _single_prompt, _target
+from interp.engine import Prompt, estimate_cache_bytes, row_chunks, run_cached, to_tokens
 from interp.layernorm import fold_layernorm, is_folded
-from interp.memory import estimate_cache_bytes, rows_per_chunk
 from interp.residual import final_hooks, final_logits, parts_hooks, residual_parts
 
 __all__ = ["logit_attribution_batch"]
@@ -98,12 +97,10 @@ def logit_attribution_batch(
     frames: dict[int, pd.DataFrame] = {}
     for n_pos, members in by_length.items():
         position = _position(pos, n_pos)
-        size = len(members) if max_bytes is None else rows_per_chunk(
-            folded, n_pos, max_bytes, n_rows=len(members),
-            kept_per_row=_bytes_per_row(model, folded, n_pos, neurons),
-            what="logit attribution")
-        for start in range(0, len(members), size):
-            chunk = members[start:start + size]
+        kept = 0 if max_bytes is None else _bytes_per_row(model, folded, n_pos, neurons)
+        for rows in row_chunks(folded, len(members), n_pos, max_bytes, kept_per_row=kept,
+                               what="logit attribution"):
+            chunk = members[rows]
             batch = torch.cat([tokens[i] for i in chunk]).to(folded.cfg.device)
             run = run_cached(folded, batch, head_outputs=True,
                              hooks=parts_hooks(folded, neurons=neurons))

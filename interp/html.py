@@ -21,16 +21,9 @@ Safety model (see docs/visualisation.md):
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import functools
-import hashlib
 import html
 import json
-import math
 import os
-import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,29 +32,21 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.display import page_iframe
+from interp.files import write_text_atomic
+from interp.formatting import format_cell as _format_cell
+from interp.page_assets import (
+    ATTENTION_DECIMALS,
+    PLOTLY_PARTIAL_VERSION,
+    circuitsvis_js,
+    partial_trace_types,
+    plotly_js,
+    script_json,
+)
+from interp.page_assets import csp_hash as _csp_hash
+
 __all__ = ["Report", "write_text_atomic", "script_json", "ATTENTION_DECIMALS",
            "PLOTLY_PARTIAL_VERSION", "partial_trace_types"]
-
-# the official partial bundle, unmodified (see interp/assets/README.md)
-PLOTLY_PARTIAL = Path(__file__).parent / "assets" / "plotly-cartesian.min.js"
-PLOTLY_PARTIAL_VERSION = "4.1.1"  # version of the vendored partial plotly.js bundle
-_TRACE_MODULE = re.compile(r'moduleType:"trace",name:"(\w+)"')
-
-# attention weights are shown as colours and hover values, which resolve far less than 1e-4;
-# 4 decimals keep a 12-head, 128-token layer at ~1.2 MB of JSON instead of ~2.8 MB
-ATTENTION_DECIMALS = 4
-
-# characters that could end a <script> element, open an HTML comment, or end a JS string
-# in older parsers; in JSON they can only occur inside strings, where \uXXXX means the same
-_SCRIPT_ESCAPES = {
-    "<": "\\u003c",
-    ">": "\\u003e",
-    "&": "\\u0026",
-    "\u2028": "\\u2028",
-    "\u2029": "\\u2029",
-}
-_SCRIPT_ESCAPE_TABLE = str.maketrans(_SCRIPT_ESCAPES)
-_END_SCRIPT = re.compile(r"</(script)", re.IGNORECASE | re.ASCII)
 
 # no network, no plugins, no frames; scripts only by hash (filled in per page).
 # 'unsafe-inline' styles: plotly inserts <style> elements and React sets style attributes.
@@ -127,94 +112,8 @@ _PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showLink": False,
                   "showSendToCloud": False, "showEditInChartStudio": False}
 
 
-def script_json(value) -> str:
-    """JSON text that is safe anywhere inside a ``<script>`` element (and in JS source).
-
-    ``json.dumps`` leaves ``</script>`` as it is; here ``<``, ``>``, ``&``, U+2028 and U+2029
-    become ``\\u003c``-style escapes, which JSON (and JS) read back as the same characters.
-    Non-finite numbers raise ``ValueError`` (JSON has none).
-    """
-    text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return text.translate(_SCRIPT_ESCAPE_TABLE)
-
-
-def _inline_script(source: str) -> str:
-    """A JS library's source made safe to inline: no ``</script`` can end the element early.
-
-    ``<\\/script`` means the same inside JS strings, regexes and comments, where such text
-    occurs in bundles (CircuitsVis has ``innerHTML="<script></script>"``). Source-map
-    comments are dropped: the map is not shipped and browsers would try to fetch it.
-    """
-    out = []
-    for line in source.splitlines(keepends=True):
-        if line.startswith("//# sourceMappingURL="):
-            continue
-        out.append(line)
-    text = "".join(out)
-    if "<!--" in text:
-        # with "<script" after it, "<!--" would make the parser swallow the real </script>;
-        # neither bundle has one today, and no rewrite of it is valid JS everywhere
-        raise ValueError("a script to inline contains '<!--'; it cannot be inlined safely")
-    # HTML matches tag names ASCII-case-insensitively: so does re.I with re.A
-    return _END_SCRIPT.sub(lambda m: "<\\/" + m.group(1), text)
-
-
-@functools.cache
-def plotly_js(partial: bool = False) -> str:
-    """plotly.js ready to inline: the vendored partial bundle (``partial=True``) or the full
-    one shipped in the installed plotly package."""
-    if not partial:
-        from plotly.offline import get_plotlyjs
-
-        return _inline_script(get_plotlyjs())
-    if not PLOTLY_PARTIAL.is_file():
-        raise FileNotFoundError(f"the vendored plotly.js bundle is missing at {PLOTLY_PARTIAL}; "
-                                "reinstall interp")
-    return _inline_script(PLOTLY_PARTIAL.read_text(encoding="utf-8"))
-
-
-@functools.cache
-def partial_trace_types() -> frozenset[str]:
-    """The trace types the vendored partial plotly.js bundle registers (read from it)."""
-    if not PLOTLY_PARTIAL.is_file():
-        return frozenset()
-    return frozenset(_TRACE_MODULE.findall(PLOTLY_PARTIAL.read_text(encoding="utf-8")))
-
-
-@functools.cache
-def circuitsvis_js() -> str:
-    """The CircuitsVis browser bundle (``dist/cdn/iife.js``) that ``RenderedHTML.local_src``
-    inlines, read once from the installed package and made safe to inline."""
-    import circuitsvis
-
-    bundle = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
-    if not bundle.is_file():
-        raise FileNotFoundError(f"the CircuitsVis bundle is missing at {bundle}; reinstall "
-                                "circuitsvis (pip install --force-reinstall circuitsvis)")
-    return _inline_script(bundle.read_text(encoding="utf-8"))
-
-
-def _csp_hash(source: str) -> str:
-    digest = hashlib.sha256(source.encode("utf-8")).digest()
-    return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
-
-
 def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
-
-
-def _format_cell(value: object) -> tuple[str, bool]:
-    """Cell text and whether it is text (left-aligned) rather than a number."""
-    if value is None or value is pd.NA:
-        return "", True  # missing (e.g. no head for an MLP row)
-    if isinstance(value, bool):
-        return str(value), True
-    if pd.api.types.is_float(value):
-        v = float(value)
-        return ("NaN" if math.isnan(v) else f"{v:.4g}"), False
-    if isinstance(value, int) or pd.api.types.is_integer(value):
-        return str(int(value)), False
-    return str(value), True
 
 
 @dataclass(frozen=True)
@@ -399,8 +298,6 @@ class Report:
         """The page inline in a notebook: an ``<iframe srcdoc>`` holding :meth:`to_html`
         (escaped), so the page keeps its CSP and runs its scripts, each bundle once, in a
         sandboxed frame of its own (:func:`interp.display.page_iframe`)."""
-        from interp.display import page_iframe
-
         height = 120 + sum(block.height for block in self._blocks)
         return page_iframe(self.to_html(), title=self.title,
                            height=min(MAX_FRAME_HEIGHT, height))
@@ -412,54 +309,3 @@ class Report:
 
 def _caption(caption: str) -> str:
     return f"<figcaption>{_esc(caption)}</figcaption>" if caption else ""
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` so that readers see the old file or the new one,
-    never a part: temp file in the same directory, fsync, ``os.replace``.
-
-    Missing parent directories are created. On any error (also ``KeyboardInterrupt``) the
-    temporary file is removed and ``path`` is left as it was.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory; pass a file name such as "
-                                f"{path / 'report.html'}")
-    data = text.encode("utf-8")  # encode first: an unencodable string writes nothing
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp makes the file 0600; give it the mode a plain open() would have
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable (best effort: not every platform opens directories)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

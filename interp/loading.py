@@ -204,7 +204,7 @@ def load_model(
     if device is not None and device_map is not None:
         raise ModelLoadError("pass either device or device_map, not both")
     if max_memory is not None:
-        from interp.memory import parse_size
+        from interp.sizes import parse_size
 
         if device_map is None:
             raise ModelLoadError("max_memory only takes effect with a device_map; pass "

@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.caching import run_cached
+from interp.engine import run_cached
 from interp.norms import POST_NORMS, freeze, is_rms, param, post_norm, soft_cap
 
 __all__ = ["AttributionError", "ResidualParts", "final_hooks", "final_logits", "parts_hooks",

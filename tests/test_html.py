@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import interp.html as ih
+import interp.page_assets as page_assets
 from interp.html import Report, script_json, write_text_atomic
 
 HOSTILE = [
@@ -192,10 +193,10 @@ def test_csp_allows_exactly_the_page_scripts_and_no_network():
 
 
 def test_inlined_libraries_cannot_end_their_script_element():
-    assert ih._inline_script('a="</script>";b="</SCRIPT >"') == 'a="<\\/script>";b="<\\/SCRIPT >"'
-    assert ih._inline_script("x()\n//# sourceMappingURL=x.js.map\n") == "x()\n"
+    assert page_assets._inline_script('a="</script>";b="</SCRIPT >"') == 'a="<\\/script>";b="<\\/SCRIPT >"'
+    assert page_assets._inline_script("x()\n//# sourceMappingURL=x.js.map\n") == "x()\n"
     with pytest.raises(ValueError, match="<!--"):
-        ih._inline_script("s='<!--'")
+        page_assets._inline_script("s='<!--'")
     for source in (ih.plotly_js(), ih.plotly_js(partial=True), ih.circuitsvis_js()):
         assert re.search("</script", source, re.IGNORECASE) is None
         assert "sourceMappingURL" not in source

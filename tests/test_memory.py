@@ -19,11 +19,11 @@ from interp.cli import main
 from interp.induction import ordinary_token_ids, repeated_tokens, run_induction_scan, scan_heads
 from interp.induction.scores import ablated_repeated_loss, chunk_rows, held_bytes
 from interp.loading import ModelLoadError
+from interp.engine.estimates import _per_token
+from interp.engine import plan
+from interp.engine.plan import _GLIBC_SLACK, _PLAN_SHARE
 from interp.memory import (
-    _GLIBC_SLACK,
-    _PLAN_SHARE,
     MemoryBudgetError,
-    _per_token,
     estimate_forward_bytes,
     estimate_loss_bytes,
     estimate_run_bytes,
@@ -157,7 +157,7 @@ def _budget_for(model, batch, rows: int) -> int:
 def test_chunks_leave_room_for_glibc_and_return_memory_only_when_one_row_needs_it(
         gpt2_model, monkeypatch):
     returned = []
-    monkeypatch.setattr(memory, "return_freed_memory", lambda: returned.append(1) or True)
+    monkeypatch.setattr(plan, "return_freed_memory", lambda: returned.append(1) or True)
     n_pos = 40
     per_row = estimate_forward_bytes(gpt2_model, (1, n_pos))
 
@@ -177,7 +177,7 @@ def test_chunks_leave_room_for_glibc_and_return_memory_only_when_one_row_needs_i
 
 
 def test_run_cached_hands_back_freed_memory_only_when_it_keeps_a_cache(gpt2_model, monkeypatch):
-    import interp.caching as caching
+    import interp.engine.cache as caching
 
     tokens = torch.randint(1, 300, (2, 12))
 

@@ -12,9 +12,8 @@ import torch
 from interp import load_model, logit_attribution, logit_attribution_batch, logit_lens, run_cached
 from interp.interventions import Intervention, Site, logit_diff, patch_activations, run_patched
 from interp.interventions.attribution import estimate_attribution_bytes
+from interp.engine.plan import _GLIBC_SLACK, _PLAN_SHARE
 from interp.memory import (
-    _GLIBC_SLACK,
-    _PLAN_SHARE,
     MemoryBudgetError,
     estimate_cache_bytes,
     estimate_forward_bytes,

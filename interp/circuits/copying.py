@@ -29,27 +29,12 @@ from torch import Tensor
 from transformer_lens.FactoredMatrix import FactoredMatrix
 
 from interp.circuits.full import full_ov_circuit, materialize
+from interp.circuits.tolerances import ZERO_RTOL, negligible
 from interp.circuits.weights import CircuitWeights, as_weights
 
 __all__ = ["ZERO_RTOL", "negligible", "ov_eigenvalues", "copying_scores", "copying_scores_dense"]
 
 logger = logging.getLogger(__name__)
-
-# Eigenvalues are "numerically zero" below this fraction of the product of the factors'
-# Frobenius norms, ||W_O|| ||W_U W_E|| ||W_V||: float32 rounding of the products is ~1e-7 per
-# term times sqrt of the summed lengths (d_vocab, d_model), ~1e-5 at GPT-2's sizes. Random
-# weights give Σ|λ| ≈ 6e-3 of that bound at GPT-2 small's shape (4e-2 at d_model 64), so only a
-# head ~600x more self-cancelling than a random one is flagged.
-ZERO_RTOL = 1e-5
-
-
-def negligible(size: Float[Tensor, "layer head"]) -> Tensor:
-    """Heads whose circuit is numerically zero next to the model's largest: ``size`` (a norm
-    per head) at most ``ZERO_RTOL`` of its maximum. Catches heads scaled to float32 denormals,
-    which a ratio of their own norms would still score (from 2 or 3 significant bits)."""
-    size = size.double()
-    return ~(size > ZERO_RTOL * size.max()) if size.numel() else size.bool()
-
 
 def _ov_inner(w: CircuitWeights) -> tuple[Float[Tensor, "layer head d_head d_head"],
                                           Float[Tensor, "layer head"]]:

@@ -28,6 +28,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens.FactoredMatrix import FactoredMatrix
 
+from interp.circuits.tolerances import ZERO_RTOL, negligible
 from interp.circuits.weights import as_weights
 
 __all__ = [
@@ -205,8 +206,6 @@ def top_copied_tokens(model, layer: int, head: int, *, k: int = 10,
     predicts exactly the token it attends to). A head whose full OV circuit is numerically zero
     copies nothing: it gets no rows, and ``df.attrs["undefined"]`` is True (False otherwise).
     """
-    from interp.circuits.copying import ZERO_RTOL, negligible
-
     w = as_weights(model, fold_ln)
     with torch.no_grad():
         ov = full_ov_circuit(w, layer, head)

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from interp.formatting import head_names, number, summary_html, table_html
 from interp.induction.batches import (
     RepeatedTokens,
     choose_seq_lens,
@@ -61,13 +62,9 @@ class InductionResult:
 
     def induction_heads(self) -> list[str]:
         """``L1H0``-style names of the heads the verdict calls induction heads, best first."""
-        from interp.display import head_names
-
         return head_names(self.table[self.table["is_induction"]])
 
     def _summary(self) -> dict[str, str]:
-        from interp.display import number
-
         heads = self.induction_heads()
         n_heads = len(self.table)
         verdict = (f"{len(heads)} of {n_heads} heads are induction heads: {', '.join(heads)}"
@@ -96,8 +93,6 @@ class InductionResult:
                 f"{summary['seq_lens']}; .table has {len(self.table)} rows)")
 
     def _repr_html_(self) -> str:
-        from interp.display import summary_html, table_html
-
         return summary_html("Induction scan", self._summary(),
                             table=table_html(self.table, columns=COLUMNS + EXTRA_COLUMNS),
                             table_title="heads ranked by induction score (.table)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from interp.caching import run_cached
+from interp.engine import run_cached
 from interp.html import Report, write_text_atomic
 from interp.induction.detect import INDUCTION_MIN, InductionResult
 

@@ -13,9 +13,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.caching import run_cached
+from interp.engine import Intervention, Site, row_chunks, run_cached
+from interp.formatting import summary_html, table_html, tensor_text
 from interp.induction.batches import SCORE_TARGETS, RepeatedTokens
-from interp.interventions.sites import Intervention, Site
 
 __all__ = ["HeadScan", "scan_heads", "scores_from_patterns", "next_token_loss",
            "ablated_repeated_loss"]
@@ -31,8 +31,6 @@ class HeadScan:
     z_mean: dict[int, Float[Tensor, "head d_head"]] | None = None  # layer -> mean z (if asked)
 
     def __repr__(self) -> str:
-        from interp.display import tensor_text
-
         kinds = ", ".join(f"{k} {tensor_text(v)}" for k, v in self.scores.items())
         z_mean = "" if self.z_mean is None else f"; z_mean for layers {list(self.z_mean)}"
         return (f"HeadScan(scores: {kinds}; induction_by_len for {list(self.induction_by_len)}; "
@@ -40,8 +38,6 @@ class HeadScan:
 
     def _repr_html_(self) -> str:
         import pandas as pd
-
-        from interp.display import summary_html, table_html
 
         some = next(iter(self.scores.values()))
         n_layers, n_heads = some.shape
@@ -111,14 +107,9 @@ def chunk_rows(model, batch: RepeatedTokens, max_bytes: int | str | None, *,
     (:func:`interp.memory.estimate_loss_bytes`), per row.
     """
     n_rows, n_pos = batch.tokens.shape
-    if max_bytes is None:
-        return [slice(0, n_rows)]
-    from interp.memory import rows_per_chunk
-
-    size = rows_per_chunk(model, n_pos, max_bytes, n_rows=n_rows, kept_per_row=16 * n_pos,
-                          loss=True, held=held_bytes(model, batch, scores=scores),
-                          what="the induction scan (scores and losses)")
-    return [slice(start, min(start + size, n_rows)) for start in range(0, n_rows, size)]
+    return row_chunks(model, n_rows, n_pos, max_bytes, kept_per_row=16 * n_pos, loss=True,
+                      held=0 if max_bytes is None else held_bytes(model, batch, scores=scores),
+                      what="the induction scan (scores and losses)")
 
 
 def scan_heads(model, batch: RepeatedTokens, *, max_bytes: int | str | None = None,

@@ -14,15 +14,22 @@
 
 from __future__ import annotations
 
-from interp.interventions.ablate import compile_hooks, intervene
+from interp.engine import (
+    ABLATIONS,
+    SITE_KINDS,
+    Intervention,
+    Site,
+    compile_hooks,
+    intervene,
+    pair_tokens,
+    run_patched,
+)
 from interp.interventions.metrics import Metric, answer_loss, logit_diff, probability
 from interp.interventions.patching import (
     COLUMNS,
     GRIDS,
     method_errors,
-    pair_tokens,
     patch_activations,
-    run_patched,
 )
 from interp.interventions.paths import (
     PathPatchResult,
@@ -32,7 +39,6 @@ from interp.interventions.paths import (
     path_patch,
     path_patch_senders,
 )
-from interp.interventions.sites import ABLATIONS, SITE_KINDS, Intervention, Site
 
 __all__ = ["Site", "Intervention", "SITE_KINDS", "ABLATIONS", "intervene", "compile_hooks",
            "run_patched", "patch_activations", "method_errors", "pair_tokens", "GRIDS",

@@ -21,29 +21,20 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.caching import CachedRun
-from interp.interventions.ablate import HookFn, compile_hooks
-from interp.interventions.metrics import MetricFn, per_row
-from interp.interventions.sites import SITE_KINDS, Intervention, Site
+from interp.engine import (
+    SITE_KINDS,
+    CachedRun,
+    HookFn,
+    Intervention,
+    MetricFn,
+    Site,
+    compile_hooks,
+    estimate_attribution_bytes,
+    forward,
+    per_row,
+)
 
 __all__ = ["attribution_deltas", "estimate_attribution_bytes"]
-
-
-def estimate_attribution_bytes(model, n_pos: int) -> int:
-    """Peak extra memory of :func:`attribution_deltas` on one prompt of ``n_pos`` tokens: the
-    forward pass with gradients keeps every layer's activations for the backward pass (per
-    token and layer about ``3 * head * pos`` numbers for scores, pattern and its gradient,
-    ``4 * head * d_head`` for q, k, v, z, ``3 * d_mlp`` and ``15 * d_model``), plus the logits
-    and their gradient (``3 * d_vocab``). Measured on a GPT-2-small-shaped model (first call in
-    a fresh process, freed memory returned at once): 4% under the peak at 41 tokens, 2% over
-    at 81."""
-    from interp.memory import _dims, _itemsize
-
-    dims = _dims(model)
-    d_mlp = dims["d_mlp"] or 4 * dims["d_model"]
-    per_layer = (3 * dims["head"] * n_pos + 4 * dims["head"] * dims["d_head"] + 3 * d_mlp
-                 + 15 * dims["d_model"])
-    return n_pos * _itemsize(model) * (dims["n_layers"] * per_layer + 3 * dims["d_vocab"])
 
 
 def _leaf(act: Tensor, hook) -> Tensor:
@@ -81,8 +72,8 @@ def attribution_deltas(
 
     hooks = [("blocks.0.hook_resid_pre", _leaf)] + compile_hooks(model, fixed)
     hooks += [(name, store(name)) for name in names]
-    with torch.enable_grad(), model.hooks(fwd_hooks=hooks, reset_hooks_end=True):
-        logits = model(tokens, return_type="logits", use_cache=False)
+    logits = forward(model, tokens, hooks, grad=True)
+    with torch.enable_grad():
         value = per_row(metric, logits)[0]
         grads = torch.autograd.grad(value, [stored[name] for name in names], allow_unused=True)
     with torch.no_grad():

@@ -10,16 +10,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.engine.batched import MetricFn, per_row
+
 __all__ = ["Metric", "logit_diff", "probability", "answer_loss", "metric_name", "per_row"]
 
-MetricFn = Callable[[Float[Tensor, "batch pos d_vocab"]], Float[Tensor, " batch"]]
 
 
 @dataclass(frozen=True)
@@ -64,17 +64,3 @@ def answer_loss(answer: int, *, pos: int = -1) -> Metric:
 def metric_name(metric: MetricFn) -> str:
     """A metric's name for tables: its ``name``, else its ``__name__``, else its type."""
     return getattr(metric, "name", getattr(metric, "__name__", type(metric).__name__))
-
-
-def per_row(metric: MetricFn, logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, " batch"]:
-    """Call ``metric`` and check it gave one finite-typed number per row."""
-    value = metric(logits)
-    if not isinstance(value, Tensor):
-        value = torch.as_tensor(value, dtype=torch.float32)
-    if value.ndim == 0 and logits.shape[0] == 1:
-        value = value[None]
-    if value.shape != (logits.shape[0],):
-        raise ValueError(f"a metric must return one value per batch row, shape "
-                         f"({logits.shape[0]},), got shape {tuple(value.shape)}; e.g. "
-                         "lambda logits: logits[:, -1, answer] - logits[:, -1, wrong]")
-    return value.float()

@@ -1,13 +1,7 @@
 """Activation patching: many patched runs of one prompt in one batched forward pass.
 
-:func:`run_patched` is the one engine. Each *row* is a set of interventions applied to one run
-of the base prompt. Rows are grouped by the earliest layer they touch, ``L``: layers below
-``L`` run once on the single base prompt, and at ``blocks.L.hook_resid_pre`` the activation is
-expanded to one row per patched run, so a patch at layer ``L`` never recomputes the layers
-below it (GPT-2 small, 12 layers: about half the layer-passes of one forward per patch, and
-those as one batch instead of ``12 x pos`` small ones; see benchmarks/bench_patching.py).
-
-:func:`patch_activations` builds the grids on it (every layer, position and head of the
+:func:`run_patched` (the engine's, :mod:`interp.engine.batched`) runs many patched copies of
+one prompt in batched forward passes; :func:`patch_activations` builds the grids on it (every layer, position and head of the
 requested sites), in either direction:
 
 - **denoising**: run the corrupted prompt, patch in the clean run's activation;
@@ -24,26 +18,24 @@ import math
 from collections.abc import Sequence
 
 import pandas as pd
-import torch
-from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.caching import PromptError, run_cached, to_tokens
-from interp.interventions.ablate import HookFn, compile_hooks
-from interp.interventions.metrics import MetricFn, metric_name, per_row
-from interp.interventions.sites import Intervention, Site
-from interp.memory import (
-    _PLAN_SHARE,
+from interp.engine import (
+    HookFn,
+    Intervention,
     MemoryBudgetError,
-    drop_retained_patterns,
+    Site,
+    check_eval,
+    estimate_attribution_bytes,
     estimate_cache_bytes,
-    estimate_forward_bytes,
-    estimate_loss_bytes,
     format_size,
+    pair_tokens,
     parse_size,
-    release_retained,
-    rows_per_chunk,
+    rows_per_pass,
+    run_cached,
+    run_patched,
 )
+from interp.interventions.metrics import MetricFn, metric_name, per_row
 
 __all__ = ["run_patched", "patch_activations", "grid_sites", "GRIDS", "COLUMNS",
            "DIRECTIONS", "METHODS", "pair_tokens", "method_errors"]
@@ -71,134 +63,6 @@ GRIDS = {
 }
 # float32 metrics closer than this (relative) are "numerically equal": recovered is undefined
 EQUAL_RTOL = 1e-6
-# default rows per pass: the logits [rows pos d_vocab] are the largest tensor of a patched pass
-LOGITS_BUDGET_BYTES = 256 * 2**20
-
-
-def pair_tokens(model, clean, corrupted) -> tuple[Int[Tensor, "1 pos"], Int[Tensor, "1 pos"]]:
-    """Tokenise a clean and a corrupted prompt; refuse different lengths, showing both."""
-    pair = []
-    for role, prompt in (("clean", clean), ("corrupted", corrupted)):
-        tokens = to_tokens(model, prompt)
-        if tokens.shape[0] != 1:
-            raise PromptError(f"pass one {role} prompt, not a batch of {tokens.shape[0]}")
-        pair.append(tokens.to(model.cfg.device))
-    if pair[0].shape != pair[1].shape:
-        shown = [_show(model, tokens) for tokens in pair]
-        raise PromptError(f"the clean and corrupted prompts must have the same number of tokens "
-                          f"(positions are patched one for one): clean has {pair[0].shape[1]} "
-                          f"{shown[0]}, corrupted has {pair[1].shape[1]} {shown[1]}; "
-                          "change the corrupted prompt")
-    return pair[0], pair[1]
-
-
-def _show(model, tokens: Tensor) -> list[str]:
-    if model.tokenizer is None:
-        return [str(t) for t in tokens[0].tolist()]
-    return [model.tokenizer.decode([t]) for t in tokens[0].tolist()]
-
-
-def _check_eval(model) -> None:
-    if model.training:  # dropout would make every patched run differ by chance
-        raise ValueError("the model is in training mode (dropout is active); call model.eval() "
-                         "before patching")
-
-
-def _start_layer(row: Sequence[Intervention]) -> int:
-    return min((item.site.layer for item in row), default=0)
-
-
-def _row_hooks(start: int, rows: Sequence[Sequence[int]], compiled: list[tuple[str, HookFn]],
-               ) -> list[tuple[str, HookFn]]:
-    """Hooks expanding the batch at ``start`` and applying row r's hooks to row r only."""
-    expand_at = f"blocks.{start}.hook_resid_pre"
-    per_hook: dict[str, list[tuple[int, HookFn]]] = {expand_at: []}
-    for r, indices in enumerate(rows):
-        for i in indices:
-            name, fn = compiled[i]
-            per_hook.setdefault(name, []).append((r, fn))
-    n_rows = len(rows)
-
-    def make(name: str, items: list[tuple[int, HookFn]]) -> HookFn:
-        def hook(act: Tensor, hook) -> Tensor:
-            if name == expand_at:
-                act = act.expand(n_rows, *act.shape[1:]).clone()
-            for r, fn in items:
-                fn(act[r:r + 1], hook)  # writes into row r in place (see ablate._write)
-            return act
-
-        return hook
-
-    return [(name, make(name, items)) for name, items in per_hook.items()]
-
-
-def run_patched(
-    model,
-    prompt,
-    rows: Sequence[Sequence[Intervention]],
-    metric: MetricFn,
-    *,
-    fixed: Sequence[Intervention | tuple[str, HookFn]] = (),
-    max_rows: int | None = None,
-    max_bytes: int | str | None = None,
-    progress: bool = False,
-) -> Float[Tensor, " rows"]:
-    """``metric`` of ``prompt`` (one prompt) run once per row with that row's interventions.
-
-    Equal, to float rounding, to one ``run_cached(model, prompt, interventions=row)`` per row
-    (tests/test_patching.py), but rows share forward passes: ``max_rows`` rows at most per pass
-    (default: as many as keep the float32 logits under 256 MiB), or as many as fit
-    ``max_bytes`` (bytes or text such as ``"500MB"``: one pass's working memory and the metric
-    over its logits, :func:`interp.memory.rows_per_chunk`; raises
-    :class:`interp.memory.MemoryBudgetError` when not even one row fits). Pass one of
-    ``max_rows`` and ``max_bytes``, not both. ``fixed`` interventions apply to every
-    row before the row's own (e.g. a frozen LayerNorm scale, or the noise of causal tracing);
-    they must broadcast over the batch. A ``mean`` without
-    a source is each row's own mean, as if that row were run alone.
-    """
-    from tqdm.auto import tqdm
-
-    tokens = to_tokens(model, prompt).to(model.cfg.device)
-    if tokens.shape[0] != 1:
-        raise PromptError(f"run_patched runs one prompt, got a batch of {tokens.shape[0]}")
-    _check_eval(model)
-    if max_rows is not None and max_rows < 1:
-        raise ValueError(f"max_rows must be at least 1, got {max_rows}")
-    if max_rows is not None and max_bytes is not None:
-        raise ValueError("pass max_rows (patched runs per pass) or max_bytes (a memory budget "
-                         "the runs per pass are planned from), not both")
-    flat = [item for row in rows for item in row]
-    compiled = compile_hooks(model, flat)
-    fixed_hooks = compile_hooks(model, fixed)
-    index, at = [], 0
-    for row in rows:
-        index.append(list(range(at, at + len(row))))
-        at += len(row)
-    groups: dict[int, list[int]] = {}
-    for r, row in enumerate(rows):
-        groups.setdefault(_start_layer(row), []).append(r)
-    if max_bytes is not None:
-        max_rows = rows_per_chunk(model, int(tokens.shape[1]), max_bytes, n_rows=len(rows),
-                                  loss=True, what="one patched run")
-    if max_rows is None:
-        row_bytes = tokens.shape[1] * int(model.cfg.d_vocab) * 4
-        max_rows = max(1, LOGITS_BUDGET_BYTES // row_bytes)
-    chunks = []
-    for start, members in sorted(groups.items()):
-        size = max_rows
-        chunks += [(start, members[i:i + size]) for i in range(0, len(members), size)]
-    values = torch.full((len(rows),), float("nan"))
-    for start, members in tqdm(chunks, desc="patching", unit="pass", disable=not progress):
-        # fixed hooks first: a corruption at the hook a row patches is undone by the patch
-        hooks = fixed_hooks + _row_hooks(start, [index[r] for r in members], compiled)
-        hooks += drop_retained_patterns(model)  # else every layer's pattern lives to the end
-        with torch.inference_mode(), model.hooks(fwd_hooks=hooks, reset_hooks_end=True):
-            # use_cache=False: no KV cache (two resid streams per layer and row, never read)
-            logits = model(tokens, return_type="logits", use_cache=False)
-        values[members] = per_row(metric, logits).cpu()
-        del logits
-    release_retained(model)
-    return values
 
 
 def grid_sites(model, grids: Sequence[str], n_pos: int, *,
@@ -290,7 +154,7 @@ def patch_activations(
     """
     from interp.interventions.attribution import attribution_deltas
 
-    _check_eval(model)
+    check_eval(model)
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if method not in METHODS:
@@ -301,8 +165,8 @@ def patch_activations(
     if max_bytes is not None and max_rows is not None:
         raise ValueError("pass max_rows (patched runs per pass) or max_bytes (a memory budget "
                          "the runs per pass are planned from), not both")
-    left = None if max_bytes is None else _budget_left(model, clean_tokens.shape[1], names,
-                                                        max_bytes, method)
+    per_pass = _runs_per_pass(model, clean_tokens.shape[1], len(chosen), names, max_rows,
+                              max_bytes, method)
     denoising = direction == "denoising"
     base_tokens, source_tokens = ((corrupted_tokens, clean_tokens) if denoising
                                   else (clean_tokens, corrupted_tokens))
@@ -324,7 +188,7 @@ def patch_activations(
     if method in ("exact", "both"):
         rows = [[Intervention(site, "patch", source=source[site.hook_name])] for site in chosen]
         values = run_patched(model, base_tokens, rows, metric, fixed=base_fixed,
-                             max_rows=max_rows, max_bytes=left, progress=progress)
+                             max_rows=per_pass, progress=progress)
         frame, undefined = _frame(chosen, "exact", values, clean_metric, corrupted_metric)
         parts.append(frame)
     if method in ("attribution", "both"):
@@ -338,37 +202,24 @@ def patch_activations(
     return frame
 
 
-def _budget_left(model, n_pos: int, names: Sequence[str], max_bytes: int | str,
-                 method: str) -> int:
-    """What ``max_bytes`` leaves for the patched runs once the source cache is held; refuses
-    (before running) a budget that the source cache, or attribution's backward pass, exceeds."""
-    from interp.interventions.attribution import estimate_attribution_bytes
-
-    budget = parse_size(max_bytes)
-    held = estimate_cache_bytes(model, (1, n_pos), hooks=names, keep_logits=True)
-    if method in ("attribution", "both"):
+def _runs_per_pass(model, n_pos: int, n_runs: int, names: Sequence[str], max_rows: int | None,
+                   max_bytes: int | str | None, method: str) -> int:
+    """Patched runs per pass, asked of the engine before anything runs: under ``max_bytes`` the
+    source run's cache is held throughout, and attribution's single forward and backward pass
+    must fit whole (refused with its estimate otherwise)."""
+    held = 0
+    if max_bytes is not None:
+        held = estimate_cache_bytes(model, (1, n_pos), hooks=names, keep_logits=True)
         need = held + estimate_attribution_bytes(model, n_pos)
-        if need > budget:
+        if method in ("attribution", "both") and need > parse_size(max_bytes):
             raise MemoryBudgetError(
                 f"attribution patching runs one forward and one backward pass over the whole "
                 f"prompt of {n_pos} tokens and cannot be split: it needs about "
-                f"{format_size(need)} but max_bytes is {format_size(budget)}; raise max_bytes "
-                f"to at least {format_size(need)} or use method='exact', which is split into "
-                "passes that fit")
-    if held >= budget:
-        raise MemoryBudgetError(
-            f"the source run's cache of the {len(names)} patched hooks alone needs "
-            f"{format_size(held)}, more than max_bytes={format_size(budget)}; patch fewer sites "
-            "or layers, or raise max_bytes")
-    per_run = max(estimate_forward_bytes(model, (1, n_pos)), estimate_loss_bytes(model, (1, n_pos)))
-    least = held + per_run / _PLAN_SHARE
-    if budget < least:
-        raise MemoryBudgetError(
-            f"activation patching holds the source run's cache ({format_size(held)}) and needs "
-            f"about {format_size(per_run)} per patched run of {n_pos} tokens, more than "
-            f"max_bytes={format_size(budget)} allows (passes are planned to {_PLAN_SHARE:.0%} of "
-            f"what is left); raise max_bytes to at least {format_size(least)}")
-    return budget - held
+                f"{format_size(need)} but max_bytes is {format_size(parse_size(max_bytes))}; "
+                f"raise max_bytes to at least {format_size(need)} or use method='exact', which "
+                "is split into passes that fit")
+    return rows_per_pass(model, n_pos, n_runs, max_rows, max_bytes, held,
+                         f"the source run's cache of the {len(names)} patched hooks")
 
 
 def method_errors(frame: pd.DataFrame) -> pd.DataFrame:

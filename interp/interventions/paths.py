@@ -28,124 +28,60 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.caching import PromptError, run_cached, to_tokens
-from interp.interventions.patching import COLUMNS, DIRECTIONS  # one result shape for both
-from interp.memory import (
+from interp.engine import (
     MemoryBudgetError,
-    _itemsize,
+    PromptError,
     estimate_cache_bytes,
     format_size,
     parse_size,
     rows_per_chunk,
+    to_tokens,
+)
+from interp.engine.estimates import _itemsize
+from interp.formatting import number, summary_html, table_html
+from interp.interventions.patching import COLUMNS, DIRECTIONS  # one result shape for both
+from interp.interventions.path_nodes import (
+    Receiver,
+    Sender,
+    _has_mlps,
+    _reaches,
+    as_receiver,
+    as_sender,
+    complete_receivers,
+)
+from interp.interventions.path_runs import (
+    cache_runs,
+    deliver_changes,
+    layer_hooks,
+    read_point,
+    record_changes,
 )
 
 __all__ = ["Sender", "Receiver", "PathPatchResult", "path_patch", "path_patch_senders",
            "complete_receivers", "COLUMNS", "DIRECTIONS", "MLP_MODES"]
 
 MLP_MODES = ("recompute", "freeze")  # MLPs in step 2: part of the path, or held at base
-QKV = ("q", "k", "v")
-CHECK_ATOL = 1e-4  # float32: our ln1(x) W + b against the model's own hook_q/k/v
 Metric = Callable[[Float[Tensor, "batch pos d_vocab"]], Tensor]
 
 
-@dataclass(frozen=True)
-class Sender:
-    """Whose output is patched: ``Sender("head", L, H)`` or ``Sender("mlp", L)``."""
-
-    kind: str
-    layer: int
-    head: int | None = None
-
-    def __post_init__(self):
-        if self.kind not in ("head", "mlp") or (self.kind == "head") != (self.head is not None):
-            raise ValueError(f"a sender is ('head', layer, head) or ('mlp', layer), got {self}")
-
-    def __str__(self) -> str:
-        return f"L{self.layer}H{self.head}" if self.kind == "head" else f"MLP{self.layer}"
 
 
-@dataclass(frozen=True)
-class Receiver:
-    """What reads the sender: ``("head", L, H, "q"|"k"|"v")``, ``("mlp", L)`` or ``"logits"``."""
-
-    kind: str
-    layer: int | None = None
-    head: int | None = None
-    input: str | None = None  # q, k or v for a head
-
-    def __post_init__(self):
-        ok = {"head": self.layer is not None and self.head is not None and self.input in QKV,
-              "mlp": self.layer is not None and self.head is None and self.input is None,
-              "logits": self.layer is None and self.head is None and self.input is None}
-        if not ok.get(self.kind, False):
-            raise ValueError("a receiver is ('head', layer, head, 'q'|'k'|'v'), ('mlp', layer) "
-                             f"or 'logits', got {self}")
-
-    def __str__(self) -> str:
-        if self.kind == "head":
-            return f"L{self.layer}H{self.head}.{self.input}"
-        return "logits" if self.kind == "logits" else f"MLP{self.layer}"
 
 
-def as_sender(spec) -> Sender:
-    if isinstance(spec, Sender):
-        return spec
-    spec = tuple(spec)
-    if len(spec) == 2 and spec[0] != "mlp":  # (layer, head)
-        return Sender("head", int(spec[0]), int(spec[1]))
-    if spec and spec[0] in ("head", "mlp"):
-        return Sender(spec[0], *(int(x) for x in spec[1:]))
-    raise ValueError("a sender is (layer, head), ('head', layer, head) or ('mlp', layer), "
-                     f"got {spec}")
 
 
-def as_receiver(spec) -> Receiver:
-    if isinstance(spec, Receiver):
-        return spec
-    if spec == "logits":
-        return Receiver("logits")
-    spec = tuple(spec)
-    if len(spec) == 4 and spec[0] == "head":
-        return Receiver("head", int(spec[1]), int(spec[2]), spec[3])
-    if len(spec) == 2 and spec[0] == "mlp":
-        return Receiver("mlp", int(spec[1]))
-    raise ValueError("a receiver is ('head', layer, head, 'q'|'k'|'v'), ('mlp', layer) or "
-                     f"'logits', got {spec}")
 
 
-def _parallel(model) -> bool:
-    return bool(getattr(model.cfg, "parallel_attn_mlp", False))
 
 
-def _reaches(model, sender: Sender, receiver: Receiver) -> bool:
-    """Whether the sender writes to the residual stream before the receiver reads it."""
-    if receiver.kind == "logits":
-        return True
-    if receiver.kind == "mlp" and sender.kind == "head" and not _parallel(model):
-        return receiver.layer >= sender.layer  # the MLP reads after its layer's attention
-    return receiver.layer > sender.layer
 
 
-def complete_receivers(model, sender, *, mlps: str = "freeze") -> tuple[Receiver, ...]:
-    """Every reader of the residual stream after ``sender``: patching into all of them at once
-    equals patching the sender's output (exactly with ``mlps="freeze"``; docs/path_patching.md).
-    With ``mlps="recompute"`` MLPs are part of the path, not receivers, and are left out."""
-    sender = as_sender(sender)
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    found = [Receiver("head", lay, hd, x) for lay in range(n_layers) for hd in range(n_heads)
-             for x in QKV]
-    if mlps == "freeze" and _has_mlps(model):
-        found += [Receiver("mlp", lay) for lay in range(n_layers)]
-    found.append(Receiver("logits"))
-    return tuple(r for r in found if _reaches(model, sender, r))
 
 
-def _has_mlps(model) -> bool:
-    return "blocks.0.hook_mlp_out" in model.hook_dict and not getattr(model.cfg, "attn_only", False)
 
 
 @dataclass(frozen=True)
@@ -168,8 +104,6 @@ class PathPatchResult:
         return _recoverable(self.clean_metric, self.corrupted_metric)
 
     def _summary(self) -> dict[str, str]:
-        from interp.display import number
-
         recovered = self.table["recovered"]
         best = self.table.loc[recovered.abs().idxmax()] if recovered.notna().any() else None
         return {
@@ -191,8 +125,6 @@ class PathPatchResult:
                 f"{summary['largest |recovered|']})")
 
     def _repr_html_(self) -> str:
-        from interp.display import summary_html, table_html
-
         ranked = self.table.reindex(self.table["recovered"].abs()
                                     .sort_values(ascending=False, na_position="last").index)
         shown = [c for c in ranked.columns if c != "receivers"]
@@ -236,148 +168,20 @@ def _tokens_pair(model, clean, corrupted) -> tuple[Tensor, Tensor]:
     return clean_t, corrupt_t
 
 
-def _layer_hooks(model) -> tuple[list[str], dict[int, str], dict[int, str], str]:
-    n_layers = int(model.cfg.n_layers)
-    z = [f"blocks.{lay}.attn.hook_z" for lay in range(n_layers)]
-    mlp = {lay: f"blocks.{lay}.hook_mlp_out" for lay in range(n_layers)} if _has_mlps(model) else {}
-    return z, mlp, {lay: f"blocks.{lay}.ln1.hook_in" for lay in range(n_layers)}, "ln_final.hook_in"
 
 
-def _shared_norm(model) -> bool:
-    """Parallel blocks whose attention and MLP read one norm (GPT-J, Phi): no ``ln2``."""
-    return _has_mlps(model) and "blocks.0.ln2.hook_in" not in model.hook_dict
 
 
-def _read_point(model, receiver: Receiver) -> str:
-    """The hook holding what a receiver reads from the residual stream (its norm's input)."""
-    if receiver.kind == "logits":
-        return "ln_final.hook_in"
-    norm = "ln1" if receiver.kind == "head" or _shared_norm(model) else "ln2"
-    return f"blocks.{receiver.layer}.{norm}.hook_in"
 
 
-def _cache(model, tokens: Tensor, read_points: Sequence[str]):
-    z, mlp, _, _ = _layer_hooks(model)
-    return run_cached(model, tokens, hooks=[*z, *mlp.values(), *read_points])
 
 
-def _record(model, base, source, senders: Sequence[Sender], read_points: Sequence[str],
-            mlps: str) -> dict[str, Float[Tensor, "batch pos d_model"]]:
-    """Step 2 for ``len(senders)`` senders at once (one per block of batch rows): the change in
-    each read point with the sender patched and every other head (and MLP if frozen) fixed."""
-    k, rows = len(senders), base.tokens.shape[0]
-    z_names, mlp_names, _, _ = _layer_hooks(model)
-    store: dict[str, Tensor] = {}
-
-    def fix(name: str, kind: str, layer: int, freeze: bool):
-        def hook(act: Tensor, hook) -> Tensor:
-            out = base[name].repeat(k, *[1] * (act.ndim - 1)) if freeze else act.clone()
-            for i, s in enumerate(senders):
-                if s.kind == kind and s.layer == layer:
-                    block = slice(i * rows, (i + 1) * rows)
-                    if kind == "head":
-                        out[block, :, s.head] = source[name][:, :, s.head]
-                    else:
-                        out[block] = source[name]
-            return out
-        return hook
-
-    def keep(name: str):
-        def hook(act: Tensor, hook) -> None:
-            store[name] = act.detach().clone()
-        return hook
-
-    hooks = [(name, fix(name, "head", lay, True)) for lay, name in enumerate(z_names)]
-    hooks += [(name, fix(name, "mlp", lay, mlps == "freeze")) for lay, name in mlp_names.items()]
-    hooks += [(name, keep(name)) for name in read_points]
-    run_cached(model, base.tokens.repeat(k, 1), interventions=hooks, keep_logits=False)
-    return {name: store[name] - base[name].repeat(k, 1, 1) for name in read_points}
 
 
-def _n_kv_heads(model) -> int:
-    return int(getattr(model.cfg, "n_key_value_heads", None) or model.cfg.n_heads)
 
 
-def _qkv_weights(model, which: str) -> tuple[Tensor, Tensor | None]:
-    """``W_Q/K/V`` ``[layer head d_model d_head]`` (keys and values per key/value head under
-    grouped-query attention) and the bias, None for bias-free models (Llama, Mistral, Gemma)."""
-    W = getattr(model, f"W_{which.upper()}")
-    try:
-        b = getattr(model, f"b_{which.upper()}")
-    except AttributeError:  # the bridge raises for a bias the checkpoint does not have
-        b = None
-    return W, b
 
 
-def _deliver(model, tokens: Int[Tensor, "batch pos"], receivers: Sequence[Receiver],
-             changes: dict[str, Tensor]) -> Float[Tensor, "batch pos d_vocab"]:
-    """Step 3: run ``tokens`` with each receiver's recorded input change added, nothing frozen."""
-    normed: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> ln1(x), ln1(x + change) this run
-    busy: set[int] = set()  # calling ln1 below fires ln1.hook_in again: do not recurse
-    hooks: list = []
-
-    def see(layer: int):
-        def hook(x: Tensor, hook) -> None:
-            if layer in busy:
-                return
-            busy.add(layer)
-            try:
-                ln1 = model.blocks[layer].ln1
-                normed[layer] = (ln1(x), ln1(x + changes[f"blocks.{layer}.ln1.hook_in"]))
-            finally:
-                busy.discard(layer)
-        return hook
-
-    def shift(name: str):
-        def hook(x: Tensor, hook) -> Tensor:
-            return x + changes[name]
-        return hook
-
-    def move_heads(layer: int, which: str, heads: list[int]):
-        W, b = _qkv_weights(model, which)
-
-        def hook(act: Float[Tensor, "batch pos head d_head"], hook) -> Tensor:
-            before, after = normed[layer]
-            out = act.clone()
-            for h in heads:
-                ours = before @ W[layer, h] + (0.0 if b is None else b[layer, h])
-                gap = float((ours - act[:, :, h]).abs().max())
-                if gap > CHECK_ATOL * max(1.0, float(act[:, :, h].abs().max())):
-                    raise RuntimeError(
-                        f"blocks.{layer}.attn.hook_{which} is not ln1(x) W_{which.upper()} + "
-                        f"b_{which.upper()} on this model (off by {gap:.2e}); path patching into "
-                        "q/k/v inputs is not supported for it: use 'logits' or MLP receivers")
-                out[:, :, h] = act[:, :, h] + (after - before) @ W[layer, h]
-            return out
-        return hook
-
-    def move_mlp(layer: int):  # shared norm: the MLP's input moves by ln1(x + change) - ln1(x)
-        def hook(act: Float[Tensor, "batch pos d_model"], hook) -> Tensor:
-            before, after = normed[layer]
-            return act + (after - before)
-        return hook
-
-    shared = _shared_norm(model)
-    seen: set[int] = set()  # layers whose ln1 input and change are needed
-    for r in receivers:
-        if r.kind == "mlp" and shared:
-            hooks.append((f"blocks.{r.layer}.mlp.hook_in", move_mlp(r.layer)))
-            seen.add(r.layer)
-        elif r.kind != "head":
-            hooks.append((_read_point(model, r), shift(_read_point(model, r))))
-    groups: dict[tuple[int, str], list[int]] = {}
-    kv_group = int(model.cfg.n_heads) // _n_kv_heads(model)
-    for r in receivers:
-        if r.kind == "head":  # keys and values of grouped-query attention: the shared head
-            index = r.head if r.input == "q" else r.head // kv_group
-            groups.setdefault((r.layer, r.input), []).append(index)
-            seen.add(r.layer)
-    for layer in sorted(seen):
-        hooks.append((f"blocks.{layer}.ln1.hook_in", see(layer)))
-    for (layer, which), heads in groups.items():
-        hooks.append((f"blocks.{layer}.attn.hook_{which}",
-                      move_heads(layer, which, sorted(set(heads)))))
-    return run_cached(model, tokens, interventions=hooks).logits
 
 
 def _validate(model, sender: Sender, receivers: Sequence[Receiver], mlps: str, check_order: bool):
@@ -419,8 +223,8 @@ def _run(model, clean, corrupted, senders: list[Sender], receivers: list[Receive
     for s in senders:
         _validate(model, s, receivers, mlps, check_order)
     clean_t, corrupt_t = _tokens_pair(model, clean, corrupted)
-    reads = sorted({_read_point(model, r) for r in receivers})
-    runs = {"clean": _cache(model, clean_t, reads), "corrupted": _cache(model, corrupt_t, reads)}
+    reads = sorted({read_point(model, r) for r in receivers})
+    runs = {"clean": cache_runs(model, clean_t, reads), "corrupted": cache_runs(model, corrupt_t, reads)}
     rows = clean_t.shape[0]
     clean_m = _reduce(metric(runs["clean"].logits), rows)
     corrupt_m = _reduce(metric(runs["corrupted"].logits), rows)
@@ -430,8 +234,8 @@ def _run(model, clean, corrupted, senders: list[Sender], receivers: list[Receive
     show = len(chunks) > 4 if progress is None else progress
     values = []
     for chunk in tqdm(chunks, desc="path patching", disable=not show):
-        changes = _record(model, base, source, chunk, reads, mlps)
-        logits = _deliver(model, base.tokens.repeat(len(chunk), 1), receivers, changes)
+        changes = record_changes(model, base, source, chunk, reads, mlps)
+        logits = deliver_changes(model, base.tokens.repeat(len(chunk), 1), receivers, changes)
         values += [_reduce(metric(block), rows) for block in logits.split(rows)]
     span = clean_m - corrupt_m
     ok = _recoverable(clean_m, corrupt_m)
@@ -512,8 +316,8 @@ def _senders_fitting(model, clean, corrupted, receivers: Sequence[Receiver], n_s
     """Senders per pass under ``max_bytes``: the two caches are held, each sender takes one
     block of prompt rows per pass and keeps its changes at every read point."""
     rows, n_pos = _tokens_pair(model, clean, corrupted)[0].shape
-    z, mlp, _, _ = _layer_hooks(model)
-    reads = sorted({_read_point(model, r) for r in receivers})
+    z, mlp, _, _ = layer_hooks(model)
+    reads = sorted({read_point(model, r) for r in receivers})
     held = 2 * estimate_cache_bytes(model, (rows, n_pos), hooks=[*z, *mlp.values(), *reads])
     budget = parse_size(max_bytes)
     if held >= budget:

@@ -1,0 +1,107 @@
+"""The two ends of a path: a :class:`Sender` (a head's or an MLP's output) and a
+:class:`Receiver` (a head's q/k/v input, an MLP's input, or the logits), and which receivers a
+sender can reach."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Sender", "Receiver", "as_sender", "as_receiver", "complete_receivers", "QKV"]
+
+QKV = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class Sender:
+    """Whose output is patched: ``Sender("head", L, H)`` or ``Sender("mlp", L)``."""
+
+    kind: str
+    layer: int
+    head: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("head", "mlp") or (self.kind == "head") != (self.head is not None):
+            raise ValueError(f"a sender is ('head', layer, head) or ('mlp', layer), got {self}")
+
+    def __str__(self) -> str:
+        return f"L{self.layer}H{self.head}" if self.kind == "head" else f"MLP{self.layer}"
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """What reads the sender: ``("head", L, H, "q"|"k"|"v")``, ``("mlp", L)`` or ``"logits"``."""
+
+    kind: str
+    layer: int | None = None
+    head: int | None = None
+    input: str | None = None  # q, k or v for a head
+
+    def __post_init__(self):
+        ok = {"head": self.layer is not None and self.head is not None and self.input in QKV,
+              "mlp": self.layer is not None and self.head is None and self.input is None,
+              "logits": self.layer is None and self.head is None and self.input is None}
+        if not ok.get(self.kind, False):
+            raise ValueError("a receiver is ('head', layer, head, 'q'|'k'|'v'), ('mlp', layer) "
+                             f"or 'logits', got {self}")
+
+    def __str__(self) -> str:
+        if self.kind == "head":
+            return f"L{self.layer}H{self.head}.{self.input}"
+        return "logits" if self.kind == "logits" else f"MLP{self.layer}"
+
+
+def as_sender(spec) -> Sender:
+    if isinstance(spec, Sender):
+        return spec
+    spec = tuple(spec)
+    if len(spec) == 2 and spec[0] != "mlp":  # (layer, head)
+        return Sender("head", int(spec[0]), int(spec[1]))
+    if spec and spec[0] in ("head", "mlp"):
+        return Sender(spec[0], *(int(x) for x in spec[1:]))
+    raise ValueError("a sender is (layer, head), ('head', layer, head) or ('mlp', layer), "
+                     f"got {spec}")
+
+
+def as_receiver(spec) -> Receiver:
+    if isinstance(spec, Receiver):
+        return spec
+    if spec == "logits":
+        return Receiver("logits")
+    spec = tuple(spec)
+    if len(spec) == 4 and spec[0] == "head":
+        return Receiver("head", int(spec[1]), int(spec[2]), spec[3])
+    if len(spec) == 2 and spec[0] == "mlp":
+        return Receiver("mlp", int(spec[1]))
+    raise ValueError("a receiver is ('head', layer, head, 'q'|'k'|'v'), ('mlp', layer) or "
+                     f"'logits', got {spec}")
+
+
+def _parallel(model) -> bool:
+    return bool(getattr(model.cfg, "parallel_attn_mlp", False))
+
+
+def _reaches(model, sender: Sender, receiver: Receiver) -> bool:
+    """Whether the sender writes to the residual stream before the receiver reads it."""
+    if receiver.kind == "logits":
+        return True
+    if receiver.kind == "mlp" and sender.kind == "head" and not _parallel(model):
+        return receiver.layer >= sender.layer  # the MLP reads after its layer's attention
+    return receiver.layer > sender.layer
+
+
+def complete_receivers(model, sender, *, mlps: str = "freeze") -> tuple[Receiver, ...]:
+    """Every reader of the residual stream after ``sender``: patching into all of them at once
+    equals patching the sender's output (exactly with ``mlps="freeze"``; docs/path_patching.md).
+    With ``mlps="recompute"`` MLPs are part of the path, not receivers, and are left out."""
+    sender = as_sender(sender)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    found = [Receiver("head", lay, hd, x) for lay in range(n_layers) for hd in range(n_heads)
+             for x in QKV]
+    if mlps == "freeze" and _has_mlps(model):
+        found += [Receiver("mlp", lay) for lay in range(n_layers)]
+    found.append(Receiver("logits"))
+    return tuple(r for r in found if _reaches(model, sender, r))
+
+
+def _has_mlps(model) -> bool:
+    return "blocks.0.hook_mlp_out" in model.hook_dict and not getattr(model.cfg, "attn_only", False)
