@@ -1,0 +1,98 @@
+"""The house holds: imports point down the layers of docs/architecture.md, never in a circle,
+and no library file is over 400 lines (tests/layering.py reads the imports)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.layering import cycles, imports, layer_of, modules, read_layers, violations
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 400  # a file to read in one sitting (the aim is 300)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return imports(modules(ROOT / "interp"))
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return read_layers((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+
+
+def test_no_import_circles(graph):
+    found = cycles(graph)
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_imports_point_down_the_layers(graph, layers):
+    problems = violations(graph, layers)
+    assert not problems, "\n".join(problems)
+
+
+def test_no_library_file_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "interp").rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"split these by concern: {long}"
+
+
+def test_the_reference_model_imports_nothing_of_interp(graph):
+    outside = {m: sorted(t for t in targets if not t.startswith("interp.reference"))
+               for m, targets in graph.items() if m.startswith("interp.reference")}
+    assert not any(outside.values()), outside
+
+
+def test_the_layers_place_what_the_docs_say(layers):
+    assert layer_of("interp.induction.report", layers)[1] == "4 presentation"
+    assert layer_of("interp.induction.scores", layers)[1] == "3 analyses"
+    assert layer_of("interp.engine.cache", layers)[1] == "2 engine"
+    assert layer_of("interp.nowhere", layers) is None
+
+
+# ---- the checks can fail: a small package with a circle and an upward import ----
+
+LAYERS = """```layers
+0 base: pkg pkg.low
+1 engine: pkg.engine pkg.engine.*
+2 top: pkg.top
+reference: pkg.ref
+```"""
+
+
+def _write(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return modules(root / "pkg")
+
+
+def test_a_planted_circle_is_found_even_inside_a_function(tmp_path):
+    mods = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/engine/__init__.py": "",
+        "pkg/engine/a.py": "from pkg.engine import b\n",
+        "pkg/engine/b.py": "def f():\n    from . import a\n",
+        "pkg/low.py": "",
+    })
+    assert cycles(imports(mods)) == [["pkg.engine.a", "pkg.engine.b"]]
+
+
+def test_a_planted_upward_import_is_named_with_both_modules(tmp_path):
+    mods = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import top\n",
+        "pkg/top.py": "",
+        "pkg/ref.py": "from pkg.low import x\n",
+        "pkg/stray.py": "",
+    })
+    problems = violations(imports(mods), read_layers(LAYERS))
+    assert problems == [
+        "pkg.stray is in no layer of docs/architecture.md",
+        "pkg.low (0 base) imports pkg.top (2 top): imports point down the layers",
+        "pkg.ref (reference) imports pkg.low (0 base): imports point down the layers",
+    ]
+    assert not cycles(imports(mods))
