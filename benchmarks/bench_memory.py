@@ -207,12 +207,7 @@ def main() -> None:
             for point, limit in ((free, None), (held, budget)):
                 again = measure(model_dir, "scan", n, limit, args.threads, 1)
                 point["seconds"] = min(point["seconds"], again["seconds"])
-        diff = max(abs(a - b) for a, b in zip(free["induction"], held["induction"], strict=True))
-        for name, point in (("scan", free), ("scan, budgeted", held)):
-            ratio = f"{held['seconds'] / free['seconds']:>10.2f}" if point is held else ""
-            print(f"{name:>22} {point['rows']:>5} {point['peak'] / mib:>8.1f} "
-                  f"{point['estimate'] / mib:>9.1f} {point['estimate'] / point['peak']:>9.2f} "
-                  f"{point['chunks']:>7} {point['seconds']:>8.2f} {ratio}")
+        diff = _print_points([("scan", free), ("scan, budgeted", held)], free, held, "rows")
         verdict = ("within budget + 10%" if held["peak"] <= 1.1 * budget else "OVER budget + 10%")
         print(f"{'':>22} budgeted peak {held['peak'] / budget:.2f} x budget ({verdict}); "
               f"unbudgeted {free['peak'] / budget:.2f} x budget; max |score diff| {diff:.1e}")
@@ -228,18 +223,25 @@ def main() -> None:
                 points[limit].append(measure(model_dir, "grid", n, limit, args.threads, 1))
         free, held = (_median_point(points[None]), _median_point(points[budget]))
         freed = measure(model_dir, "grid", n, None, args.threads, 1, freed=True)
-        diff = max(abs(a - b) for a, b in zip(free["induction"], held["induction"], strict=True))
-        for name, point in (("grid", free), ("grid, memory returned", freed),
-                            ("grid, budgeted", held)):
-            ratio = f"{held['seconds'] / free['seconds']:>10.2f}" if point is held else ""
-            print(f"{name:>22} {point['patched_runs']:>5} {point['peak'] / mib:>8.1f} "
-                  f"{point['estimate'] / mib:>9.1f} {point['estimate'] / point['peak']:>9.2f} "
-                  f"{point['chunks']:>7} {point['seconds']:>8.2f} {ratio}")
+        diff = _print_points([("grid", free), ("grid, memory returned", freed),
+                              ("grid, budgeted", held)], free, held, "patched_runs")
         verdict = ("within budget + 10%" if held["peak"] <= 1.1 * budget else "OVER budget + 10%")
         print(f"{'':>22} budgeted peak {held['peak'] / budget:.2f} x budget ({verdict}); "
               f"unbudgeted {free['peak'] / budget:.2f} x budget; max |metric diff| {diff:.1e} "
               f"(max |metric| {max(abs(v) for v in free['induction']):.2f}); time budgeted / "
               f"memory returned {held['seconds'] / freed['seconds']:.2f} (one run of the latter)")
+
+
+def _print_points(named: list[tuple[str, dict]], free: dict, held: dict, size: str) -> float:
+    """One table row per point (the budgeted one with its time ratio to the unbudgeted one);
+    returns the largest difference between the two's numbers."""
+    mib = 2**20
+    for name, point in named:
+        ratio = f"{held['seconds'] / free['seconds']:>10.2f}" if point is held else ""
+        print(f"{name:>22} {point[size]:>5} {point['peak'] / mib:>8.1f} "
+              f"{point['estimate'] / mib:>9.1f} {point['estimate'] / point['peak']:>9.2f} "
+              f"{point['chunks']:>7} {point['seconds']:>8.2f} {ratio}")
+    return max(abs(a - b) for a, b in zip(free["induction"], held["induction"], strict=True))
 
 
 def _median_point(points: list[dict]) -> dict:

@@ -16,6 +16,7 @@ A head is called an induction head (``is_induction``) when all of these hold:
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -221,17 +222,7 @@ def run_induction_scan(
                            loss_repeated_half=repeated, settings=settings)
 
 
-def detect_induction_heads(
-    model,
-    *,
-    seq_lens: Sequence[int] | None = None,
-    batch_size: int = 4,
-    seed: int = 0,
-    ablate: bool | int = True,
-    copying: bool = True,
-    progress: bool = False,
-    max_bytes: int | str | None = None,
-) -> pd.DataFrame:
+def detect_induction_heads(model, **options) -> pd.DataFrame:
     """The ranked table of :func:`run_induction_scan` (same keyword arguments, same meaning).
 
     Columns: ``layer, head, induction_score, prev_token_score, duplicate_token_score,
@@ -239,6 +230,9 @@ def detect_induction_heads(
     ``induction_score_min, offset_control_score``, and ``kv_head`` (the key/value head each
     query head shares under grouped-query attention). Thresholds: see the module docstring.
     """
-    return run_induction_scan(model, seq_lens=seq_lens, batch_size=batch_size, seed=seed,
-                              ablate=ablate, copying=copying, progress=progress,
-                              max_bytes=max_bytes).table
+    return run_induction_scan(model, **options).table
+
+
+# the same keyword arguments as run_induction_scan, shown by help() and the API reference
+detect_induction_heads.__signature__ = inspect.signature(run_induction_scan).replace(
+    return_annotation="pd.DataFrame")
