@@ -37,8 +37,16 @@ from interp.circuits import (
 COPYING_TARGET_S, COPYING_TARGET_BYTES, COMPOSITION_TARGET_S = 2.0, 1024**3, 10.0
 
 
-def random_weights(*, n_layers: int, n_heads: int, d_model: int, d_head: int, d_vocab: int,
-                   seed: int = 0, tied: bool = True) -> CircuitWeights:
+def random_weights(
+    *,
+    n_layers: int,
+    n_heads: int,
+    d_model: int,
+    d_head: int,
+    d_vocab: int,
+    seed: int = 0,
+    tied: bool = True,
+) -> CircuitWeights:
     """GPT-2-like random weights as LayerNorm-folded CircuitWeights (unembed tied to W_E)."""
     gen = torch.Generator().manual_seed(seed)
 
@@ -52,10 +60,20 @@ def random_weights(*, n_layers: int, n_heads: int, d_model: int, d_head: int, d_
     unembed_in = unembed_in - unembed_in.mean(dim=0, keepdim=True)  # P diag(w), as folded
     shape_in, shape_out = (n_layers, n_heads, d_model, d_head), (n_layers, n_heads, d_head, d_model)
     return CircuitWeights(
-        W_E=W_E, W_Q=randn(*shape_in), W_K=randn(*shape_in), W_V=randn(*shape_in),
-        W_O=randn(*shape_out), b_Q=randn(n_layers, n_heads, d_head),
-        b_K=randn(n_layers, n_heads, d_head), b_V=randn(n_layers, n_heads, d_head), W_U=W_U,
-        unembed_in=unembed_in, center_unembed=True, attn_scale=d_head**0.5, ln_folded=True)
+        W_E=W_E,
+        W_Q=randn(*shape_in),
+        W_K=randn(*shape_in),
+        W_V=randn(*shape_in),
+        W_O=randn(*shape_out),
+        b_Q=randn(n_layers, n_heads, d_head),
+        b_K=randn(n_layers, n_heads, d_head),
+        b_V=randn(n_layers, n_heads, d_head),
+        W_U=W_U,
+        unembed_in=unembed_in,
+        center_unembed=True,
+        attn_scale=d_head**0.5,
+        ln_folded=True,
+    )
 
 
 def _status_kb(field: str) -> int:
@@ -115,8 +133,21 @@ def _memory_child(task: str, vocab: int, threads: int) -> None:
 
 
 def memory_in_fresh_process(task: str, vocab: int, threads: int) -> int | None:
-    out = subprocess.run([sys.executable, __file__, "--memory-child", task, "--vocab", str(vocab),
-                          "--threads", str(threads)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--memory-child",
+            task,
+            "--vocab",
+            str(vocab),
+            "--threads",
+            str(threads),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     value = out.stdout.strip().splitlines()[-1]
     return None if value == "None" else int(value)
 
@@ -143,34 +174,43 @@ def main() -> None:
     extra = memory_in_fresh_process("copying", args.vocab, args.threads)
     best, med = measure(lambda: copying_scores(w), args.repeats)
     ok = best <= COPYING_TARGET_S and (extra is None or extra < COPYING_TARGET_BYTES)
-    print(f"   copying scores, 144 heads: best {best:.2f} s, median {med:.2f} s, peak extra "
-          f"memory {_mb(extra)}  (target <= {COPYING_TARGET_S:.0f} s, < 1 GB: "
-          f"{'met' if ok else 'NOT met'})")
+    print(
+        f"   copying scores, 144 heads: best {best:.2f} s, median {med:.2f} s, peak extra "
+        f"memory {_mb(extra)}  (target <= {COPYING_TARGET_S:.0f} s, < 1 GB: "
+        f"{'met' if ok else 'NOT met'})"
+    )
     for kind in "QKV":
         best, med = measure(lambda k=kind: composition_scores(w, k), args.repeats)
         print(f"   {kind}-composition alone, 9504 pairs: best {best:.2f} s, median {med:.2f} s")
     extra = memory_in_fresh_process("composition", args.vocab, args.threads)
     best, med = measure(lambda: composition_scores(w, "QKV"), args.repeats)
-    print(f"   all three kinds in one call: best {best:.2f} s, median {med:.2f} s, peak extra "
-          f"memory {_mb(extra)}  (target <= {COMPOSITION_TARGET_S:.0f} s: "
-          f"{'met' if best <= COMPOSITION_TARGET_S else 'NOT met'})")
+    print(
+        f"   all three kinds in one call: best {best:.2f} s, median {med:.2f} s, peak extra "
+        f"memory {_mb(extra)}  (target <= {COMPOSITION_TARGET_S:.0f} s: "
+        f"{'met' if best <= COMPOSITION_TARGET_S else 'NOT met'})"
+    )
 
     print("\n2. factored vs dense, side by side (dense: one timed call after a warm-up)")
     small = random_weights(n_layers=2, n_heads=12, d_model=768, d_head=64, d_vocab=512, seed=1)
     fast = measure(lambda: copying_scores(small), args.repeats)
     dense = measure(lambda: copying_scores_dense(small), 1)
     err = (copying_scores(small).copying_score - copying_scores_dense(small).copying_score).abs()
-    print(f"   copying, 24 heads of GPT-2 small's width, d_vocab 512: factored {fast[0]:.3f} s, "
-          f"dense (24 eigenproblems of 512x512, float64) {dense[0]:.2f} s: "
-          f"{dense[0] / fast[0]:.0f}x; max |difference| {err.max():.1e}")
+    print(
+        f"   copying, 24 heads of GPT-2 small's width, d_vocab 512: factored {fast[0]:.3f} s, "
+        f"dense (24 eigenproblems of 512x512, float64) {dense[0]:.2f} s: "
+        f"{dense[0] / fast[0]:.0f}x; max |difference| {err.max():.1e}"
+    )
     comp = random_weights(n_layers=6, n_heads=8, d_model=256, d_head=32, d_vocab=512, seed=2)
     fast = measure(lambda: composition_scores(comp, "QKV"), args.repeats)
     dense = measure(lambda: composition_scores_dense(comp, "QKV"), 1)
-    err = (composition_scores(comp, "QKV").score
-           - composition_scores_dense(comp, "QKV").score).abs()
-    print(f"   composition (Q, K, V), 6 layers x 8 heads, d_model 256: factored {fast[0]:.3f} s, "
-          f"dense (d_model x d_model products, float64) {dense[0]:.2f} s: "
-          f"{dense[0] / fast[0]:.0f}x; max |difference| {err.max():.1e}")
+    err = (
+        composition_scores(comp, "QKV").score - composition_scores_dense(comp, "QKV").score
+    ).abs()
+    print(
+        f"   composition (Q, K, V), 6 layers x 8 heads, d_model 256: factored {fast[0]:.3f} s, "
+        f"dense (d_model x d_model products, float64) {dense[0]:.2f} s: "
+        f"{dense[0] / fast[0]:.0f}x; max |difference| {err.max():.1e}"
+    )
 
 
 if __name__ == "__main__":

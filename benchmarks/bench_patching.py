@@ -38,12 +38,15 @@ def main() -> None:
     clean = torch.randint(1, 600, (1, args.n_tokens), generator=gen)
     clean[0, 0] = model.tokenizer.bos_token_id
     corrupted = clean.clone()
-    corrupted[0, 1:args.n_tokens // 2] = torch.randint(1, 600, (args.n_tokens // 2 - 1,),
-                                                       generator=gen)
+    corrupted[0, 1 : args.n_tokens // 2] = torch.randint(
+        1, 600, (args.n_tokens // 2 - 1,), generator=gen
+    )
     metric = logit_diff(int(clean[0, 1]), int(clean[0, 2]))
     n_layers = int(model.cfg.n_layers)
-    print(f"model: GPT-2-small-shaped random (12 layers x 12 heads, d_model 768, d_vocab "
-          f"{model.cfg.d_vocab}); {args.n_tokens} tokens; torch threads {torch.get_num_threads()}")
+    print(
+        f"model: GPT-2-small-shaped random (12 layers x 12 heads, d_model 768, d_vocab "
+        f"{model.cfg.d_vocab}); {args.n_tokens} tokens; torch threads {torch.get_num_threads()}"
+    )
 
     def ours():
         return patch_activations(model, clean, corrupted, metric, sites=["resid_pre"])
@@ -51,8 +54,9 @@ def main() -> None:
     def theirs():
         with torch.inference_mode():
             _, cache = model.run_with_cache(clean, names_filter=lambda n: "resid_pre" in n)
-            return tl_patching.get_act_patch_resid_pre(model, corrupted, cache,
-                                                       lambda logits: metric(logits)[0])
+            return tl_patching.get_act_patch_resid_pre(
+                model, corrupted, cache, lambda logits: metric(logits)[0]
+            )
 
     ours_grid = torch.tensor(ours()["metric"].to_numpy()).reshape(n_layers, -1)
     difference = float((ours_grid - theirs().double()).abs().max())
@@ -62,24 +66,30 @@ def main() -> None:
             model(corrupted)
 
     def attribution():
-        patch_activations(model, clean, corrupted, metric, sites=list(GRIDS),
-                          method="attribution")
+        patch_activations(model, clean, corrupted, metric, sites=list(GRIDS), method="attribution")
 
-    times = time_side_by_side({"interp resid_pre grid": ours, "TL get_act_patch_resid_pre":
-                               theirs}, repeat=args.repeat)
-    cost = time_side_by_side({"plain forward": forward, "attribution grid": attribution},
-                             repeat=args.repeat)
-    n_cells = len(patch_activations(model, clean, corrupted, metric, sites=list(GRIDS),
-                                    method="attribution"))
+    times = time_side_by_side(
+        {"interp resid_pre grid": ours, "TL get_act_patch_resid_pre": theirs}, repeat=args.repeat
+    )
+    cost = time_side_by_side(
+        {"plain forward": forward, "attribution grid": attribution}, repeat=args.repeat
+    )
+    n_cells = len(
+        patch_activations(model, clean, corrupted, metric, sites=list(GRIDS), method="attribution")
+    )
     ratio = times["interp resid_pre grid"] / times["TL get_act_patch_resid_pre"]
     passes = cost["attribution grid"] / cost["plain forward"]
     for name, seconds in {**times, **cost}.items():
         print(f"{name:>28}: {seconds:7.3f} s")
-    print(f"resid_pre grid: {n_layers} layers x {args.n_tokens} positions; max |ours - TL| = "
-          f"{difference:.2e}")
+    print(
+        f"resid_pre grid: {n_layers} layers x {args.n_tokens} positions; max |ours - TL| = "
+        f"{difference:.2e}"
+    )
     print(f"interp / TL = {ratio:.2f} (target <= 0.5): {'OK' if ratio <= 0.5 else 'MISSED'}")
-    print(f"attribution grid over every site ({n_cells} cells: {', '.join(GRIDS)}) = "
-          f"{passes:.2f} forward passes (target <= 4): {'OK' if passes <= 4 else 'MISSED'}")
+    print(
+        f"attribution grid over every site ({n_cells} cells: {', '.join(GRIDS)}) = "
+        f"{passes:.2f} forward passes (target <= 4): {'OK' if passes <= 4 else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

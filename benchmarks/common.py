@@ -30,6 +30,16 @@ def gpt2_small_shaped(d_vocab: int = 50257, n_ctx: int = 1024, corpus: list[str]
     from tests.checkpoints import make_checkpoint
 
     directory = Path(tempfile.mkdtemp(prefix="interp-bench-"))
-    make_checkpoint(directory, arch="gpt2", n_layers=12, n_heads=12, d_model=768, n_ctx=n_ctx,
-                    vocab_size=600, d_vocab=d_vocab, corpus=corpus, randomize_ln=False)
+    make_checkpoint(
+        directory,
+        arch="gpt2",
+        n_layers=12,
+        n_heads=12,
+        d_model=768,
+        n_ctx=n_ctx,
+        vocab_size=600,
+        d_vocab=d_vocab,
+        corpus=corpus,
+        randomize_ln=False,
+    )
     return load_model(directory, device="cpu")

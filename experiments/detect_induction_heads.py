@@ -1,6 +1,6 @@
 """Find the induction heads of a model: the same as ``interp induction``.
 
-    python experiments/detect_induction_heads.py --model tiny-induction --out induction-report
+python experiments/detect_induction_heads.py --model tiny-induction --out induction-report
 """
 
 import sys

@@ -65,8 +65,11 @@ def own_doc(obj) -> str | None:
     doc = obj.__dict__.get("__doc__") if inspect.isclass(obj) else getattr(obj, "__doc__", None)
     if not doc or not doc.strip():
         return None
-    if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and \
-            doc.startswith(f"{obj.__name__}("):
+    if (
+        inspect.isclass(obj)
+        and dataclasses.is_dataclass(obj)
+        and doc.startswith(f"{obj.__name__}(")
+    ):
         return None
     return inspect.cleandoc(doc)
 
@@ -103,7 +106,9 @@ def signature(obj, *, method: bool = False) -> str:
     if method and params and params[0].name in ("self", "cls"):
         params = params[1:]
     if inspect.isclass(obj) and [p.kind for p in params] == [
-            inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
+        inspect.Parameter.VAR_POSITIONAL,
+        inspect.Parameter.VAR_KEYWORD,
+    ]:
         return ""
     for i, p in enumerate(params):
         if p.kind is p.KEYWORD_ONLY and not star_done:
@@ -115,11 +120,15 @@ def signature(obj, *, method: bool = False) -> str:
         if p.annotation is not p.empty:
             text += f": {_annotation(p.annotation)}"
         if p.default is not p.empty:
-            text += f" = {_default(p.default)}" if p.annotation is not p.empty \
+            text += (
+                f" = {_default(p.default)}"
+                if p.annotation is not p.empty
                 else f"={_default(p.default)}"
+            )
         parts.append(text)
-        if p.kind is p.POSITIONAL_ONLY and (i + 1 == len(params)
-                                            or params[i + 1].kind is not p.POSITIONAL_ONLY):
+        if p.kind is p.POSITIONAL_ONLY and (
+            i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY
+        ):
             parts.append("/")
     text = f"({', '.join(parts)})"
     if sig.return_annotation is not sig.empty and not inspect.isclass(obj):
@@ -137,7 +146,7 @@ def constant_value(value) -> str:
         except ValueError:
             return f"Path({value.name!r})"
     text = _default(value)
-    return text if len(text) <= MAX_VALUE else text[:MAX_VALUE - 1] + "…"
+    return text if len(text) <= MAX_VALUE else text[: MAX_VALUE - 1] + "…"
 
 
 def constant_comment(name: str, module: ModuleType, modules: list[ModuleType]) -> str | None:
@@ -188,8 +197,9 @@ def render() -> str:
     modules = public_modules()
     seen: dict = {}  # a documented object (constants: with its name) -> where it is documented
     out = [HEADER]
-    out.append("Modules: " + ", ".join(f"[`{m.__name__}`](#{anchor(m.__name__)})"
-                                        for m in modules) + ".\n")
+    out.append(
+        "Modules: " + ", ".join(f"[`{m.__name__}`](#{anchor(m.__name__)})" for m in modules) + ".\n"
+    )
     for module in modules:
         out.append(f"## `{module.__name__}`\n")
         doc = own_doc(module)
@@ -200,8 +210,9 @@ def render() -> str:
             qualified = f"{module.__name__}.{name}"
             key = (name, id(obj)) if is_constant(obj) else id(obj)
             if key in seen:
-                out.append(f"- `{name}`: see [`{seen[key]}`]"
-                           f"(#{anchor(seen[key].rsplit('.', 1)[0])})")
+                out.append(
+                    f"- `{name}`: see [`{seen[key]}`](#{anchor(seen[key].rsplit('.', 1)[0])})"
+                )
                 continue
             seen[key] = qualified
             if is_constant(obj):
@@ -233,8 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = OUT.read_text(encoding="utf-8") if OUT.exists() else ""
         if current != text:
-            print(f"{OUT.relative_to(ROOT)} is out of date: run "
-                  "python experiments/write_api_reference.py", file=sys.stderr)
+            print(
+                f"{OUT.relative_to(ROOT)} is out of date: run "
+                "python experiments/write_api_reference.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     OUT.write_text(text, encoding="utf-8")

@@ -67,23 +67,6 @@ __all__ = [
 ]
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def logit_attribution(
     model,
     prompt: Prompt,
@@ -135,10 +118,6 @@ def logit_attribution(
     return _attribute(model, folded, tokens, target, position, parts, reference, neurons)
 
 
-
-
-
-
 def top_contributors(frame: pd.DataFrame, n: int = 10) -> pd.DataFrame:
     """The ``n`` rows with the largest absolute contribution, ``total`` excluded."""
     rows = frame[frame["component"] != "total"]
@@ -181,11 +160,15 @@ def logit_lens(
     position = _position(pos, tokens.shape[1])
     n_layers = int(model.cfg.n_layers)
     run = run_cached(model, tokens, resid=("post",), hooks=["blocks.0.hook_resid_pre"])
-    states = torch.cat([run["blocks.0.hook_resid_pre"][:, position],
-                        run.resid("post")[:, 0, position]])  # [layer+1 d_model]
+    states = torch.cat(
+        [run["blocks.0.hook_resid_pre"][:, position], run.resid("post")[:, 0, position]]
+    )  # [layer+1 d_model]
     # offloaded final norm and unembedding: load their weights while they are read
-    with torch.inference_mode(), materialized(model, model.ln_final), \
-            materialized(model, model.unembed):
+    with (
+        torch.inference_mode(),
+        materialized(model, model.ln_final),
+        materialized(model, model.unembed),
+    ):
         normed = model.ln_final(states[None])[0]
         logits = normed.double() @ model.W_U.detach().double()
         b_U = param(model, "b_U")
@@ -197,13 +180,19 @@ def logit_lens(
     error = float((logits[-1] - real).abs().max())
     bound = IDENTITY_ATOL + IDENTITY_RTOL * float(real.abs().max())
     if not error <= bound:
-        raise AttributionError(f"the logit lens's last row differs from the model's logits by "
-                               f"{error:.3g} (> {bound:.3g}): this model's output is not "
-                               "final norm then unembedding, so the lens would mislead")
+        raise AttributionError(
+            f"the logit lens's last row differs from the model's logits by "
+            f"{error:.3g} (> {bound:.3g}): this model's output is not "
+            "final norm then unembedding, so the lens would mislead"
+        )
     log_probs = logits.log_softmax(-1)
     probs = log_probs.exp()
-    frame = pd.DataFrame({"layer": range(n_layers + 1),
-                          "label": ["embed"] + [f"L{layer}" for layer in range(n_layers)]})
+    frame = pd.DataFrame(
+        {
+            "layer": range(n_layers + 1),
+            "label": ["embed"] + [f"L{layer}" for layer in range(n_layers)],
+        }
+    )
     if answer_id is not None:
         frame["answer_logit"] = logits[:, answer_id].tolist()
         frame["answer_prob"] = probs[:, answer_id].tolist()
@@ -218,14 +207,21 @@ def logit_lens(
         frame[f"top{i + 1}_token"] = [_decode(model, t) for t in ids]
         frame[f"top{i + 1}_id"] = ids
         frame[f"top{i + 1}_prob"] = top.values[:, i].tolist()
-    frame.attrs.update(pos=position, identity_error=error, soft_cap=cap,
-                       answer=None if answer_id is None else _decode(model, answer_id),
-                       wrong=None if wrong_id is None else _decode(model, wrong_id))
+    frame.attrs.update(
+        pos=position,
+        identity_error=error,
+        soft_cap=cap,
+        answer=None if answer_id is None else _decode(model, answer_id),
+        wrong=None if wrong_id is None else _decode(model, wrong_id),
+    )
     return frame
 
 
 def heads_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The ``head`` rows as ``layer, head, contribution`` (for a head heatmap)."""
     heads = frame[frame["component"] == "head"]
-    return heads[["layer", "head", "contribution"]].astype(
-        {"layer": int, "head": int}).reset_index(drop=True)
+    return (
+        heads[["layer", "head", "contribution"]]
+        .astype({"layer": int, "head": int})
+        .reset_index(drop=True)
+    )

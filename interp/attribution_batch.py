@@ -31,25 +31,30 @@ def _per_prompt(value, n: int, what: str) -> list:
         return [value] * n
     values = list(value)
     if len(values) != n:
-        raise ValueError(f"pass one {what} for all prompts or one per prompt: got {len(values)} "
-                         f"{what}s for {n} prompts")
+        raise ValueError(
+            f"pass one {what} for all prompts or one per prompt: got {len(values)} "
+            f"{what}s for {n} prompts"
+        )
     return values
 
 
 def _prompt_list(model, prompts) -> list[torch.Tensor]:
     if isinstance(prompts, torch.Tensor):
         tokens = to_tokens(model, prompts)
-        return [tokens[i:i + 1] for i in range(tokens.shape[0])]
+        return [tokens[i : i + 1] for i in range(tokens.shape[0])]
     if isinstance(prompts, str):
-        raise ValueError("pass a list of prompts (one string is one prompt: use "
-                         "interp.logit_attribution, or wrap it in a list)")
+        raise ValueError(
+            "pass a list of prompts (one string is one prompt: use "
+            "interp.logit_attribution, or wrap it in a list)"
+        )
     return [_single_prompt(model, prompt) for prompt in prompts]
 
 
 def _bytes_per_row(model, folded, n_pos: int, neurons: bool) -> int:
     """What one row of a pass keeps: the folded run's cache, and the unfolded run's logits."""
-    kept = estimate_cache_bytes(folded, (1, n_pos), head_outputs=True,
-                                hooks=parts_hooks(folded, neurons=neurons))
+    kept = estimate_cache_bytes(
+        folded, (1, n_pos), head_outputs=True, hooks=parts_hooks(folded, neurons=neurons)
+    )
     if folded is not model:
         kept += estimate_cache_bytes(model, (1, n_pos), hooks=final_hooks(model))
     return kept
@@ -87,9 +92,12 @@ def logit_attribution_batch(
     if not tokens:
         raise ValueError("pass at least one prompt")
     n = len(tokens)
-    targets = [_target(model, a, w) for a, w in zip(_per_prompt(answers, n, "answer"),
-                                                     _per_prompt(wrong, n, "wrong token"),
-                                                     strict=True)]
+    targets = [
+        _target(model, a, w)
+        for a, w in zip(
+            _per_prompt(answers, n, "answer"), _per_prompt(wrong, n, "wrong token"), strict=True
+        )
+    ]
     folded = model if is_folded(model) else fold_layernorm(model)
     by_length: dict[int, list[int]] = {}
     for i, row in enumerate(tokens):
@@ -98,20 +106,27 @@ def logit_attribution_batch(
     for n_pos, members in by_length.items():
         position = _position(pos, n_pos)
         kept = 0 if max_bytes is None else _bytes_per_row(model, folded, n_pos, neurons)
-        for rows in row_chunks(folded, len(members), n_pos, max_bytes, kept_per_row=kept,
-                               what="logit attribution"):
+        for rows in row_chunks(
+            folded, len(members), n_pos, max_bytes, kept_per_row=kept, what="logit attribution"
+        ):
             chunk = members[rows]
             batch = torch.cat([tokens[i] for i in chunk]).to(folded.cfg.device)
-            run = run_cached(folded, batch, head_outputs=True,
-                             hooks=parts_hooks(folded, neurons=neurons))
-            reference = None if folded is model else run_cached(model, batch,
-                                                                hooks=final_hooks(model))
+            run = run_cached(
+                folded, batch, head_outputs=True, hooks=parts_hooks(folded, neurons=neurons)
+            )
+            reference = (
+                None if folded is model else run_cached(model, batch, hooks=final_hooks(model))
+            )
             for row, i in enumerate(chunk):
                 parts = residual_parts(folded, None, position, neurons=neurons, run=run, row=row)
-                logits = None if reference is None else final_logits(
-                    model, None, position, run=reference, row=row)[0]
-                frames[i] = _attribute(model, folded, tokens[i], targets[i], position, parts,
-                                       logits, neurons)
+                logits = (
+                    None
+                    if reference is None
+                    else final_logits(model, None, position, run=reference, row=row)[0]
+                )
+                frames[i] = _attribute(
+                    model, folded, tokens[i], targets[i], position, parts, logits, neurons
+                )
             del run, reference
     frame = pd.concat([frames[i].assign(prompt=i) for i in range(n)], ignore_index=True)
     frame = frame[["prompt", *frames[0].columns]]

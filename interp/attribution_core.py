@@ -23,8 +23,18 @@ from interp.residual import AttributionError, ResidualParts
 __all__ = ["COMPONENTS", "TokenError", "resolve_token", "IDENTITY_ATOL", "IDENTITY_RTOL"]
 
 # row kinds, in the order they appear; "total" is the sum of all others
-COMPONENTS = ("embed", "pos_embed", "head", "attn_bias", "mlp", "neuron", "mlp_bias",
-              "unembed_bias", "mean_logit", "total")
+COMPONENTS = (
+    "embed",
+    "pos_embed",
+    "head",
+    "attn_bias",
+    "mlp",
+    "neuron",
+    "mlp_bias",
+    "unembed_bias",
+    "mean_logit",
+    "total",
+)
 # The rows must add up to the logit the model computes. float32 activations summed in float64
 # agree with a float32 forward pass to ~1e-6 on logits of order 1; rounding grows with the
 # logits' size, hence the relative part. A real mistake (an unfolded LayerNorm) is ~0.1.
@@ -57,8 +67,9 @@ def resolve_token(model, token: str | int, *, role: str = "answer") -> int:
     ids = model.to_tokens(token, prepend_bos=False, truncate=False)[0].tolist()
     if len(ids) != 1:
         pieces = [_decode(model, i) for i in ids]
-        raise TokenError(f"{token!r} tokenises to {len(ids)} tokens {pieces}; pass a "
-                         f"single-token {role}")
+        raise TokenError(
+            f"{token!r} tokenises to {len(ids)} tokens {pieces}; pass a single-token {role}"
+        )
     return int(ids[0])
 
 
@@ -93,9 +104,11 @@ def _check_identity(total: float, reference: float, logits: Tensor, against: str
     error = abs(total - reference)
     bound = IDENTITY_ATOL + IDENTITY_RTOL * float(logits.abs().max())
     if not error <= bound:
-        raise AttributionError(f"the attributions add up to {total:.6g} but {against} is "
-                               f"{reference:.6g} (error {error:.3g} > {bound:.3g}); refusing to "
-                               "return numbers that do not add up")
+        raise AttributionError(
+            f"the attributions add up to {total:.6g} but {against} is "
+            f"{reference:.6g} (error {error:.3g} > {bound:.3g}); refusing to "
+            "return numbers that do not add up"
+        )
     return error
 
 
@@ -103,22 +116,36 @@ def _note(model) -> str | None:
     cap = soft_cap(model)
     if cap is None:
         return None
-    return (f"this model soft-caps its logits (cap * tanh(logit / cap), cap = {cap:g}), which is "
-            "not linear: the rows decompose the logit before the cap; the model's output is "
-            "attrs['output']")
+    return (
+        f"this model soft-caps its logits (cap * tanh(logit / cap), cap = {cap:g}), which is "
+        "not linear: the rows decompose the logit before the cap; the model's output is "
+        "attrs['output']"
+    )
 
 
 def _target(model, answer: str | int, wrong: str | int | None) -> _Target:
-    target = _Target(resolve_token(model, answer),
-                     None if wrong is None else resolve_token(model, wrong, role="wrong answer"))
+    target = _Target(
+        resolve_token(model, answer),
+        None if wrong is None else resolve_token(model, wrong, role="wrong answer"),
+    )
     if target.wrong == target.answer:
-        raise TokenError("the answer and the wrong token are the same token; their logit "
-                         "difference is 0 by definition")
+        raise TokenError(
+            "the answer and the wrong token are the same token; their logit "
+            "difference is 0 by definition"
+        )
     return target
 
 
-def _attribute(model, folded, tokens: Tensor, target: _Target, position: int,
-               parts: ResidualParts, logits: Tensor | None, neurons: bool) -> pd.DataFrame:
+def _attribute(
+    model,
+    folded,
+    tokens: Tensor,
+    target: _Target,
+    position: int,
+    parts: ResidualParts,
+    logits: Tensor | None,
+    neurons: bool,
+) -> pd.DataFrame:
     """The attribution frame of one prompt from its residual parts (of the folded model) and
     the unfolded model's pre-cap ``logits`` at ``position`` (None when ``model`` is folded)."""
     info = fold_info(folded)
@@ -136,8 +163,9 @@ def _attribute(model, folded, tokens: Tensor, target: _Target, position: int,
     labels = parts.labels + [("unembed_bias", None, None, None)]
     values = contributions.tolist() + [bias]
     folded_total = sum(values)
-    _check_identity(folded_total, target.read(parts.logits), parts.logits,
-                    "the folded model's logit")
+    _check_identity(
+        folded_total, target.read(parts.logits), parts.logits, "the folded model's logit"
+    )
     if target.wrong is None and info.center_unembed:
         labels.append(("mean_logit", None, None, None))
         values.append(float(info.mean_logit(normalise(final, parts.x, parts.scale))))
@@ -157,15 +185,25 @@ def _attribute(model, folded, tokens: Tensor, target: _Target, position: int,
     values.append(total)
 
     columns = ["component", "layer", "head"] + (["neuron"] if neurons else [])
-    frame = pd.DataFrame([label[:3] + ((label[3],) if neurons else ()) for label in labels],
-                         columns=columns)
+    frame = pd.DataFrame(
+        [label[:3] + ((label[3],) if neurons else ()) for label in labels], columns=columns
+    )
     for column in columns[1:]:
         frame[column] = frame[column].astype("Int64")
     frame["contribution"] = pd.Series(values, dtype="float64")
-    frame.attrs.update(answer=_decode(model, target.answer), answer_id=target.answer,
-                       wrong=None if target.wrong is None else _decode(model, target.wrong),
-                       wrong_id=target.wrong, pos=position, n_tokens=int(tokens.shape[1]),
-                       reference=reference, reference_is=against, identity_error=error,
-                       normalization="RMSNorm" if is_rms(final) else "LayerNorm",
-                       soft_cap=cap, output=output, note=_note(model))
+    frame.attrs.update(
+        answer=_decode(model, target.answer),
+        answer_id=target.answer,
+        wrong=None if target.wrong is None else _decode(model, target.wrong),
+        wrong_id=target.wrong,
+        pos=position,
+        n_tokens=int(tokens.shape[1]),
+        reference=reference,
+        reference_is=against,
+        identity_error=error,
+        normalization="RMSNorm" if is_rms(final) else "LayerNorm",
+        soft_cap=cap,
+        output=output,
+        note=_note(model),
+    )
     return frame

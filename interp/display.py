@@ -24,8 +24,19 @@ from interp.formatting import (
     tensor_text,
 )
 
-__all__ = ["esc", "tensor_text", "nbytes", "megabytes", "table_html", "summary_html",
-           "page_iframe", "head_names", "grouped_names", "number", "MAX_ROWS"]
+__all__ = [
+    "esc",
+    "tensor_text",
+    "nbytes",
+    "megabytes",
+    "table_html",
+    "summary_html",
+    "page_iframe",
+    "head_names",
+    "grouped_names",
+    "number",
+    "MAX_ROWS",
+]
 
 
 def page_iframe(page: str, *, title: str, height: int) -> str:
@@ -37,6 +48,8 @@ def page_iframe(page: str, *, title: str, height: int) -> str:
     # non-ASCII as character references: the frame gets the page's exact text (and its
     # script hashes still match) whatever encoding the notebook page around it is read in
     srcdoc = esc(page).encode("ascii", "xmlcharrefreplace").decode("ascii")
-    return (f'<iframe srcdoc="{srcdoc}" sandbox="allow-scripts" title="{esc(title)}" '
-            f'style="width:100%;height:{int(height)}px;border:1px solid #d0d7de;'
-            f'resize:vertical"></iframe>')
+    return (
+        f'<iframe srcdoc="{srcdoc}" sandbox="allow-scripts" title="{esc(title)}" '
+        f'style="width:100%;height:{int(height)}px;border:1px solid #d0d7de;'
+        f'resize:vertical"></iframe>'
+    )

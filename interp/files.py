@@ -25,8 +25,9 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """
     path = Path(path)
     if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory; pass a file name such as "
-                                f"{path / 'report.html'}")
+        raise IsADirectoryError(
+            f"{path} is a directory; pass a file name such as {path / 'report.html'}"
+        )
     data = text.encode("utf-8")  # encode first: an unencodable string writes nothing
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -25,12 +25,25 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pandas as pd
 
-__all__ = ["esc", "tensor_text", "nbytes", "megabytes", "table_html", "summary_html",
-           "head_names", "grouped_names", "number", "format_cell", "MAX_ROWS"]
+__all__ = [
+    "esc",
+    "tensor_text",
+    "nbytes",
+    "megabytes",
+    "table_html",
+    "summary_html",
+    "head_names",
+    "grouped_names",
+    "number",
+    "format_cell",
+    "MAX_ROWS",
+]
 
 MAX_ROWS = 10  # table rows a summary shows; the whole table is one attribute away
-_BOX = ("font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;"
-        "line-height:1.4;max-width:60em")
+_BOX = (
+    "font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;"
+    "line-height:1.4;max-width:60em"
+)
 _TABLE = "border-collapse:collapse;font-size:12px;margin:4px 0"
 _CELL = "border:1px solid #d0d7de;padding:2px 6px;text-align:{align}"
 _HEAD_CELL = _CELL + ";background:#f6f8fa"
@@ -66,8 +79,10 @@ def tensor_text(tensor) -> str:
 
 def head_names(table: pd.DataFrame) -> list[str]:
     """``L1H0``-style names of a table's ``layer, head`` rows, in its order."""
-    return [f"L{int(layer)}H{int(head)}" for layer, head in zip(table["layer"], table["head"],
-                                                               strict=True)]
+    return [
+        f"L{int(layer)}H{int(head)}"
+        for layer, head in zip(table["layer"], table["head"], strict=True)
+    ]
 
 
 _LAYER = re.compile(r"(?<=blocks\.)\d+(?=\.)")
@@ -101,13 +116,15 @@ def format_cell(value: object) -> tuple[str, bool]:
     return str(value), True
 
 
-def table_html(df: pd.DataFrame, *, max_rows: int = MAX_ROWS,
-               columns: Sequence[str] | None = None) -> str:
+def table_html(
+    df: pd.DataFrame, *, max_rows: int = MAX_ROWS, columns: Sequence[str] | None = None
+) -> str:
     """The first ``max_rows`` rows of ``df`` (optionally only ``columns``) as an escaped HTML
     table, with a line saying how many rows there are in all."""
     shown = df if columns is None else df[[c for c in columns if c in df.columns]]
-    head = "".join(f'<th style="{_HEAD_CELL.format(align="left")}">{esc(c)}</th>'
-                   for c in shown.columns)
+    head = "".join(
+        f'<th style="{_HEAD_CELL.format(align="left")}">{esc(c)}</th>' for c in shown.columns
+    )
     rows = []
     for row in shown.head(max_rows).itertuples(index=False, name=None):
         cells = []
@@ -116,15 +133,25 @@ def table_html(df: pd.DataFrame, *, max_rows: int = MAX_ROWS,
             style = _CELL.format(align="left" if is_text else "right")
             cells.append(f'<td style="{style}">{esc(text)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    note = (f"first {min(max_rows, len(df))} of {len(df)} rows" if len(df) > max_rows
-            else f"{len(df)} rows")
-    return (f'<div style="max-width:100%;overflow-x:auto"><table style="{_TABLE}"><thead>'
-            f"<tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-            f'<div style="color:#57606a;font-size:12px">{esc(note)}</div>')
+    note = (
+        f"first {min(max_rows, len(df))} of {len(df)} rows"
+        if len(df) > max_rows
+        else f"{len(df)} rows"
+    )
+    return (
+        f'<div style="max-width:100%;overflow-x:auto"><table style="{_TABLE}"><thead>'
+        f"<tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        f'<div style="color:#57606a;font-size:12px">{esc(note)}</div>'
+    )
 
 
-def summary_html(title: str, items: Mapping[str, object] | Sequence[tuple[str, object]], *,
-                 table: str = "", table_title: str = "") -> str:
+def summary_html(
+    title: str,
+    items: Mapping[str, object] | Sequence[tuple[str, object]],
+    *,
+    table: str = "",
+    table_title: str = "",
+) -> str:
     """A titled box: ``items`` as a two-column list of (name, text), then an optional table
     (markup from :func:`table_html`) under ``table_title``. Names and texts are escaped."""
     pairs = items.items() if isinstance(items, Mapping) else items
@@ -132,10 +159,13 @@ def summary_html(title: str, items: Mapping[str, object] | Sequence[tuple[str, o
         f'<tr><th style="text-align:left;padding:1px 12px 1px 0;vertical-align:top;'
         f'font-weight:600">{esc(name)}</th><td style="padding:1px 0;text-align:left">'
         f"{esc(text)}</td></tr>"
-        for name, text in pairs)
-    parts = [f'<div style="{_BOX}"><div style="font-weight:700;font-size:14px;'
-             f'margin-bottom:4px">{esc(title)}</div>',
-             f'<table style="border-collapse:collapse">{lines}</table>']
+        for name, text in pairs
+    )
+    parts = [
+        f'<div style="{_BOX}"><div style="font-weight:700;font-size:14px;'
+        f'margin-bottom:4px">{esc(title)}</div>',
+        f'<table style="border-collapse:collapse">{lines}</table>',
+    ]
     if table:
         if table_title:
             parts.append(f'<div style="font-weight:600;margin-top:6px">{esc(table_title)}</div>')

@@ -45,14 +45,22 @@ from interp.page_assets import (
 )
 from interp.page_assets import csp_hash as _csp_hash
 
-__all__ = ["Report", "write_text_atomic", "script_json", "ATTENTION_DECIMALS",
-           "PLOTLY_PARTIAL_VERSION", "partial_trace_types"]
+__all__ = [
+    "Report",
+    "write_text_atomic",
+    "script_json",
+    "ATTENTION_DECIMALS",
+    "PLOTLY_PARTIAL_VERSION",
+    "partial_trace_types",
+]
 
 # no network, no plugins, no frames; scripts only by hash (filled in per page).
 # 'unsafe-inline' styles: plotly inserts <style> elements and React sets style attributes.
-_CSP = ("default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; "
-        "img-src data: blob:; font-src data:; connect-src 'none'; worker-src 'none'; "
-        "frame-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'")
+_CSP = (
+    "default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; "
+    "img-src data: blob:; font-src data:; connect-src 'none'; worker-src 'none'; "
+    "frame-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'"
+)
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0;
@@ -108,8 +116,13 @@ _BOOTSTRAP = """
 })();
 """.strip()
 
-_PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showLink": False,
-                  "showSendToCloud": False, "showEditInChartStudio": False}
+_PLOTLY_CONFIG = {
+    "displaylogo": False,
+    "responsive": True,
+    "showLink": False,
+    "showSendToCloud": False,
+    "showEditInChartStudio": False,
+}
 
 
 def _esc(text: object) -> str:
@@ -152,17 +165,31 @@ class Report:
         self._ids += 1
         return f"interp-{kind}-{self._ids}"
 
-    def _add_view(self, kind: str, payload: dict, caption: str, *, needs: str,
-                  traces: frozenset[str] = frozenset(), height: int = 450) -> None:
+    def _add_view(
+        self,
+        kind: str,
+        payload: dict,
+        caption: str,
+        *,
+        needs: str,
+        traces: frozenset[str] = frozenset(),
+        height: int = 450,
+    ) -> None:
         """An empty ``div`` and its JSON data block; the bootstrap script draws one into the
         other, so the data is never executed as script."""
         target = self._next_id(kind)
-        self._blocks.append(_Block(
-            f'<figure><div id="{target}" class="interp-{kind}"></div>'
-            f'<script type="application/json" data-interp-kind="{kind}" '
-            f'data-interp-target="{target}">{script_json(payload)}</script>'
-            f"{_caption(caption)}</figure>",
-            frozenset({needs}), traces, kind, height + _CAPTION_HEIGHT * bool(caption) + 30))
+        self._blocks.append(
+            _Block(
+                f'<figure><div id="{target}" class="interp-{kind}"></div>'
+                f'<script type="application/json" data-interp-kind="{kind}" '
+                f'data-interp-target="{target}">{script_json(payload)}</script>'
+                f"{_caption(caption)}</figure>",
+                frozenset({needs}),
+                traces,
+                kind,
+                height + _CAPTION_HEIGHT * bool(caption) + 30,
+            )
+        )
 
     def add_heading(self, text: str) -> None:
         self._blocks.append(_Block(f"<h2>{_esc(text)}</h2>", kind="heading", height=50))
@@ -179,12 +206,16 @@ class Report:
         import plotly.io as pio
 
         if not isinstance(fig, go.Figure):
-            raise TypeError(f"add_figure takes a plotly.graph_objects.Figure, got "
-                            f"{type(fig).__name__}")
+            raise TypeError(
+                f"add_figure takes a plotly.graph_objects.Figure, got {type(fig).__name__}"
+            )
         # plotly's encoder turns numpy arrays, NaN (-> null) and dates into JSON
         figure = json.loads(pio.to_json(fig, validate=False, engine="json"))
-        spec = {"data": figure.get("data", []), "layout": figure.get("layout", {}),
-                "config": _PLOTLY_CONFIG}
+        spec = {
+            "data": figure.get("data", []),
+            "layout": figure.get("layout", {}),
+            "config": _PLOTLY_CONFIG,
+        }
         traces = frozenset(str(t.get("type", "scatter")) for t in spec["data"])
         height = spec["layout"].get("height") or 450  # plotly's default height
         self._add_view("figure", spec, caption, needs="plotly", traces=traces, height=height)
@@ -213,14 +244,19 @@ class Report:
             rows.append("<tr>" + "".join(cells) + "</tr>")
         note = ""
         if len(df) > len(shown):
-            note = (f'<p class="interp-note">showing the first {len(shown)} of {len(df)} '
-                    "rows</p>")
-        self._blocks.append(_Block(
-            f'<figure><div class="interp-table" tabindex="0"><table><thead><tr>{head}</tr>'
-            f"</thead><tbody>{''.join(rows)}</tbody></table></div>{note}{_caption(caption)}"
-            "</figure>", kind="table",
-            height=min(26 * (len(shown) + 1), TABLE_BOX_HEIGHT) + 40 + 25 * bool(note)
-            + _CAPTION_HEIGHT * bool(caption)))
+            note = f'<p class="interp-note">showing the first {len(shown)} of {len(df)} rows</p>'
+        self._blocks.append(
+            _Block(
+                f'<figure><div class="interp-table" tabindex="0"><table><thead><tr>{head}</tr>'
+                f"</thead><tbody>{''.join(rows)}</tbody></table></div>{note}{_caption(caption)}"
+                "</figure>",
+                kind="table",
+                height=min(26 * (len(shown) + 1), TABLE_BOX_HEIGHT)
+                + 40
+                + 25 * bool(note)
+                + _CAPTION_HEIGHT * bool(caption),
+            )
+        )
 
     def add_attention(
         self,
@@ -232,13 +268,17 @@ class Report:
         """An interactive CircuitsVis view of one layer's (or any heads') attention patterns."""
         pattern = torch.as_tensor(pattern).detach()
         if pattern.ndim != 3:
-            raise ValueError(f"pattern must be [head, q_pos, k_pos], got shape "
-                             f"{tuple(pattern.shape)}; pick one batch element and layer")
+            raise ValueError(
+                f"pattern must be [head, q_pos, k_pos], got shape "
+                f"{tuple(pattern.shape)}; pick one batch element and layer"
+            )
         n_heads, n_q, n_k = pattern.shape
         tokens = [str(t) for t in tokens]
         if not (n_q == n_k == len(tokens)):
-            raise ValueError(f"pattern is [head={n_heads}, q_pos={n_q}, k_pos={n_k}] but there "
-                             f"are {len(tokens)} tokens; they must agree")
+            raise ValueError(
+                f"pattern is [head={n_heads}, q_pos={n_q}, k_pos={n_k}] but there "
+                f"are {len(tokens)} tokens; they must agree"
+            )
         if head_names is None:
             head_names = [f"H{h}" for h in range(n_heads)]
         head_names = [str(h) for h in head_names]
@@ -246,8 +286,9 @@ class Report:
             raise ValueError(f"{len(head_names)} head names for {n_heads} heads")
         values = pattern.to(torch.float64).cpu()
         if not torch.isfinite(values).all():
-            raise ValueError("the pattern holds NaN or infinite values; attention weights "
-                             "must be finite")
+            raise ValueError(
+                "the pattern holds NaN or infinite values; attention weights must be finite"
+            )
         props = {
             "attention": values.round(decimals=ATTENTION_DECIMALS).tolist(),
             "tokens": tokens,
@@ -255,8 +296,9 @@ class Report:
             # grey out the causal mask, unless weights there are non-zero (then show them)
             "maskUpperTri": bool((values.triu(1) == 0).all()),
         }
-        self._add_view("attention", props, caption, needs="circuitsvis",
-                       height=ATTENTION_HEIGHT + 7 * n_q)
+        self._add_view(
+            "attention", props, caption, needs="circuitsvis", height=ATTENTION_HEIGHT + 7 * n_q
+        )
 
     def to_html(self) -> str:
         """The whole page: markup, data blocks, and the scripts it needs, each once."""
@@ -271,7 +313,7 @@ class Report:
             scripts.append(_BOOTSTRAP)
         csp = _CSP.format(hashes=" ".join(_csp_hash(s) for s in scripts) or "'none'")
         parts = [
-            "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
+            '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
             f'<meta http-equiv="Content-Security-Policy" content="{_esc(csp)}">\n',
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
             '<meta name="generator" content="interp">\n',
@@ -299,8 +341,7 @@ class Report:
         (escaped), so the page keeps its CSP and runs its scripts, each bundle once, in a
         sandboxed frame of its own (:func:`interp.display.page_iframe`)."""
         height = 120 + sum(block.height for block in self._blocks)
-        return page_iframe(self.to_html(), title=self.title,
-                           height=min(MAX_FRAME_HEIGHT, height))
+        return page_iframe(self.to_html(), title=self.title, height=min(MAX_FRAME_HEIGHT, height))
 
     def write(self, path: str | os.PathLike) -> Path:
         """Render and write the page atomically; returns the path written."""

@@ -71,9 +71,11 @@ class FoldInfo:
     kept: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
-        return (f"FoldInfo(center_unembed={self.center_unembed}, unembed_mean "
-                f"{self.unembed_mean.dtype} {list(self.unembed_mean.shape)}, "
-                f"unembed_bias_mean={self.unembed_bias_mean:.4g}, kept={self.kept})")
+        return (
+            f"FoldInfo(center_unembed={self.center_unembed}, unembed_mean "
+            f"{self.unembed_mean.dtype} {list(self.unembed_mean.shape)}, "
+            f"unembed_bias_mean={self.unembed_bias_mean:.4g}, kept={self.kept})"
+        )
 
     def mean_logit(self, x_hat: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch"]:
         """The per-position constant that centring removed from every logit."""
@@ -89,8 +91,10 @@ def fold_info(model) -> FoldInfo:
     """The :class:`FoldInfo` of a folded model; raises for any other model."""
     info = getattr(model, FOLD_ATTR, None)
     if info is None:
-        raise FoldError("this model was not folded by interp.fold_layernorm; fold it first: "
-                        "folded = fold_layernorm(model)")
+        raise FoldError(
+            "this model was not folded by interp.fold_layernorm; fold it first: "
+            "folded = fold_layernorm(model)"
+        )
     return info
 
 
@@ -103,39 +107,54 @@ def check_foldable(model) -> None:
     whose adapter declares folding unsupported (post-LN models such as BERT).
     """
     if not hasattr(model, "enable_compatibility_mode") or not hasattr(model, "adapter"):
-        raise FoldError(f"fold_layernorm needs a TransformerLens TransformerBridge (from "
-                        f"interp.load_model), got {type(model).__name__}")
+        raise FoldError(
+            f"fold_layernorm needs a TransformerLens TransformerBridge (from "
+            f"interp.load_model), got {type(model).__name__}"
+        )
     device_map = getattr(getattr(model, "original_model", None), "hf_device_map", None) or {}
     if any(str(v).lower() in ("cpu", "disk") for v in device_map.values()):
-        raise FoldError("this model was loaded with a CPU/disk device_map, and TransformerLens "
-                        "4.3 cannot fold offloaded weights; load it with device= instead of "
-                        "device_map= to fold it (attribution needs the fold)")
+        raise FoldError(
+            "this model was loaded with a CPU/disk device_map, and TransformerLens "
+            "4.3 cannot fold offloaded weights; load it with device= instead of "
+            "device_map= to fold it (attribution needs the fold)"
+        )
     if is_folded(model):
-        raise FoldError("this model is already folded (it came from fold_layernorm); use it as "
-                        "it is")
+        raise FoldError(
+            "this model is already folded (it came from fold_layernorm); use it as it is"
+        )
     if getattr(model, "_weights_processed", False):
-        raise FoldError("this model's weights were already processed by TransformerLens "
-                        "(enable_compatibility_mode() or process_weights()), so its original "
-                        "norm weights are gone and a fold cannot be checked against them; "
-                        "load the model again and pass the unprocessed one")
+        raise FoldError(
+            "this model's weights were already processed by TransformerLens "
+            "(enable_compatibility_mode() or process_weights()), so its original "
+            "norm weights are gone and a fold cannot be checked against them; "
+            "load the model again and pass the unprocessed one"
+        )
     norm = getattr(model.cfg, "normalization_type", None)
     if norm is None:
         raise FoldError("this model has no LayerNorm or RMSNorm, so there is nothing to fold")
     if norm in ("LNPre", "RMSPre"):
         kind = "LayerNorm" if norm == "LNPre" else "RMSNorm"
-        raise FoldError(f"this model's {kind}s have no weights (normalization_type {norm!r}): "
-                        "it is already folded")
+        raise FoldError(
+            f"this model's {kind}s have no weights (normalization_type {norm!r}): "
+            "it is already folded"
+        )
     if norm not in ("LN", "RMS"):
-        raise FoldError(f"unsupported normalization_type {norm!r}; only LayerNorm ('LN') and "
-                        "RMSNorm ('RMS') models can be folded")
+        raise FoldError(
+            f"unsupported normalization_type {norm!r}; only LayerNorm ('LN') and "
+            "RMSNorm ('RMS') models can be folded"
+        )
     adapter = model.adapter
-    for flag, what in (("supports_compatibility_mode", "compatibility mode"),
-                       ("supports_fold_ln", "LayerNorm folding"),
-                       ("supports_center_writing_weights", "centring writing weights")):
+    for flag, what in (
+        ("supports_compatibility_mode", "compatibility mode"),
+        ("supports_fold_ln", "LayerNorm folding"),
+        ("supports_center_writing_weights", "centring writing weights"),
+    ):
         if not getattr(adapter, flag, True):
-            raise FoldError(f"TransformerLens's {type(adapter).__name__} does not support {what} "
-                            "(its LayerNorms sit where folding would change the output, e.g. "
-                            "post-LN); this model cannot be folded")
+            raise FoldError(
+                f"TransformerLens's {type(adapter).__name__} does not support {what} "
+                "(its LayerNorms sit where folding would change the output, e.g. "
+                "post-LN); this model cannot be folded"
+            )
     if not all(hasattr(model, name) for name in ("W_U", "ln_final")):
         raise FoldError("this model has no final norm and unembedding to fold into")
 
@@ -151,8 +170,10 @@ def _clone(model):
     try:
         return copy.deepcopy(model, memo)
     except Exception as exc:  # noqa: BLE001 - re-raised with the remedy
-        raise FoldError(f"could not copy the model to fold it ({type(exc).__name__}: {exc}); "
-                        "load a second copy with interp.load_model and fold that") from exc
+        raise FoldError(
+            f"could not copy the model to fold it ({type(exc).__name__}: {exc}); "
+            "load a second copy with interp.load_model and fold that"
+        ) from exc
 
 
 def _unembed_means(model) -> tuple[Float[Tensor, " d_model"], float]:
@@ -173,8 +194,11 @@ NORM_NAMES = ("ln1", "ln2", "ln1_post", "ln2_post")
 
 def _kept_norms(model) -> tuple[str, ...]:
     """Names of the norms whose effective weight or bias is not the identity."""
-    named = [(f"blocks.{layer}.{name}", getattr(block, name, None))
-             for layer, block in enumerate(model.blocks) for name in NORM_NAMES]
+    named = [
+        (f"blocks.{layer}.{name}", getattr(block, name, None))
+        for layer, block in enumerate(model.blocks)
+        for name in NORM_NAMES
+    ]
     kept = []
     for name, norm in named + [("ln_final", model.ln_final)]:
         if norm is None or getattr(norm, "weight", None) is None:
@@ -204,9 +228,11 @@ def _centre_unembedding(model, requested: bool | None) -> bool:
     norm = getattr(model.cfg, "normalization_type", None)
     cap = soft_cap(model)
     if requested and cap is not None:
-        raise FoldError(f"this model soft-caps its logits (cap * tanh(logit / cap), cap = {cap:g}),"
-                        " which is not translation invariant: centring the unembedding would "
-                        "change its output; pass center_unembed=False (the default here)")
+        raise FoldError(
+            f"this model soft-caps its logits (cap * tanh(logit / cap), cap = {cap:g}),"
+            " which is not translation invariant: centring the unembedding would "
+            "change its output; pass center_unembed=False (the default here)"
+        )
     if requested is None:  # centring is LayerNorm's habit; RMSNorm centres nothing
         return norm == "LN" and cap is None
     return bool(requested)
@@ -241,14 +267,22 @@ def fold_layernorm(model, *, center_unembed: bool | None = None, verify: bool = 
     center_unembed = _centre_unembedding(model, center_unembed)
     unembed_mean, unembed_bias_mean = _unembed_means(model)
     folded = _clone(model)
-    folded.enable_compatibility_mode(disable_warnings=True, fold_ln=True,
-                                     center_writing_weights=True, center_unembed=center_unembed,
-                                     fold_value_biases=True)
+    folded.enable_compatibility_mode(
+        disable_warnings=True,
+        fold_ln=True,
+        center_writing_weights=True,
+        center_unembed=center_unembed,
+        fold_value_biases=True,
+    )
     folded.eval()
     if not center_unembed:
         unembed_mean, unembed_bias_mean = torch.zeros_like(unembed_mean), 0.0
-    info = FoldInfo(center_unembed=center_unembed, unembed_mean=unembed_mean,
-                    unembed_bias_mean=unembed_bias_mean, kept=_kept_norms(folded))
+    info = FoldInfo(
+        center_unembed=center_unembed,
+        unembed_mean=unembed_mean,
+        unembed_bias_mean=unembed_bias_mean,
+        kept=_kept_norms(folded),
+    )
     object.__setattr__(folded, FOLD_ATTR, info)  # plain attribute, not a registered buffer
     if verify:
         dtype = next(model.parameters()).dtype
@@ -256,7 +290,9 @@ def fold_layernorm(model, *, center_unembed: bool | None = None, verify: bool = 
         error = _verify(model, folded)
         logger.info("fold_layernorm: max |log-prob difference| on the probe = %.3g", error)
         if not error <= atol:
-            raise FoldError(f"folding changed the model's log-probabilities by {error:.3g} (more "
-                            f"than {atol:g}) on a probe prompt; this architecture does not fold "
-                            "correctly in TransformerLens. Use the unfolded model.")
+            raise FoldError(
+                f"folding changed the model's log-probabilities by {error:.3g} (more "
+                f"than {atol:g}) on a probe prompt; this architecture does not fold "
+                "correctly in TransformerLens. Use the unfolded model."
+            )
     return folded

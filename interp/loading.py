@@ -52,36 +52,48 @@ def _missing_tokenizer(directory: Path) -> bool:
 def check_checkpoint_dir(directory: Path, *, allow_pickle: bool) -> None:
     """Refuse a directory that is not a complete, safely loadable checkpoint."""
     if not directory.is_dir():
-        raise ModelLoadError(f"{directory} is not a directory; pass a checkpoint directory "
-                             "written by save_pretrained, a hub name, or a bundled model "
-                             f"({', '.join(bundled_models()) or 'none installed'})")
+        raise ModelLoadError(
+            f"{directory} is not a directory; pass a checkpoint directory "
+            "written by save_pretrained, a hub name, or a bundled model "
+            f"({', '.join(bundled_models()) or 'none installed'})"
+        )
     if not (directory / "config.json").is_file():
-        raise ModelLoadError(f"{directory} is not a model checkpoint: it has no config.json. "
-                             "Write one with model.save_pretrained(directory).")
+        raise ModelLoadError(
+            f"{directory} is not a model checkpoint: it has no config.json. "
+            "Write one with model.save_pretrained(directory)."
+        )
     has_safe = any((directory / f).is_file() for f in SAFE_WEIGHTS)
     has_pickle = any((directory / f).is_file() for f in PICKLED_WEIGHTS)
     if not has_safe and not has_pickle:
-        raise ModelLoadError(f"{directory} has a config.json but no weights (expected "
-                             f"{' or '.join(SAFE_WEIGHTS)}). Write them with "
-                             "model.save_pretrained(directory).")
+        raise ModelLoadError(
+            f"{directory} has a config.json but no weights (expected "
+            f"{' or '.join(SAFE_WEIGHTS)}). Write them with "
+            "model.save_pretrained(directory)."
+        )
     if not has_safe and not allow_pickle:
-        raise ModelLoadError(f"{directory} holds only pickled weights (pytorch_model.bin), and "
-                             "unpickling can run arbitrary code. Convert them with "
-                             "model.save_pretrained(directory, safe_serialization=True), or pass "
-                             "allow_pickle=True if you trust the file.")
+        raise ModelLoadError(
+            f"{directory} holds only pickled weights (pytorch_model.bin), and "
+            "unpickling can run arbitrary code. Convert them with "
+            "model.save_pretrained(directory, safe_serialization=True), or pass "
+            "allow_pickle=True if you trust the file."
+        )
     if _missing_tokenizer(directory):
-        raise ModelLoadError(f"{directory} has no tokenizer files (expected tokenizer.json, or "
-                             "vocab.json + merges.txt, or tokenizer.model). Save one there with "
-                             "tokenizer.save_pretrained(directory); TransformerLens would "
-                             "otherwise build a useless 1-token tokenizer.")
+        raise ModelLoadError(
+            f"{directory} has no tokenizer files (expected tokenizer.json, or "
+            "vocab.json + merges.txt, or tokenizer.model). Save one there with "
+            "tokenizer.save_pretrained(directory); TransformerLens would "
+            "otherwise build a useless 1-token tokenizer."
+        )
 
 
 def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:
     """Return ``(kind, location)`` with kind ``"bundled"``, ``"local"`` or ``"hub"``."""
     text = os.fspath(name_or_path)
     if not text.strip():
-        raise ModelLoadError("model name is empty; pass a hub name such as 'gpt2', a checkpoint "
-                             f"directory, or a bundled model ({', '.join(bundled_models())})")
+        raise ModelLoadError(
+            "model name is empty; pass a hub name such as 'gpt2', a checkpoint "
+            f"directory, or a bundled model ({', '.join(bundled_models())})"
+        )
     if text in bundled_models():
         return "bundled", str(BUNDLED_DIR / text)
     path = Path(text).expanduser()
@@ -121,15 +133,21 @@ def check_hub_name(repo_id: str, *, allow_pickle: bool) -> None:
     """Fail fast when a hub model can be neither found in the cache nor fetched."""
     cached = _hub_cached(repo_id, "config.json")
     if not cached:
-        advice = ("Download it on a machine with access and pass the directory written by "
-                  "save_pretrained (config, safetensors weights and tokenizer), or use a bundled "
-                  f"model: {', '.join(bundled_models()) or 'none installed'}.")
+        advice = (
+            "Download it on a machine with access and pass the directory written by "
+            "save_pretrained (config, safetensors weights and tokenizer), or use a bundled "
+            f"model: {', '.join(bundled_models()) or 'none installed'}."
+        )
         if _hub_is_offline():
-            raise ModelLoadError(f"'{repo_id}' is not in the local cache and the hub is disabled "
-                                 f"(HF_HUB_OFFLINE is set). {advice}")
+            raise ModelLoadError(
+                f"'{repo_id}' is not in the local cache and the hub is disabled "
+                f"(HF_HUB_OFFLINE is set). {advice}"
+            )
         if not _hub_reachable():
-            raise ModelLoadError(f"'{repo_id}' is not in the local cache and the model hub cannot "
-                                 f"be reached from this machine. {advice}")
+            raise ModelLoadError(
+                f"'{repo_id}' is not in the local cache and the model hub cannot "
+                f"be reached from this machine. {advice}"
+            )
     if allow_pickle:
         return
     if cached:
@@ -139,8 +157,10 @@ def check_hub_name(repo_id: str, *, allow_pickle: bool) -> None:
 
         has_safe = any(f in SAFE_WEIGHTS for f in list_repo_files(repo_id))
     if not has_safe:
-        raise ModelLoadError(f"'{repo_id}' has no safetensors weights, and loading pickled weights "
-                             "can run arbitrary code. Pass allow_pickle=True if you trust it.")
+        raise ModelLoadError(
+            f"'{repo_id}' has no safetensors weights, and loading pickled weights "
+            "can run arbitrary code. Pass allow_pickle=True if you trust it."
+        )
 
 
 def load_model(
@@ -207,23 +227,32 @@ def load_model(
         from interp.sizes import parse_size
 
         if device_map is None:
-            raise ModelLoadError("max_memory only takes effect with a device_map; pass "
-                                 "device_map='auto' as well")
+            raise ModelLoadError(
+                "max_memory only takes effect with a device_map; pass device_map='auto' as well"
+            )
         try:
             max_memory = {key: parse_size(size) for key, size in dict(max_memory).items()}
         except (TypeError, ValueError) as exc:
             raise ModelLoadError(f"bad max_memory {max_memory!r}: {exc}") from exc
     bridge_kwargs = {}
-    for key, value in (("device_map", device_map), ("max_memory", max_memory),
-                       ("offload_folder", None if offload_folder is None else str(offload_folder)),
-                       ("n_devices", n_devices), ("n_ctx", n_ctx), ("revision", revision),
-                       ("hf_config_overrides", hf_config_overrides)):
+    for key, value in (
+        ("device_map", device_map),
+        ("max_memory", max_memory),
+        ("offload_folder", None if offload_folder is None else str(offload_folder)),
+        ("n_devices", n_devices),
+        ("n_ctx", n_ctx),
+        ("revision", revision),
+        ("hf_config_overrides", hf_config_overrides),
+    ):
         if value is not None:
             bridge_kwargs[key] = value
     logger.info("loading %s model from %s", kind, location)
     try:
         model = TransformerBridge.boot_transformers(
-            location, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+            location,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
             **bridge_kwargs,
         )
     except (OSError, ValueError, KeyError) as exc:
@@ -231,11 +260,15 @@ def load_model(
     placed = getattr(getattr(model, "original_model", None), "hf_device_map", None) or {}
     if placed and all(str(v).lower() == "disk" for v in placed.values()):
         # accelerate then has no device to run on and fails inside the first forward pass
-        raise ModelLoadError(f"max_memory {max_memory} leaves no room for any of the model's "
-                             "modules, so all of it went to disk; give the device at least "
-                             "room for the embeddings and one layer")
+        raise ModelLoadError(
+            f"max_memory {max_memory} leaves no room for any of the model's "
+            "modules, so all of it went to disk; give the device at least "
+            "room for the embeddings and one layer"
+        )
     if model.tokenizer is None or len(model.tokenizer) < 2:
-        raise ModelLoadError(f"'{name_or_path}' loaded without a usable tokenizer; save one next "
-                             "to the weights with tokenizer.save_pretrained(directory)")
+        raise ModelLoadError(
+            f"'{name_or_path}' loaded without a usable tokenizer; save one next "
+            "to the weights with tokenizer.save_pretrained(directory)"
+        )
     model.eval()
     return model

@@ -23,7 +23,18 @@ from interp.engine.estimates import (
 )
 from interp.engine.plan import MemoryBudgetError, check_budget, rows_per_chunk
 
-__all__ = ["MemoryBudgetError", "parse_size", "format_size", "estimate_cache_bytes",
-           "estimate_forward_bytes", "estimate_loss_bytes", "estimate_run_bytes", "check_budget",
-           "rows_per_chunk", "drop_retained_patterns", "release_retained",
-           "return_freed_memory", "trim_freed_memory"]
+__all__ = [
+    "MemoryBudgetError",
+    "parse_size",
+    "format_size",
+    "estimate_cache_bytes",
+    "estimate_forward_bytes",
+    "estimate_loss_bytes",
+    "estimate_run_bytes",
+    "check_budget",
+    "rows_per_chunk",
+    "drop_retained_patterns",
+    "release_retained",
+    "return_freed_memory",
+    "trim_freed_memory",
+]

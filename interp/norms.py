@@ -16,8 +16,17 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-__all__ = ["POST_NORMS", "effective_bias", "effective_weight", "freeze", "is_rms", "normalise",
-           "param", "post_norm", "soft_cap"]
+__all__ = [
+    "POST_NORMS",
+    "effective_bias",
+    "effective_weight",
+    "freeze",
+    "is_rms",
+    "normalise",
+    "param",
+    "post_norm",
+    "soft_cap",
+]
 
 # Gemma 2's blocks normalise each sublayer's output before adding it to the residual stream
 POST_NORMS = {"attn": "ln1_post", "mlp": "ln2_post"}
@@ -52,15 +61,17 @@ def effective_bias(norm, d_model: int | None = None) -> Float[Tensor, " d_model"
     return bias.detach().double().cpu()
 
 
-def normalise(norm, x: Float[Tensor, "... d_model"], scale: float | Tensor
-              ) -> Float[Tensor, "... d_model"]:
+def normalise(
+    norm, x: Float[Tensor, "... d_model"], scale: float | Tensor
+) -> Float[Tensor, "... d_model"]:
     """``x`` normalised with a given (frozen) scale: centred first for a LayerNorm."""
     x = x.double()
     return (x if is_rms(norm) else x - x.mean(-1, keepdim=True)) / scale
 
 
-def freeze(norm, vectors: Float[Tensor, "... d_model"], scale: float | Tensor
-           ) -> Float[Tensor, "... d_model"]:
+def freeze(
+    norm, vectors: Float[Tensor, "... d_model"], scale: float | Tensor
+) -> Float[Tensor, "... d_model"]:
     """The linear part of ``norm`` with its scale frozen, applied to each vector (no bias):
     summing the results of a decomposition gives the norm's output minus its bias."""
     weight = effective_weight(norm, vectors.shape[-1]).to(vectors.device)

@@ -26,8 +26,9 @@ def offloaded_modules(model) -> list[str]:
     device_map = getattr(original, "hf_device_map", None) or {}
     if not device_map or not any(p.device.type == "meta" for p in model.parameters()):
         return []  # an all-CPU map keeps real weights: nothing is offloaded
-    return sorted(k or "<whole model>" for k, v in device_map.items()
-                  if str(v).lower() in ("cpu", "disk"))
+    return sorted(
+        k or "<whole model>" for k, v in device_map.items() if str(v).lower() in ("cpu", "disk")
+    )
 
 
 def is_offloaded(model) -> bool:
@@ -53,9 +54,18 @@ def stacked_weight(model, name: str) -> Tensor:
     it is read one block at a time so that only one block's weights are loaded at once."""
     if not is_offloaded(model):
         return getattr(model, name)
-    path = {"W_Q": "attn.W_Q", "W_K": "attn.W_K", "W_V": "attn.W_V", "W_O": "attn.W_O",
-            "b_Q": "attn.b_Q", "b_K": "attn.b_K", "b_V": "attn.b_V", "b_O": "attn.b_O",
-            "W_in": "mlp.W_in", "W_out": "mlp.W_out"}.get(name)
+    path = {
+        "W_Q": "attn.W_Q",
+        "W_K": "attn.W_K",
+        "W_V": "attn.W_V",
+        "W_O": "attn.W_O",
+        "b_Q": "attn.b_Q",
+        "b_K": "attn.b_K",
+        "b_V": "attn.b_V",
+        "b_O": "attn.b_O",
+        "W_in": "mlp.W_in",
+        "W_out": "mlp.W_out",
+    }.get(name)
     if path is None:
         with materialized(model):
             return getattr(model, name).detach().clone()

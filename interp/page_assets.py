@@ -15,8 +15,15 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["script_json", "plotly_js", "partial_trace_types", "circuitsvis_js", "csp_hash",
-           "PLOTLY_PARTIAL_VERSION", "ATTENTION_DECIMALS"]
+__all__ = [
+    "script_json",
+    "plotly_js",
+    "partial_trace_types",
+    "circuitsvis_js",
+    "csp_hash",
+    "PLOTLY_PARTIAL_VERSION",
+    "ATTENTION_DECIMALS",
+]
 
 # the official partial bundle, unmodified (see interp/assets/README.md)
 PLOTLY_PARTIAL = Path(__file__).parent / "assets" / "plotly-cartesian.min.js"
@@ -81,8 +88,9 @@ def plotly_js(partial: bool = False) -> str:
 
         return _inline_script(get_plotlyjs())
     if not PLOTLY_PARTIAL.is_file():
-        raise FileNotFoundError(f"the vendored plotly.js bundle is missing at {PLOTLY_PARTIAL}; "
-                                "reinstall interp")
+        raise FileNotFoundError(
+            f"the vendored plotly.js bundle is missing at {PLOTLY_PARTIAL}; reinstall interp"
+        )
     return _inline_script(PLOTLY_PARTIAL.read_text(encoding="utf-8"))
 
 
@@ -102,8 +110,10 @@ def circuitsvis_js() -> str:
 
     bundle = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
     if not bundle.is_file():
-        raise FileNotFoundError(f"the CircuitsVis bundle is missing at {bundle}; reinstall "
-                                "circuitsvis (pip install --force-reinstall circuitsvis)")
+        raise FileNotFoundError(
+            f"the CircuitsVis bundle is missing at {bundle}; reinstall "
+            "circuitsvis (pip install --force-reinstall circuitsvis)"
+        )
     return _inline_script(bundle.read_text(encoding="utf-8"))
 
 

@@ -42,14 +42,17 @@ def _component_labels(df: pd.DataFrame, label: str | None) -> list[str]:
     if "component" in df.columns and "layer" in df.columns:  # logit_attribution's frame
         heads = df["head"] if "head" in df.columns else [None] * len(df)
         neurons = df["neuron"] if "neuron" in df.columns else [None] * len(df)
-        return [component_label(*row) for row in zip(df["component"], df["layer"], heads,
-                                                     neurons, strict=True)]
+        return [
+            component_label(*row)
+            for row in zip(df["component"], df["layer"], heads, neurons, strict=True)
+        ]
     for column in ("component", "name", "label"):
         if column in df.columns:
             return [str(v) for v in df[column]]
     if {"layer", "head"} <= set(df.columns):
-        return [head_label(layer, head) for layer, head in zip(df["layer"], df["head"],
-                                                               strict=True)]
+        return [
+            head_label(layer, head) for layer, head in zip(df["layer"], df["head"], strict=True)
+        ]
     return [str(v) for v in df.index]
 
 
@@ -79,8 +82,10 @@ def attribution_bars(
             _require(df, [], "attribution_bars")
         found = [c for c in ATTRIBUTION_VALUES if c in df.columns]
         if not found:
-            raise ValueError(f"attribution_bars: name the value column to draw; neither of "
-                             f"{list(ATTRIBUTION_VALUES)} is in {list(df.columns)}")
+            raise ValueError(
+                f"attribution_bars: name the value column to draw; neither of "
+                f"{list(ATTRIBUTION_VALUES)} is in {list(df.columns)}"
+            )
         value = found[0]
     _require(df, [value], "attribution_bars")
     if drop_total and "component" in df.columns:
@@ -89,25 +94,42 @@ def attribution_bars(
         raise ValueError(f"top_k must be at least 1, got {top_k}")
     labels = _component_labels(df, label)
     values = pd.to_numeric(df[value], errors="coerce").to_numpy(dtype=float)
-    order = sorted(range(len(values)),
-                   key=lambda i: (not math.isfinite(values[i]), -abs(values[i])
-                                  if math.isfinite(values[i]) else 0.0))
+    order = sorted(
+        range(len(values)),
+        key=lambda i: (
+            not math.isfinite(values[i]),
+            -abs(values[i]) if math.isfinite(values[i]) else 0.0,
+        ),
+    )
     if top_k is not None:
         order = order[:top_k]
     shown = [values[i] for i in order]
-    fig = go.Figure(go.Bar(
-        x=_finite_or_none(shown), y=list(range(len(order))), orientation="h",
-        marker={"color": [POSITIVE if v >= 0 else NEGATIVE if math.isfinite(v) else "#999"
-                          for v in shown]},
-        customdata=[plotly_text(labels[i]) for i in order],
-        hovertemplate="%{customdata}: %{x:.4g}<extra></extra>",
-    ))
+    fig = go.Figure(
+        go.Bar(
+            x=_finite_or_none(shown),
+            y=list(range(len(order))),
+            orientation="h",
+            marker={
+                "color": [
+                    POSITIVE if v >= 0 else NEGATIVE if math.isfinite(v) else "#999" for v in shown
+                ]
+            },
+            customdata=[plotly_text(labels[i]) for i in order],
+            hovertemplate="%{customdata}: %{x:.4g}<extra></extra>",
+        )
+    )
     fig.update_layout(
-        template=TEMPLATE, title=_title(title, f"{value} by component"),
+        template=TEMPLATE,
+        title=_title(title, f"{value} by component"),
         xaxis={"title": {"text": plotly_text(value)}, "zeroline": True},
-        yaxis={"tickmode": "array", "tickvals": list(range(len(order))),
-               "ticktext": [plotly_text(labels[i]) for i in order], "autorange": "reversed"},
-        height=int(min(1600, 140 + 22 * len(order))), showlegend=False,
+        yaxis={
+            "tickmode": "array",
+            "tickvals": list(range(len(order))),
+            "ticktext": [plotly_text(labels[i]) for i in order],
+            "autorange": "reversed",
+        },
+        height=int(min(1600, 140 + 22 * len(order))),
+        showlegend=False,
     )
     return fig
 
@@ -116,8 +138,9 @@ def attribution_bars(
 LENS_TOKEN_VALUES = {"answer_logit": "answer", "wrong_logit": "wrong"}
 
 
-def _lens_frame(df: pd.DataFrame, value: str | None, x: str | None,
-                line: str | None) -> tuple[pd.DataFrame, str, str, str | None]:
+def _lens_frame(
+    df: pd.DataFrame, value: str | None, x: str | None, line: str | None
+) -> tuple[pd.DataFrame, str, str, str | None]:
     """``(frame, value, x, line)`` to draw: ``logit_lens``'s wide frame (one row per layer,
     ``answer_logit``/``wrong_logit`` columns) becomes one ``logit`` line per token."""
     if not isinstance(df, pd.DataFrame):
@@ -132,14 +155,17 @@ def _lens_frame(df: pd.DataFrame, value: str | None, x: str | None,
         for column in wide:
             token = df.attrs.get(LENS_TOKEN_VALUES[column])
             name = f"{token} ({LENS_TOKEN_VALUES[column]})" if token is not None else column
-            parts.append(pd.DataFrame({x: df[x].to_numpy(), "token": name,
-                                       "logit": df[column].to_numpy()}))
+            parts.append(
+                pd.DataFrame({x: df[x].to_numpy(), "token": name, "logit": df[column].to_numpy()})
+            )
         return pd.concat(parts, ignore_index=True), "logit", x, "token"
     if "top1_prob" in df.columns:  # logit_lens without an answer: the top token's probability
         return df, "top1_prob", x, None
-    raise ValueError("logit_lens_lines: name the value column to draw; the DataFrame has none "
-                     f"of 'logit', {list(LENS_TOKEN_VALUES)}, 'top1_prob' "
-                     f"(it has {list(df.columns)})")
+    raise ValueError(
+        "logit_lens_lines: name the value column to draw; the DataFrame has none "
+        f"of 'logit', {list(LENS_TOKEN_VALUES)}, 'top1_prob' "
+        f"(it has {list(df.columns)})"
+    )
 
 
 def logit_lens_lines(
@@ -176,18 +202,32 @@ def logit_lens_lines(
         xs = [position[s] for s in group[x]]
         hover = [f"{name} at {plotly_text(s)}" for s in group[x]]
         if top_tokens:
-            hover = [f"{h} (top token {token_label(t)})" for h, t in
-                     zip(hover, group["top1_token"], strict=True)]
-        fig.add_trace(go.Scatter(
-            x=xs, y=_finite_or_none(pd.to_numeric(group[value], errors="coerce")),
-            mode="lines+markers", name=name, customdata=hover,
-            hovertemplate="%{customdata}: %{y:.4g}<extra></extra>",
-        ))
+            hover = [
+                f"{h} (top token {token_label(t)})"
+                for h, t in zip(hover, group["top1_token"], strict=True)
+            ]
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=_finite_or_none(pd.to_numeric(group[value], errors="coerce")),
+                mode="lines+markers",
+                name=name,
+                customdata=hover,
+                hovertemplate="%{customdata}: %{y:.4g}<extra></extra>",
+            )
+        )
     xaxis: dict = {"title": {"text": plotly_text(x)}}
     if not numeric:
-        xaxis.update(tickmode="array", tickvals=list(range(len(stages))),
-                     ticktext=[plotly_text(s) for s in stages])
-    fig.update_layout(template=TEMPLATE, title=_title(title, f"{value} by {x}"), xaxis=xaxis,
-                      yaxis={"title": {"text": plotly_text(value)}},
-                      legend={"title": {"text": plotly_text(line) if grouped else ""}})
+        xaxis.update(
+            tickmode="array",
+            tickvals=list(range(len(stages))),
+            ticktext=[plotly_text(s) for s in stages],
+        )
+    fig.update_layout(
+        template=TEMPLATE,
+        title=_title(title, f"{value} by {x}"),
+        xaxis=xaxis,
+        yaxis={"title": {"text": plotly_text(value)}},
+        legend={"title": {"text": plotly_text(line) if grouped else ""}},
+    )
     return fig

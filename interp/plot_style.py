@@ -67,20 +67,33 @@ def _colour_scale(finite: np.ndarray, scale: str, value: str) -> dict:
             scale = "signed"
     if scale == "unit":
         if low < -_UNIT_TOLERANCE or high > 1 + _UNIT_TOLERANCE:
-            raise ValueError(f"{value} runs from {low:.4g} to {high:.4g}, outside [0, 1]; "
-                             "use scale='signed' or 'auto'")
-        return {"zmin": 0.0, "zmax": 1.0, "colorscale": "Viridis",
-                "colorbar": {"title": {"text": f"{value}<br>(fixed 0 to 1)"}}}
+            raise ValueError(
+                f"{value} runs from {low:.4g} to {high:.4g}, outside [0, 1]; "
+                "use scale='signed' or 'auto'"
+            )
+        return {
+            "zmin": 0.0,
+            "zmax": 1.0,
+            "colorscale": "Viridis",
+            "colorbar": {"title": {"text": f"{value}<br>(fixed 0 to 1)"}},
+        }
     if scale == "unit-signed":
         if low < -1 - _UNIT_TOLERANCE or high > 1 + _UNIT_TOLERANCE:
-            raise ValueError(f"{value} runs from {low:.4g} to {high:.4g}, outside [-1, 1]; "
-                             "use scale='signed' or 'auto'")
+            raise ValueError(
+                f"{value} runs from {low:.4g} to {high:.4g}, outside [-1, 1]; "
+                "use scale='signed' or 'auto'"
+            )
         limit, what = 1.0, "fixed -1 to 1"
     else:
         limit = max(abs(low), abs(high)) or 1.0
         what = f"±{limit:.3g}"
-    return {"zmin": -limit, "zmax": limit, "zmid": 0.0, "colorscale": "RdBu",
-            "colorbar": {"title": {"text": f"{value}<br>({what}, 0 white)"}}}
+    return {
+        "zmin": -limit,
+        "zmax": limit,
+        "zmid": 0.0,
+        "colorscale": "RdBu",
+        "colorbar": {"title": {"text": f"{value}<br>({what}, 0 white)"}},
+    }
 
 
 def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
@@ -88,8 +101,10 @@ def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
         raise TypeError(f"{what} takes a pandas DataFrame, got {type(df).__name__}")
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise ValueError(f"{what} needs columns {list(columns)}; {missing} missing "
-                         f"(the DataFrame has {list(df.columns)})")
+        raise ValueError(
+            f"{what} needs columns {list(columns)}; {missing} missing "
+            f"(the DataFrame has {list(df.columns)})"
+        )
 
 
 def _finite_or_none(values) -> list[float | None]:
@@ -99,8 +114,11 @@ def _finite_or_none(values) -> list[float | None]:
 def _position_axis(tokens: Sequence[str] | None, n_pos: int, *, title: str) -> dict:
     axis: dict = {"title": {"text": title}}
     if tokens is not None and n_pos <= MAX_TICK_LABELS:
-        axis.update(tickmode="array", tickvals=list(range(n_pos)),
-                    ticktext=[token_label(t, max_chars=MAX_TICK_CHARS) for t in tokens])
+        axis.update(
+            tickmode="array",
+            tickvals=list(range(n_pos)),
+            ticktext=[token_label(t, max_chars=MAX_TICK_CHARS) for t in tokens],
+        )
     return axis
 
 

@@ -47,9 +47,18 @@ from interp.plot_style import (
 )
 
 __all__ = [
-    "attention_heatmap", "attribution_bars", "component_label", "head_heatmap", "head_label",
-    "logit_lens_lines", "loss_by_position", "plotly_text", "token_label", "TEMPLATE",
-    "ATTRIBUTION_VALUES", "HEAD_VALUES",
+    "attention_heatmap",
+    "attribution_bars",
+    "component_label",
+    "head_heatmap",
+    "head_label",
+    "logit_lens_lines",
+    "loss_by_position",
+    "plotly_text",
+    "token_label",
+    "TEMPLATE",
+    "ATTRIBUTION_VALUES",
+    "HEAD_VALUES",
 ]
 
 
@@ -68,13 +77,17 @@ def _head_frame(df, value: str | None) -> tuple[pd.DataFrame, str]:
     if not isinstance(df, pd.DataFrame) and isinstance(table, pd.DataFrame):
         df = table
     if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"head_heatmap takes a pandas DataFrame (or a result with a .table), "
-                        f"got {type(df).__name__}")
+        raise TypeError(
+            f"head_heatmap takes a pandas DataFrame (or a result with a .table), "
+            f"got {type(df).__name__}"
+        )
     if value is None:
         found = [c for c in HEAD_VALUES if c in df.columns]
         if not found:
-            raise ValueError(f"head_heatmap: name the value column to draw; none of the known "
-                             f"score columns {list(HEAD_VALUES)} is in {list(df.columns)}")
+            raise ValueError(
+                f"head_heatmap: name the value column to draw; none of the known "
+                f"score columns {list(HEAD_VALUES)} is in {list(df.columns)}"
+            )
         value = found[0]
     if "component" in df.columns and (df["component"] == "head").any():
         # logit_attribution: only its head rows are per head
@@ -95,14 +108,17 @@ def _one_head_grid(df: pd.DataFrame) -> pd.DataFrame:
     sites = sorted(set(rows["site"]))
     if len(sites) > 1 or rows.empty:
         have = sorted(set(df["site"]))
-        raise ValueError(f"this patching frame has no single layer x head grid (sites {have}); "
-                         "draw one site with interp.interventions.plots.patching_heatmap(frame, "
-                         "site), or patch with the 'heads' grid")
+        raise ValueError(
+            f"this patching frame has no single layer x head grid (sites {have}); "
+            "draw one site with interp.interventions.plots.patching_heatmap(frame, "
+            "site), or patch with the 'heads' grid"
+        )
     return rows
 
 
-def head_heatmap(df: pd.DataFrame, value: str | None = None, *, title: str | None = None,
-                 scale: str = "auto") -> go.Figure:
+def head_heatmap(
+    df: pd.DataFrame, value: str | None = None, *, title: str | None = None, scale: str = "auto"
+) -> go.Figure:
     """A layer x head heatmap of any per-head score (``df`` has ``layer, head, <value>``).
 
     ``df`` may be what an analysis returned, as it is: ``detect_induction_heads`` (value
@@ -124,8 +140,10 @@ def head_heatmap(df: pd.DataFrame, value: str | None = None, *, title: str | Non
     duplicated = df.duplicated(["layer", "head"])
     if duplicated.any():
         first = df.loc[duplicated, ["layer", "head"]].iloc[0]
-        raise ValueError(f"head {head_label(first['layer'], first['head'])} appears more than "
-                         f"once; aggregate first (e.g. df.groupby(['layer', 'head']).mean())")
+        raise ValueError(
+            f"head {head_label(first['layer'], first['head'])} appears more than "
+            f"once; aggregate first (e.g. df.groupby(['layer', 'head']).mean())"
+        )
     layers = df["layer"].astype(int).to_numpy()
     heads = df["head"].astype(int).to_numpy()
     if layers.min() < 0 or heads.min() < 0:
@@ -135,15 +153,26 @@ def head_heatmap(df: pd.DataFrame, value: str | None = None, *, title: str | Non
     z[layers, heads] = pd.to_numeric(df[value], errors="coerce").to_numpy(dtype=float)
     finite = z[np.isfinite(z)]
     name = plotly_text(value)
-    hover = [[f"{head_label(layer, head)}<br>{name}" for head in range(n_heads)]
-             for layer in range(n_layers)]
-    fig = go.Figure(go.Heatmap(
-        z=[_finite_or_none(row) for row in z], x=list(range(n_heads)), y=list(range(n_layers)),
-        customdata=hover, hovertemplate="%{customdata}: %{z:.4g}<extra></extra>",
-        hoverongaps=False, xgap=1, ygap=1, **_colour_scale(finite, scale, name),
-    ))
+    hover = [
+        [f"{head_label(layer, head)}<br>{name}" for head in range(n_heads)]
+        for layer in range(n_layers)
+    ]
+    fig = go.Figure(
+        go.Heatmap(
+            z=[_finite_or_none(row) for row in z],
+            x=list(range(n_heads)),
+            y=list(range(n_layers)),
+            customdata=hover,
+            hovertemplate="%{customdata}: %{z:.4g}<extra></extra>",
+            hoverongaps=False,
+            xgap=1,
+            ygap=1,
+            **_colour_scale(finite, scale, name),
+        )
+    )
     fig.update_layout(
-        template=TEMPLATE, title=_title(title, f"{value} of each head"),
+        template=TEMPLATE,
+        title=_title(title, f"{value} of each head"),
         xaxis={"title": {"text": "head"}, "dtick": 1, "constrain": "domain"},
         yaxis={"title": {"text": "layer"}, "dtick": 1, "autorange": "reversed"},
         height=int(min(900, max(300, 180 + 32 * n_layers))),  # room for the colour bar
@@ -160,7 +189,8 @@ def _loss_source(loss, marks: Mapping[int, str] | None):
             marks = {batch.prefix + n: f"repeat of {n} starts" for n in lengths}
         return scan.loss, marks
     if not isinstance(loss, pd.DataFrame | Tensor | np.ndarray) and isinstance(
-            getattr(loss, "loss", None), Tensor):  # HeadScan
+        getattr(loss, "loss", None), Tensor
+    ):  # HeadScan
         return loss.loss, marks
     return loss, marks
 
@@ -193,38 +223,69 @@ def loss_by_position(
         if values.ndim == 1:
             values = values[None]
         if values.ndim != 2:
-            raise ValueError(f"loss must be [pos] or [batch, pos], got shape "
-                             f"{tuple(values.shape)}")
+            raise ValueError(f"loss must be [pos] or [batch, pos], got shape {tuple(values.shape)}")
         mean = pd.Series(values.mean(0).numpy())
-        std = pd.Series(values.std(0).numpy() if values.shape[0] > 1
-                        else np.full(values.shape[1], np.nan))
+        std = pd.Series(
+            values.std(0).numpy() if values.shape[0] > 1 else np.full(values.shape[1], np.nan)
+        )
         count = pd.Series(np.full(values.shape[1], values.shape[0]))
         positions = np.arange(values.shape[1])
     _check_tokens(tokens, len(positions))
-    hover = ([f"pos {int(p)} {token_label(t)}" for p, t in zip(positions, tokens, strict=True)]
-             if tokens is not None else [f"pos {int(p)}" for p in positions])
+    hover = (
+        [f"pos {int(p)} {token_label(t)}" for p, t in zip(positions, tokens, strict=True)]
+        if tokens is not None
+        else [f"pos {int(p)}" for p in positions]
+    )
     name = plotly_text(value)
     traces = []
     if (count > 1).any():
         upper, lower = (mean + std).to_numpy(), (mean - std).to_numpy()
         traces += [
-            go.Scatter(x=positions, y=_finite_or_none(upper), mode="lines", line={"width": 0},
-                       showlegend=False, hoverinfo="skip"),
-            go.Scatter(x=positions, y=_finite_or_none(lower), mode="lines", line={"width": 0},
-                       fill="tonexty", fillcolor="rgba(33,102,172,0.18)", name="± 1 std",
-                       hoverinfo="skip"),
+            go.Scatter(
+                x=positions,
+                y=_finite_or_none(upper),
+                mode="lines",
+                line={"width": 0},
+                showlegend=False,
+                hoverinfo="skip",
+            ),
+            go.Scatter(
+                x=positions,
+                y=_finite_or_none(lower),
+                mode="lines",
+                line={"width": 0},
+                fill="tonexty",
+                fillcolor="rgba(33,102,172,0.18)",
+                name="± 1 std",
+                hoverinfo="skip",
+            ),
         ]
-    traces.append(go.Scatter(x=positions, y=_finite_or_none(mean.to_numpy()),
-                             mode="lines+markers", name=f"mean {name}", customdata=hover,
-                             hovertemplate="%{customdata}: %{y:.4g}<extra></extra>",
-                             line={"color": POSITIVE}))
+    traces.append(
+        go.Scatter(
+            x=positions,
+            y=_finite_or_none(mean.to_numpy()),
+            mode="lines+markers",
+            name=f"mean {name}",
+            customdata=hover,
+            hovertemplate="%{customdata}: %{y:.4g}<extra></extra>",
+            line={"color": POSITIVE},
+        )
+    )
     fig = go.Figure(traces)
     for pos, label in (marks or {}).items():
-        fig.add_vline(x=pos, line={"dash": "dash", "color": "#57606a"},
-                      annotation={"text": plotly_text(label)}, annotation_position="top")
-    fig.update_layout(template=TEMPLATE, title=_title(title, f"{value} by position"),
-                      xaxis=_position_axis(tokens, len(positions), title="position"),
-                      yaxis={"title": {"text": name}}, hovermode="closest")
+        fig.add_vline(
+            x=pos,
+            line={"dash": "dash", "color": "#57606a"},
+            annotation={"text": plotly_text(label)},
+            annotation_position="top",
+        )
+    fig.update_layout(
+        template=TEMPLATE,
+        title=_title(title, f"{value} by position"),
+        xaxis=_position_axis(tokens, len(positions), title="position"),
+        yaxis={"title": {"text": name}},
+        hovermode="closest",
+    )
     return fig
 
 
@@ -238,28 +299,40 @@ def attention_heatmap(
     token strings on both axes, weights on a fixed 0..1 scale."""
     values = torch.as_tensor(pattern).detach().to(torch.float64).cpu()
     if values.ndim != 2 or values.shape[0] != values.shape[1]:
-        raise ValueError(f"pattern must be [q_pos, k_pos] with q_pos == k_pos, got shape "
-                         f"{tuple(values.shape)}; pick one batch element, layer and head")
+        raise ValueError(
+            f"pattern must be [q_pos, k_pos] with q_pos == k_pos, got shape "
+            f"{tuple(values.shape)}; pick one batch element, layer and head"
+        )
     n = values.shape[0]
     _check_tokens(tokens, n)
     labels = [token_label(t) for t in tokens]
-    trace = dict(z=[_finite_or_none(row) for row in values.tolist()],
-                 x=list(range(n)), y=list(range(n)), zmin=0.0, zmax=1.0,
-                 colorscale="Blues",
-                 colorbar={"title": {"text": "attention<br>(fixed 0 to 1)"}})
+    trace = dict(
+        z=[_finite_or_none(row) for row in values.tolist()],
+        x=list(range(n)),
+        y=list(range(n)),
+        zmin=0.0,
+        zmax=1.0,
+        colorscale="Blues",
+        colorbar={"title": {"text": "attention<br>(fixed 0 to 1)"}},
+    )
     if n * n <= MAX_HOVER_CELLS:
-        trace.update(customdata=[[f"{labels[q]} ({q}) → {labels[k]} ({k})" for k in range(n)]
-                                 for q in range(n)],
-                     hovertemplate="%{customdata}: %{z:.3f}<extra></extra>")
+        trace.update(
+            customdata=[
+                [f"{labels[q]} ({q}) → {labels[k]} ({k})" for k in range(n)] for q in range(n)
+            ],
+            hovertemplate="%{customdata}: %{z:.3f}<extra></extra>",
+        )
     else:
         trace.update(hovertemplate="q %{y} → k %{x}: %{z:.3f}<extra></extra>")
     fig = go.Figure(go.Heatmap(**trace))
     size = int(min(1000, 220 + 14 * n))
     fig.update_layout(
-        template=TEMPLATE, title=_title(title, "attention pattern"), width=size + 120,
+        template=TEMPLATE,
+        title=_title(title, "attention pattern"),
+        width=size + 120,
         height=size,
-        xaxis=_position_axis(tokens, n, title="key (source)") | {"tickangle": -60,
-                                                                   "constrain": "domain"},
+        xaxis=_position_axis(tokens, n, title="key (source)")
+        | {"tickangle": -60, "constrain": "domain"},
         yaxis=_position_axis(tokens, n, title="query (destination)")
         | {"autorange": "reversed", "scaleanchor": "x"},
     )

@@ -27,8 +27,14 @@ from torch import Tensor
 from interp.engine import run_cached
 from interp.norms import POST_NORMS, freeze, is_rms, param, post_norm, soft_cap
 
-__all__ = ["AttributionError", "ResidualParts", "final_hooks", "final_logits", "parts_hooks",
-           "residual_parts"]
+__all__ = [
+    "AttributionError",
+    "ResidualParts",
+    "final_hooks",
+    "final_logits",
+    "parts_hooks",
+    "residual_parts",
+]
 
 # The components must add up to the final residual stream. float32 activations summed in float64
 # agree with a float32 forward pass to ~1e-6 on values of order 1; rounding grows with their size.
@@ -50,9 +56,11 @@ def check_sum(total: Tensor, reference: Tensor, what: str, against: str) -> None
     error = float((total - reference).abs().max())
     bound = RESID_ATOL + RESID_RTOL * float(reference.abs().max())
     if not error <= bound:
-        raise AttributionError(f"{what} add up to {against} only within {error:.3g} (allowed "
-                               f"{bound:.3g}); this architecture's residual stream is not the sum "
-                               "interp decomposes, so no attribution is given")
+        raise AttributionError(
+            f"{what} add up to {against} only within {error:.3g} (allowed "
+            f"{bound:.3g}); this architecture's residual stream is not the sum "
+            "interp decomposes, so no attribution is given"
+        )
 
 
 @dataclass(frozen=True)
@@ -67,9 +75,11 @@ class ResidualParts:
     output: Float[Tensor, " d_vocab"]  # the model's output (after the soft-cap, if any)
 
     def __repr__(self) -> str:
-        return (f"ResidualParts({len(self.labels)} components, stack "
-                f"{list(self.stack.shape)}, scale={self.scale:.4g}, logits "
-                f"{list(self.logits.shape)})")
+        return (
+            f"ResidualParts({len(self.labels)} components, stack "
+            f"{list(self.stack.shape)}, scale={self.scale:.4g}, logits "
+            f"{list(self.logits.shape)})"
+        )
 
 
 def _pre_cap(model, run, position: int, row: int = 0) -> Tensor:
@@ -81,14 +91,17 @@ def _pre_cap(model, run, position: int, row: int = 0) -> Tensor:
     raw = run["unembed.hook_out"][row, position].double().cpu()
     error = float((cap * torch.tanh(raw / cap) - output).abs().max())
     if not error <= CAP_ATOL:
-        raise AttributionError(f"the unembedding's output capped at {cap:g} differs from the "
-                               f"model's logits by {error:.3g}: this model's soft-capping is not "
-                               "cap * tanh(logits / cap), so its pre-cap logits cannot be read")
+        raise AttributionError(
+            f"the unembedding's output capped at {cap:g} differs from the "
+            f"model's logits by {error:.3g}: this model's soft-capping is not "
+            "cap * tanh(logits / cap), so its pre-cap logits cannot be read"
+        )
     return raw
 
 
-def final_logits(model, tokens: Int[Tensor, "batch pos"], position: int, *, run=None,
-                 row: int = 0) -> tuple[Tensor, Tensor]:
+def final_logits(
+    model, tokens: Int[Tensor, "batch pos"], position: int, *, run=None, row: int = 0
+) -> tuple[Tensor, Tensor]:
     """``(pre_cap, output)`` logits of one forward pass at ``position`` (equal without a cap);
     ``run``: read row ``row`` of a run made with ``hooks=final_hooks(model)`` instead."""
     if run is None:
@@ -108,9 +121,11 @@ def _post_scale_hooks(model, layer: int, has_mlp: bool) -> list[str]:
         if norm is None or (sublayer == "mlp" and not has_mlp):
             continue
         if not is_rms(norm):
-            raise AttributionError(f"layer {layer} normalises its {sublayer} output with a "
-                                   "LayerNorm before adding it, which interp does not decompose "
-                                   "(only RMSNorm post-norms, as in Gemma 2)")
+            raise AttributionError(
+                f"layer {layer} normalises its {sublayer} output with a "
+                "LayerNorm before adding it, which interp does not decompose "
+                "(only RMSNorm post-norms, as in Gemma 2)"
+            )
         names.append(f"blocks.{layer}.{short}.hook_scale")
     return names
 
@@ -118,7 +133,7 @@ def _post_scale_hooks(model, layer: int, has_mlp: bool) -> list[str]:
 def parts_hooks(model, *, neurons: bool) -> list[str]:
     """The hooks :func:`residual_parts` reads (with ``head_outputs=True``)."""
     cfg = model.cfg
-    n_layers, n_heads = int(cfg.n_layers), int(cfg.n_heads)
+    n_layers = int(cfg.n_layers)
     has_mlp = not getattr(cfg, "attn_only", False)
     hooks = ["hook_embed", "ln_final.hook_scale", f"blocks.{n_layers - 1}.hook_resid_post"]
     hooks += ["hook_pos_embed"] if has_pos_embed(model) else []
@@ -131,16 +146,24 @@ def parts_hooks(model, *, neurons: bool) -> list[str]:
     return hooks
 
 
-def residual_parts(model, tokens: Int[Tensor, "batch pos"] | None, pos: int, *,
-                   neurons: bool, run=None, row: int = 0) -> ResidualParts:
+def residual_parts(
+    model,
+    tokens: Int[Tensor, "batch pos"] | None,
+    pos: int,
+    *,
+    neurons: bool,
+    run=None,
+    row: int = 0,
+) -> ResidualParts:
     """Decompose the final residual stream of ``tokens`` (one prompt) at ``pos``; or, given
     ``run`` (made with ``head_outputs=True, hooks=parts_hooks(...)``), of its row ``row``."""
     cfg = model.cfg
     n_layers, n_heads = int(cfg.n_layers), int(cfg.n_heads)
     has_mlp = not getattr(cfg, "attn_only", False)
     if run is None:
-        run = run_cached(model, tokens, head_outputs=True,
-                         hooks=parts_hooks(model, neurons=neurons))
+        run = run_cached(
+            model, tokens, head_outputs=True, hooks=parts_hooks(model, neurons=neurons)
+        )
 
     def at(name: str) -> Tensor:
         return run[name][row, pos].double().cpu()
@@ -179,13 +202,21 @@ def residual_parts(model, tokens: Int[Tensor, "batch pos"] | None, pos: int, *,
         labels += [("neuron", layer, None, n) for n in range(per_neuron.shape[0])]
         bias = [] if b_out is None else [through(layer, "mlp", b_out[layer][None])]
         labels += [] if b_out is None else [("mlp_bias", layer, None, None)]
-        check_sum(torch.cat([per_neuron, *bias]).sum(0), mlp_out,
-                  f"layer {layer}'s neurons" + (" + b_out" if bias else ""), "its MLP output")
+        check_sum(
+            torch.cat([per_neuron, *bias]).sum(0),
+            mlp_out,
+            f"layer {layer}'s neurons" + (" + b_out" if bias else ""),
+            "its MLP output",
+        )
         vectors += [per_neuron, *bias]
     stack = torch.cat(vectors)  # [component d_model]
     x = at(f"blocks.{n_layers - 1}.hook_resid_post")
     check_sum(stack.sum(0), x, "the components", "the final residual stream")
-    return ResidualParts(labels=labels, stack=stack, x=x,
-                         scale=float(run["ln_final.hook_scale"][row, pos, 0]),
-                         logits=_pre_cap(model, run, pos, row),
-                         output=run.logits[row, pos].double().cpu())
+    return ResidualParts(
+        labels=labels,
+        stack=stack,
+        x=x,
+        scale=float(run["ln_final.hook_scale"][row, pos, 0]),
+        logits=_pre_cap(model, run, pos, row),
+        output=run.logits[row, pos].double().cpu(),
+    )

@@ -9,8 +9,18 @@ import re
 
 __all__ = ["parse_size", "format_size"]
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -25,9 +35,11 @@ def parse_size(size: int | str) -> int:
         match = _SIZE.match(str(size))
         unit = match and match.group(2).lower()
         if not match or unit not in _UNITS:
-            raise ValueError(f"cannot read {size!r} as a memory size; write a number of bytes or "
-                             "a number with a unit: 500MB, 1GiB, 2GB (units: B, KB, MB, GB, TB, "
-                             "KiB, MiB, GiB, TiB)")
+            raise ValueError(
+                f"cannot read {size!r} as a memory size; write a number of bytes or "
+                "a number with a unit: 500MB, 1GiB, 2GB (units: B, KB, MB, GB, TB, "
+                "KiB, MiB, GiB, TiB)"
+            )
         value = int(float(match.group(1)) * _UNITS[unit])
     if value <= 0:
         raise ValueError(f"a memory size must be positive, got {size!r}")

@@ -31,14 +31,29 @@ from torch import Tensor
 from interp.circuits.copying import ZERO_RTOL, negligible
 from interp.circuits.weights import CircuitWeights, as_weights
 
-__all__ = ["KINDS", "composition_scores", "composition_scores_dense", "composition_baseline",
-           "BASELINE_SAMPLES"]
+__all__ = [
+    "KINDS",
+    "composition_scores",
+    "composition_scores_dense",
+    "composition_baseline",
+    "BASELINE_SAMPLES",
+]
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("Q", "K", "V")  # which input of the later head the earlier head writes into
-COLUMNS = ["kind", "src_layer", "src_head", "dst_layer", "dst_head", "score", "baseline",
-           "undefined", "src_kv_head", "dst_kv_head"]
+COLUMNS = [
+    "kind",
+    "src_layer",
+    "src_head",
+    "dst_layer",
+    "dst_head",
+    "score",
+    "baseline",
+    "undefined",
+    "src_kv_head",
+    "dst_kv_head",
+]
 BASELINE_SAMPLES = 200  # std of the mean ~ std/14: three digits at GPT-2 small's shapes
 
 
@@ -66,14 +81,16 @@ def _gram_root(G: Float[Tensor, "... d_head d_head"]) -> Float[Tensor, "... d_he
     return root.to(G.dtype)
 
 
-def _reduce_left(A1: Float[Tensor, "... d_model d_head"],
-                 A2: Float[Tensor, "... d_head d_model"]) -> Float[Tensor, "... d_head d_model"]:
+def _reduce_left(
+    A1: Float[Tensor, "... d_model d_head"], A2: Float[Tensor, "... d_head d_model"]
+) -> Float[Tensor, "... d_head d_model"]:
     """``C`` with ``||A1 A2 X||_F == ||C X||_F`` for every X: ``C = Lᵀ A2``, ``A1ᵀA1 = L Lᵀ``."""
     return _gram_root(A1.transpose(-2, -1) @ A1).transpose(-2, -1) @ A2
 
 
-def _reduce_right(B1: Float[Tensor, "... d_model d_head"],
-                  B2: Float[Tensor, "... d_head d_model"]) -> Float[Tensor, "... d_model d_head"]:
+def _reduce_right(
+    B1: Float[Tensor, "... d_model d_head"], B2: Float[Tensor, "... d_head d_model"]
+) -> Float[Tensor, "... d_model d_head"]:
     """``D`` with ``||X B1 B2||_F == ||X D||_F`` for every X: ``D = B1 L``, ``B2 B2ᵀ = L Lᵀ``."""
     return B1 @ _gram_root(B2 @ B2.transpose(-2, -1))
 
@@ -85,8 +102,9 @@ def _undefined(reduced: Tensor, F1: Tensor, F2: Tensor) -> Tensor:
     return (reduced.flatten(-2).norm(dim=-1) <= ZERO_RTOL * bound) | negligible(bound)
 
 
-def composition_baseline(d_model: int, d_head: int, *, n_samples: int = BASELINE_SAMPLES,
-                         seed: int = 0) -> tuple[float, float]:
+def composition_baseline(
+    d_model: int, d_head: int, *, n_samples: int = BASELINE_SAMPLES, seed: int = 0
+) -> tuple[float, float]:
     """Mean and std of the composition score of random rank-``d_head`` products.
 
     Both sides are ``G1 G2`` with Gaussian ``G1 [d_model d_head]``, ``G2 [d_head d_model]``
@@ -102,8 +120,9 @@ def composition_baseline(d_model: int, d_head: int, *, n_samples: int = BASELINE
 
     C = _reduce_left(draw(d_model, d_head), draw(d_head, d_model))
     D = _reduce_right(draw(d_model, d_head), draw(d_head, d_model))
-    scores = (C @ D).flatten(-2).norm(dim=-1) / (C.flatten(-2).norm(dim=-1)
-                                                 * D.flatten(-2).norm(dim=-1))
+    scores = (C @ D).flatten(-2).norm(dim=-1) / (
+        C.flatten(-2).norm(dim=-1) * D.flatten(-2).norm(dim=-1)
+    )
     return float(scores.mean()), float(scores.std())
 
 
@@ -115,26 +134,50 @@ def _kinds(kind: str | Sequence[str]) -> list[str]:
     return kinds
 
 
-def _frame(kind: str, scores: Float[Tensor, "layer head layer head"], baseline: float,
-           undefined: Tensor, w: CircuitWeights) -> pd.DataFrame:
+def _frame(
+    kind: str,
+    scores: Float[Tensor, "layer head layer head"],
+    baseline: float,
+    undefined: Tensor,
+    w: CircuitWeights,
+) -> pd.DataFrame:
     """Long format, only pairs with src_layer < dst_layer; undefined pairs hold NaN."""
     L, H = scores.shape[:2]
-    grid = torch.stack(torch.meshgrid(torch.arange(L), torch.arange(H), torch.arange(L),
-                                      torch.arange(H), indexing="ij"), dim=-1).reshape(-1, 4)
+    grid = torch.stack(
+        torch.meshgrid(
+            torch.arange(L), torch.arange(H), torch.arange(L), torch.arange(H), indexing="ij"
+        ),
+        dim=-1,
+    ).reshape(-1, 4)
     keep = grid[:, 0] < grid[:, 2]
     undefined = undefined.expand(L, H, L, H).reshape(-1).cpu()[keep]
     grid = grid[keep]
     values = scores.reshape(-1).cpu()[keep].double().masked_fill(undefined, float("nan"))
-    return pd.DataFrame({"kind": kind, "src_layer": grid[:, 0].numpy(),
-                         "src_head": grid[:, 1].numpy(), "dst_layer": grid[:, 2].numpy(),
-                         "dst_head": grid[:, 3].numpy(), "score": values.numpy(),
-                         "baseline": baseline, "undefined": undefined.numpy(),
-                         "src_kv_head": w.kv_head(grid[:, 1]).numpy(),
-                         "dst_kv_head": w.kv_head(grid[:, 3]).numpy()}, columns=COLUMNS)
+    return pd.DataFrame(
+        {
+            "kind": kind,
+            "src_layer": grid[:, 0].numpy(),
+            "src_head": grid[:, 1].numpy(),
+            "dst_layer": grid[:, 2].numpy(),
+            "dst_head": grid[:, 3].numpy(),
+            "score": values.numpy(),
+            "baseline": baseline,
+            "undefined": undefined.numpy(),
+            "src_kv_head": w.kv_head(grid[:, 1]).numpy(),
+            "dst_kv_head": w.kv_head(grid[:, 3]).numpy(),
+        },
+        columns=COLUMNS,
+    )
 
 
-def composition_scores(model, kind: str | Sequence[str] = "K", *, fold_ln: bool | None = None,
-                       baseline_samples: int = BASELINE_SAMPLES, seed: int = 0) -> pd.DataFrame:
+def composition_scores(
+    model,
+    kind: str | Sequence[str] = "K",
+    *,
+    fold_ln: bool | None = None,
+    baseline_samples: int = BASELINE_SAMPLES,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Composition scores of every earlier-layer head into every later-layer head.
 
     ``kind`` is ``"Q"``, ``"K"``, ``"V"`` or a sequence of them. Returns columns ``kind,
@@ -163,23 +206,31 @@ def composition_scores(model, kind: str | Sequence[str] = "K", *, fold_ln: bool 
             scores = torch.full((L, H, L, H), float("nan"), dtype=C.dtype)
             for src in range(L - 1):
                 n_later = L - src - 1
-                prod = C[src].reshape(H * r, d) @ D_flat[:, (src + 1) * H * r:]
+                prod = C[src].reshape(H * r, d) @ D_flat[:, (src + 1) * H * r :]
                 num = prod.view(H, r, n_later, H, r).pow(2).sum(dim=(1, 4)).sqrt()
-                scores[src, :, src + 1:] = num / (C_norm[src][:, None, None]
-                                                  * D_norm[src + 1:][None])
+                scores[src, :, src + 1 :] = num / (
+                    C_norm[src][:, None, None] * D_norm[src + 1 :][None]
+                )
             bad = C_undef[:, :, None, None] | D_undef[None, None]
             frame = _frame(k, scores, baseline, bad, w)
             if frame["undefined"].any():
-                logger.warning("%s-composition undefined for %d head pairs (a numerically-zero "
-                               "circuit)", k, int(frame["undefined"].sum()))
+                logger.warning(
+                    "%s-composition undefined for %d head pairs (a numerically-zero circuit)",
+                    k,
+                    int(frame["undefined"].sum()),
+                )
             frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
-def composition_scores_dense(model, kind: str | Sequence[str] = "K", *,
-                             fold_ln: bool | None = None,
-                             baseline_samples: int = BASELINE_SAMPLES,
-                             seed: int = 0) -> pd.DataFrame:
+def composition_scores_dense(
+    model,
+    kind: str | Sequence[str] = "K",
+    *,
+    fold_ln: bool | None = None,
+    baseline_samples: int = BASELINE_SAMPLES,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Reference: the same scores from materialised ``d_model x d_model`` matrices (float64).
 
     Holds ``2 * layer * head`` such matrices and does ``d_model³`` work per pair: small models.
@@ -188,13 +239,14 @@ def composition_scores_dense(model, kind: str | Sequence[str] = "K", *,
     w = as_weights(model, fold_ln)
     L, H, d, r = w.W_Q.shape
     baseline, _ = composition_baseline(d, r, n_samples=baseline_samples, seed=seed)
-    OV = (w.W_V.double() @ w.W_O.double())
+    OV = w.W_V.double() @ w.W_O.double()
     right = {"Q": w.W_Q.double() @ w.W_K.double().transpose(-2, -1)}
     right["K"] = right["Q"].transpose(-2, -1)
     right["V"] = OV
     OV_undef = _undefined(OV, w.W_V.double(), w.W_O.double())
-    right_undef = {k: _undefined(right[k], *(f.double() for f in _right_factors(w, k)))
-                   for k in kinds}
+    right_undef = {
+        k: _undefined(right[k], *(f.double() for f in _right_factors(w, k))) for k in kinds
+    }
     frames = []
     for k in kinds:
         R = right[k]  # [L H d d]

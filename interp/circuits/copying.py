@@ -36,8 +36,10 @@ __all__ = ["ZERO_RTOL", "negligible", "ov_eigenvalues", "copying_scores", "copyi
 
 logger = logging.getLogger(__name__)
 
-def _ov_inner(w: CircuitWeights) -> tuple[Float[Tensor, "layer head d_head d_head"],
-                                          Float[Tensor, "layer head"]]:
+
+def _ov_inner(
+    w: CircuitWeights,
+) -> tuple[Float[Tensor, "layer head d_head d_head"], Float[Tensor, "layer head"]]:
     """``W_O (W_U W_E) W_V`` per head, and the norm bound that says what "zero" is."""
     M = w.unembed_times(w.W_E)  # [d_model d_model]: W_U_effective @ W_E, once for all heads
     inner = (w.W_O @ M) @ w.W_V
@@ -45,8 +47,7 @@ def _ov_inner(w: CircuitWeights) -> tuple[Float[Tensor, "layer head d_head d_hea
     return inner, bound
 
 
-def ov_eigenvalues(model, *, fold_ln: bool | None = None
-                   ) -> Complex[Tensor, "layer head d_head"]:
+def ov_eigenvalues(model, *, fold_ln: bool | None = None) -> Complex[Tensor, "layer head d_head"]:
     """Non-zero eigenvalues of every head's full OV circuit (complex128), via the small matrix.
 
     A head the eigenvalue solver fails on (or with non-finite weights) gets NaN eigenvalues.
@@ -59,8 +60,9 @@ def ov_eigenvalues(model, *, fold_ln: bool | None = None
         return eig.masked_fill(failed[..., None], complex(float("nan"), float("nan")))
 
 
-def _safe_eigvals(mats: Float[Tensor, "layer head n n"], skip: Tensor
-                  ) -> tuple[Complex[Tensor, "layer head n"], Tensor]:
+def _safe_eigvals(
+    mats: Float[Tensor, "layer head n n"], skip: Tensor
+) -> tuple[Complex[Tensor, "layer head n"], Tensor]:
     """Eigenvalues of every matrix not in ``skip``; ``failed`` marks where LAPACK gave up.
 
     Skipped (numerically-zero) matrices get eigenvalues 0 without calling the solver; if the
@@ -87,17 +89,20 @@ def _frame(scores: Tensor, undefined: Tensor, w: CircuitWeights | None = None) -
     n_layers, n_heads = scores.shape
     scores, undefined = scores.cpu(), undefined.cpu()
     heads = torch.arange(n_heads).repeat(n_layers)
-    df = pd.DataFrame({
-        "layer": torch.arange(n_layers).repeat_interleave(n_heads).tolist(),
-        "head": heads.tolist(),
-        "copying_score": scores.masked_fill(undefined, float("nan")).flatten().tolist(),
-        "undefined": undefined.flatten().tolist(),
-        "kv_head": (heads if w is None else w.kv_head(heads)).tolist(),
-    })
+    df = pd.DataFrame(
+        {
+            "layer": torch.arange(n_layers).repeat_interleave(n_heads).tolist(),
+            "head": heads.tolist(),
+            "copying_score": scores.masked_fill(undefined, float("nan")).flatten().tolist(),
+            "undefined": undefined.flatten().tolist(),
+            "kv_head": (heads if w is None else w.kv_head(heads)).tolist(),
+        }
+    )
     if undefined.any():
         flagged = df[df["undefined"]]
-        names = ", ".join(f"L{lay}H{h}" for lay, h in zip(flagged["layer"], flagged["head"],
-                                                         strict=True))
+        names = ", ".join(
+            f"L{lay}H{h}" for lay, h in zip(flagged["layer"], flagged["head"], strict=True)
+        )
         logger.warning("copying score undefined (all OV eigenvalues numerically zero): %s", names)
     return df
 
@@ -122,8 +127,9 @@ def copying_scores(model, *, fold_ln: bool | None = None) -> pd.DataFrame:
     return _frame(ratio.float(), undefined, w)
 
 
-def copying_scores_dense(model, *, fold_ln: bool | None = None,
-                         max_bytes: int | None = None) -> pd.DataFrame:
+def copying_scores_dense(
+    model, *, fold_ln: bool | None = None, max_bytes: int | None = None
+) -> pd.DataFrame:
     """Reference: eigenvalues of each materialised ``d_vocab x d_vocab`` full OV circuit.
 
     Float64, one head at a time, memory-guarded (``max_bytes`` as in ``materialize``); only for

@@ -83,13 +83,16 @@ def _index(idx: Index, size: int, what: str) -> Tensor | slice:
     tensor = torch.as_tensor(list(idx) if isinstance(idx, range) else idx)
     if tensor.dtype == torch.bool:
         if tensor.shape != (size,):
-            raise ValueError(f"a boolean {what} mask must have shape ({size},), "
-                             f"got {tuple(tensor.shape)}")
+            raise ValueError(
+                f"a boolean {what} mask must have shape ({size},), got {tuple(tensor.shape)}"
+            )
         return tensor.nonzero().squeeze(-1)
     tensor = tensor.long().reshape(-1)
     if tensor.numel() and (tensor.min() < -size or tensor.max() >= size):
-        raise IndexError(f"{what} indices must lie in [0, {size - 1}], got values from "
-                         f"{int(tensor.min())} to {int(tensor.max())}")
+        raise IndexError(
+            f"{what} indices must lie in [0, {size - 1}], got values from "
+            f"{int(tensor.min())} to {int(tensor.max())}"
+        )
     return tensor
 
 
@@ -97,8 +100,9 @@ def _count(idx: Tensor | slice, size: int) -> int:
     return size if isinstance(idx, slice) else int(idx.numel())
 
 
-def materialize(matrix: FactoredMatrix, rows: Index = None, cols: Index = None, *,
-                max_bytes: int | None = None) -> Tensor:
+def materialize(
+    matrix: FactoredMatrix, rows: Index = None, cols: Index = None, *, max_bytes: int | None = None
+) -> Tensor:
     """The dense ``matrix[..., rows, cols]`` (all rows / columns when None), memory-guarded.
 
     Raises :class:`MatrixTooLargeError` naming the size when the result would take more than
@@ -114,19 +118,21 @@ def materialize(matrix: FactoredMatrix, rows: Index = None, cols: Index = None, 
         raise MatrixTooLargeError(
             f"a dense {'x'.join(map(str, shape))} matrix needs {n_bytes / 1e9:.2f} GB, over the "
             f"{budget / 1e9:.2f} GB budget: pass rows=/cols= index sets to take a slice (e.g. "
-            "rows=range(100)), keep it factored (FactoredMatrix @ vectors), or raise max_bytes")
+            "rows=range(100)), keep it factored (FactoredMatrix @ vectors), or raise max_bytes"
+        )
     return matrix.A[..., r, :] @ matrix.B[..., :, c]
 
 
 def _head(w, layer: int, head: int) -> tuple[int, int]:
     if not (0 <= layer < w.n_layers and 0 <= head < w.n_heads):
-        raise IndexError(f"head L{layer}H{head} does not exist: the model has {w.n_layers} "
-                         f"layers of {w.n_heads} heads")
+        raise IndexError(
+            f"head L{layer}H{head} does not exist: the model has {w.n_layers} "
+            f"layers of {w.n_heads} heads"
+        )
     return layer, head
 
 
-def full_qk_circuit(model, layer: int, head: int, *,
-                    fold_ln: bool | None = None) -> FactoredMatrix:
+def full_qk_circuit(model, layer: int, head: int, *, fold_ln: bool | None = None) -> FactoredMatrix:
     """``W_E W_Q W_Kᵀ W_Eᵀ`` ``[d_vocab(query) d_vocab(key)]`` for one head, factored.
 
     On a rotary model this is the content-only part: the model's scores also depend on the
@@ -137,8 +143,7 @@ def full_qk_circuit(model, layer: int, head: int, *,
     return FactoredMatrix(w.W_E @ w.W_Q[layer, head], (w.W_E @ w.W_K[layer, head]).T)
 
 
-def full_ov_circuit(model, layer: int, head: int, *,
-                    fold_ln: bool | None = None) -> FactoredMatrix:
+def full_ov_circuit(model, layer: int, head: int, *, fold_ln: bool | None = None) -> FactoredMatrix:
     """``W_E W_V W_O W_U`` ``[d_vocab(attended token) d_vocab(logit)]`` for one head, factored.
 
     Row ``t``: how the logits move when the head attends (fully) to token ``t``.
@@ -160,8 +165,9 @@ def _decode(tokenizer, ids: Sequence[int]) -> list[str | None]:
     return [tokenizer.decode([int(i)]) for i in ids]
 
 
-def direct_path_top_tokens(model, tokens: Sequence[int] | Tensor, *, k: int = 10,
-                           fold_ln: bool | None = None) -> pd.DataFrame:
+def direct_path_top_tokens(
+    model, tokens: Sequence[int] | Tensor, *, k: int = 10, fold_ln: bool | None = None
+) -> pd.DataFrame:
     """The ``k`` next tokens the direct path ranks highest after each of ``tokens``.
 
     One row of ``W_E W_U`` per token, never the whole matrix. Columns: ``token, token_str,
@@ -176,8 +182,9 @@ def direct_path_top_tokens(model, tokens: Sequence[int] | Tensor, *, k: int = 10
         logits = w.logits_from(w.W_E[ids])
         top = logits.topk(k, dim=-1)
     records = []
-    for token, values, nexts in zip(ids.tolist(), top.values.tolist(), top.indices.tolist(),
-                                    strict=True):
+    for token, values, nexts in zip(
+        ids.tolist(), top.values.tolist(), top.indices.tolist(), strict=True
+    ):
         for rank, (value, nxt) in enumerate(zip(values, nexts, strict=True), start=1):
             records.append((token, rank, nxt, value))
     df = pd.DataFrame(records, columns=["token", "rank", "next_token", "logit"])
@@ -186,8 +193,9 @@ def direct_path_top_tokens(model, tokens: Sequence[int] | Tensor, *, k: int = 10
     return df
 
 
-def full_ov_diagonal(model, layer: int, head: int, *,
-                     fold_ln: bool | None = None) -> Float[Tensor, " d_vocab"]:
+def full_ov_diagonal(
+    model, layer: int, head: int, *, fold_ln: bool | None = None
+) -> Float[Tensor, " d_vocab"]:
     """Diagonal of the full OV circuit: how attending to token t moves t's own logit.
 
     One dot product per token of the two ``d_vocab x d_head`` factors, never the vocab² matrix.
@@ -197,8 +205,9 @@ def full_ov_diagonal(model, layer: int, head: int, *,
         return (ov.A * ov.B.T).sum(dim=-1)
 
 
-def top_copied_tokens(model, layer: int, head: int, *, k: int = 10,
-                      fold_ln: bool | None = None) -> pd.DataFrame:
+def top_copied_tokens(
+    model, layer: int, head: int, *, k: int = 10, fold_ln: bool | None = None
+) -> pd.DataFrame:
     """The ``k`` tokens whose own logit the head raises most when it attends to them.
 
     Columns: ``token, token_str, diagonal, row_rank``: the full OV circuit's diagonal entry and
@@ -213,8 +222,9 @@ def top_copied_tokens(model, layer: int, head: int, *, k: int = 10,
         # ||AB||_F² = tr(AᵀA BBᵀ): the circuit's size without forming it
         norm = ((A.T @ A) * (B @ B.T)).sum().clamp(min=0).sqrt()
         sizes = w.W_V.flatten(-2).norm(dim=-1) * w.W_O.flatten(-2).norm(dim=-1)
-        undefined = (not bool(norm > ZERO_RTOL * A.norm() * B.norm())
-                     or bool(negligible(sizes)[layer, head]))
+        undefined = not bool(norm > ZERO_RTOL * A.norm() * B.norm()) or bool(
+            negligible(sizes)[layer, head]
+        )
         diag = (ov.A * ov.B.T).sum(dim=-1)
         top = diag.topk(0 if undefined else min(int(k), w.d_vocab))
         rows = ov.A[top.indices] @ ov.B  # k rows of the full circuit, one d_vocab row each
@@ -222,7 +232,13 @@ def top_copied_tokens(model, layer: int, head: int, *, k: int = 10,
         own = rows.gather(1, top.indices[:, None])
         row_rank = (rows > own).sum(dim=-1) + 1
     ids = top.indices.tolist()
-    df = pd.DataFrame({"token": ids, "token_str": _decode(w.tokenizer, ids),
-                       "diagonal": top.values.tolist(), "row_rank": row_rank.tolist()})
+    df = pd.DataFrame(
+        {
+            "token": ids,
+            "token_str": _decode(w.tokenizer, ids),
+            "diagonal": top.values.tolist(),
+            "row_rank": row_rank.tolist(),
+        }
+    )
     df.attrs["undefined"] = undefined
     return df

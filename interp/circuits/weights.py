@@ -95,21 +95,26 @@ class CircuitWeights:
         for name, shape in expected.items():
             got = tuple(getattr(self, name).shape)
             if got != shape:
-                raise ValueError(f"{name} has shape {got} but W_Q {tuple(self.W_Q.shape)} and W_E "
-                                 f"{tuple(self.W_E.shape)} need {shape}")
+                raise ValueError(
+                    f"{name} has shape {got} but W_Q {tuple(self.W_Q.shape)} and W_E "
+                    f"{tuple(self.W_E.shape)} need {shape}"
+                )
         if not self.attn_scale > 0:
             raise ValueError(f"attn_scale must be positive, got {self.attn_scale}")
         if self.n_kv_heads is not None and (self.n_kv_heads < 1 or n_heads % self.n_kv_heads):
-            raise ValueError(f"n_kv_heads must divide the {n_heads} query heads, got "
-                             f"{self.n_kv_heads}")
+            raise ValueError(
+                f"n_kv_heads must divide the {n_heads} query heads, got {self.n_kv_heads}"
+            )
 
     def __repr__(self) -> str:
         kv = "" if self.n_kv_heads is None else f", n_kv_heads={self.n_kv_heads}"
-        return (f"CircuitWeights(layers={self.n_layers}, heads={self.n_heads}, "
-                f"d_model={self.d_model}, d_head={self.d_head}, d_vocab={self.d_vocab}{kv}, "
-                f"dtype={str(self.W_Q.dtype).removeprefix('torch.')}, "
-                f"ln_folded={self.ln_folded}, center_unembed={self.center_unembed}, "
-                f"rotary={self.rotary})")
+        return (
+            f"CircuitWeights(layers={self.n_layers}, heads={self.n_heads}, "
+            f"d_model={self.d_model}, d_head={self.d_head}, d_vocab={self.d_vocab}{kv}, "
+            f"dtype={str(self.W_Q.dtype).removeprefix('torch.')}, "
+            f"ln_folded={self.ln_folded}, center_unembed={self.center_unembed}, "
+            f"rotary={self.rotary})"
+        )
 
     def kv_head(self, head: int | Tensor) -> int | Tensor:
         """The key/value head that query head ``head`` reads (itself without GQA)."""
@@ -170,8 +175,13 @@ def _norm_affine(norm, d_model: int, like: Tensor) -> tuple[Tensor, Tensor, bool
     return weight, bias, centres
 
 
-def _fold_read(W: Float[Tensor, "head d_model d_head"], b: Float[Tensor, "head d_head"],
-               ln_w: Tensor, ln_b: Tensor, centres: bool) -> tuple[Tensor, Tensor]:
+def _fold_read(
+    W: Float[Tensor, "head d_model d_head"],
+    b: Float[Tensor, "head d_head"],
+    ln_w: Tensor,
+    ln_b: Tensor,
+    centres: bool,
+) -> tuple[Tensor, Tensor]:
     b_folded = b + torch.einsum("m,hmd->hd", ln_b, W)  # the LN bias passes through W
     W_folded = ln_w[:, None] * W
     if centres:  # P @ W: the LN centres its input, so a reader never sees the mean direction
@@ -234,10 +244,10 @@ def circuit_weights(model, *, fold_ln: bool = True) -> CircuitWeights:
             d_model = W_E.shape[1]
             Qs, Ks, Vs, bQs, bKs, bVs = [], [], [], [], [], []
             for layer in range(W_Q.shape[0]):
-                ln_w, ln_b, centres = _norm_affine(getattr(model.blocks[layer], "ln1", None),
-                                                   d_model, W_E)
-                for W, b, Ws, bs in ((W_Q, b_Q, Qs, bQs), (W_K, b_K, Ks, bKs),
-                                     (W_V, b_V, Vs, bVs)):
+                ln_w, ln_b, centres = _norm_affine(
+                    getattr(model.blocks[layer], "ln1", None), d_model, W_E
+                )
+                for W, b, Ws, bs in ((W_Q, b_Q, Qs, bQs), (W_K, b_K, Ks, bKs), (W_V, b_V, Vs, bVs)):
                     W_f, b_f = _fold_read(W[layer], b[layer], ln_w, ln_b, centres)
                     Ws.append(W_f)
                     bs.append(b_f)
@@ -249,20 +259,35 @@ def circuit_weights(model, *, fold_ln: bool = True) -> CircuitWeights:
                 unembed_in = unembed_in - unembed_in.mean(dim=0, keepdim=True)
             center_unembed = True
     return CircuitWeights(
-        W_E=W_E, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O, b_Q=b_Q, b_K=b_K, b_V=b_V, W_U=W_U,
-        unembed_in=unembed_in, center_unembed=center_unembed, attn_scale=_attn_scale(cfg),
-        ln_folded=bool(fold_ln), rotary=getattr(cfg, "positional_embedding_type", "") == "rotary",
-        tokenizer=getattr(model, "tokenizer", None), n_kv_heads=None if n_kv == n_heads else n_kv,
-        attn_soft_cap=_soft_cap(cfg))
+        W_E=W_E,
+        W_Q=W_Q,
+        W_K=W_K,
+        W_V=W_V,
+        W_O=W_O,
+        b_Q=b_Q,
+        b_K=b_K,
+        b_V=b_V,
+        W_U=W_U,
+        unembed_in=unembed_in,
+        center_unembed=center_unembed,
+        attn_scale=_attn_scale(cfg),
+        ln_folded=bool(fold_ln),
+        rotary=getattr(cfg, "positional_embedding_type", "") == "rotary",
+        tokenizer=getattr(model, "tokenizer", None),
+        n_kv_heads=None if n_kv == n_heads else n_kv,
+        attn_soft_cap=_soft_cap(cfg),
+    )
 
 
 def as_weights(model, fold_ln: bool | None) -> CircuitWeights:
     """A model or CircuitWeights as CircuitWeights; ``fold_ln=None`` means True for a model."""
     if isinstance(model, CircuitWeights):
         if fold_ln is not None and fold_ln != model.ln_folded:
-            raise ValueError(f"these CircuitWeights were built with fold_ln={model.ln_folded}; "
-                             f"build them with circuit_weights(model, fold_ln={fold_ln}) or "
-                             "leave fold_ln unset")
+            raise ValueError(
+                f"these CircuitWeights were built with fold_ln={model.ln_folded}; "
+                f"build them with circuit_weights(model, fold_ln={fold_ln}) or "
+                "leave fold_ln unset"
+            )
         return model
     return circuit_weights(model, fold_ln=True if fold_ln is None else fold_ln)
 
@@ -271,8 +296,7 @@ def _with_bias_row(W: Tensor, b: Tensor) -> Tensor:
     return torch.cat([W, b[..., None, :]], dim=-2)  # reads [x, 1]: the bias is the last row
 
 
-def qk_circuit(model, *, fold_ln: bool | None = None,
-               with_bias: bool = False) -> FactoredMatrix:
+def qk_circuit(model, *, fold_ln: bool | None = None, with_bias: bool = False) -> FactoredMatrix:
     """Every head's QK circuit ``W_Q W_Kᵀ`` as a ``FactoredMatrix [layer head d_model d_model]``.
 
     Scores are ``x @ QK @ xᵀ / attn_scale`` for ``x`` what the head reads (``hook_normalized``
@@ -281,13 +305,15 @@ def qk_circuit(model, *, fold_ln: bool | None = None,
     ``[x, 1]``: then the bilinear form is the model's scores exactly (non-rotary models).
     """
     w = as_weights(model, fold_ln)
-    W_Q, W_K = (_with_bias_row(w.W_Q, w.b_Q), _with_bias_row(w.W_K, w.b_K)) if with_bias \
+    W_Q, W_K = (
+        (_with_bias_row(w.W_Q, w.b_Q), _with_bias_row(w.W_K, w.b_K))
+        if with_bias
         else (w.W_Q, w.W_K)
+    )
     return FactoredMatrix(W_Q, W_K.transpose(-2, -1))
 
 
-def ov_circuit(model, *, fold_ln: bool | None = None,
-               with_bias: bool = False) -> FactoredMatrix:
+def ov_circuit(model, *, fold_ln: bool | None = None, with_bias: bool = False) -> FactoredMatrix:
     """Every head's OV circuit ``W_V W_O`` as a ``FactoredMatrix [layer head d_model d_model]``.
 
     A head's output at a position is ``pattern @ (x @ OV)``; ``with_bias=True`` adds ``b_V`` as
@@ -304,8 +330,12 @@ def _augment(x: Tensor) -> Tensor:
 
 
 def attention_scores_from_weights(
-    model, layer: int, resid_in: Float[Tensor, "batch pos d_model"], *,
-    fold_ln: bool | None = None, ignore_rotary: bool = False,
+    model,
+    layer: int,
+    resid_in: Float[Tensor, "batch pos d_model"],
+    *,
+    fold_ln: bool | None = None,
+    ignore_rotary: bool = False,
 ) -> Float[Tensor, "batch head q_pos k_pos"]:
     """Attention scores of every head in ``layer`` from the QK circuit with biases (unmasked).
 
@@ -318,9 +348,11 @@ def attention_scores_from_weights(
     """
     w = as_weights(model, fold_ln)
     if w.rotary and not ignore_rotary:
-        raise ValueError("this model has rotary positions: scores through the weights match the "
-                         "model's only where q_pos == k_pos; pass ignore_rotary=True for that "
-                         "position-free bilinear form")
+        raise ValueError(
+            "this model has rotary positions: scores through the weights match the "
+            "model's only where q_pos == k_pos; pass ignore_rotary=True for that "
+            "position-free bilinear form"
+        )
     qk = qk_circuit(w, with_bias=True)[layer]  # [head d_model+1 d_model+1]
     x = _augment(resid_in.to(w.W_Q.dtype))
     left = torch.einsum("bqm,hmd->bhqd", x, qk.A)
@@ -332,8 +364,12 @@ def attention_scores_from_weights(
 
 
 def head_outputs_from_weights(
-    model, layer: int, resid_in: Float[Tensor, "batch pos d_model"],
-    pattern: Float[Tensor, "batch head q_pos k_pos"], *, fold_ln: bool | None = None,
+    model,
+    layer: int,
+    resid_in: Float[Tensor, "batch pos d_model"],
+    pattern: Float[Tensor, "batch head q_pos k_pos"],
+    *,
+    fold_ln: bool | None = None,
 ) -> Float[Tensor, "batch pos head d_model"]:
     """Each head's write to the residual stream, ``pattern @ ([x, 1] @ OV_with_bias)``.
 

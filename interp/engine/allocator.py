@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["drop_retained_patterns", "release_retained", "return_freed_memory",
-           "trim_freed_memory"]
+__all__ = ["drop_retained_patterns", "release_retained", "return_freed_memory", "trim_freed_memory"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 _FREED_MEMORY_RETURNED = False
@@ -27,6 +26,7 @@ def drop_retained_patterns(model) -> list[tuple[str, object]]:
         name = f"blocks.{layer}.attn.hook_out"
         attn = getattr(block, "attn", None)
         if attn is not None and name in model.hook_dict:
+
             def drop(act, hook, attn=attn):
                 attn._pattern = None
 

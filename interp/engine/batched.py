@@ -33,15 +33,23 @@ from interp.engine.plan import _PLAN_SHARE, MemoryBudgetError, rows_per_chunk
 from interp.engine.sites import Intervention
 from interp.engine.tokens import PromptError, to_tokens
 
-__all__ = ["run_patched", "rows_per_pass", "per_row", "check_eval", "MetricFn",
-           "LOGITS_BUDGET_BYTES"]
+__all__ = [
+    "run_patched",
+    "rows_per_pass",
+    "per_row",
+    "check_eval",
+    "MetricFn",
+    "LOGITS_BUDGET_BYTES",
+]
 
 MetricFn = Callable[[Float[Tensor, "batch pos d_vocab"]], Float[Tensor, " batch"]]
 # default rows per pass: the logits [rows pos d_vocab] are the largest tensor of a patched pass
 LOGITS_BUDGET_BYTES = 256 * 2**20
 
 
-def per_row(metric: MetricFn, logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, " batch"]:
+def per_row(
+    metric: MetricFn, logits: Float[Tensor, "batch pos d_vocab"]
+) -> Float[Tensor, " batch"]:
     """Call ``metric`` and check it gave one finite-typed number per row."""
     value = metric(logits)
     if not isinstance(value, Tensor):
@@ -49,25 +57,31 @@ def per_row(metric: MetricFn, logits: Float[Tensor, "batch pos d_vocab"]) -> Flo
     if value.ndim == 0 and logits.shape[0] == 1:
         value = value[None]
     if value.shape != (logits.shape[0],):
-        raise ValueError(f"a metric must return one value per batch row, shape "
-                         f"({logits.shape[0]},), got shape {tuple(value.shape)}; e.g. "
-                         "lambda logits: logits[:, -1, answer] - logits[:, -1, wrong]")
+        raise ValueError(
+            f"a metric must return one value per batch row, shape "
+            f"({logits.shape[0]},), got shape {tuple(value.shape)}; e.g. "
+            "lambda logits: logits[:, -1, answer] - logits[:, -1, wrong]"
+        )
     return value.float()
 
 
 def check_eval(model) -> None:
     """Refuse a model in training mode: dropout would make every patched run differ by chance."""
     if model.training:
-        raise ValueError("the model is in training mode (dropout is active); call model.eval() "
-                         "before patching")
+        raise ValueError(
+            "the model is in training mode (dropout is active); call model.eval() before patching"
+        )
 
 
 def _start_layer(row: Sequence[Intervention]) -> int:
     return min((item.site.layer for item in row), default=0)
 
 
-def _row_hooks(start: int, rows: Sequence[Sequence[int]], compiled: list[tuple[str, HookFn]],
-               ) -> list[tuple[str, HookFn]]:
+def _row_hooks(
+    start: int,
+    rows: Sequence[Sequence[int]],
+    compiled: list[tuple[str, HookFn]],
+) -> list[tuple[str, HookFn]]:
     """Hooks expanding the batch at ``start`` and applying row r's hooks to row r only."""
     expand_at = f"blocks.{start}.hook_resid_pre"
     per_hook: dict[str, list[tuple[int, HookFn]]] = {expand_at: []}
@@ -82,7 +96,7 @@ def _row_hooks(start: int, rows: Sequence[Sequence[int]], compiled: list[tuple[s
             if name == expand_at:
                 act = act.expand(n_rows, *act.shape[1:]).clone()
             for r, fn in items:
-                fn(act[r:r + 1], hook)  # writes into row r in place (see hooks._write)
+                fn(act[r : r + 1], hook)  # writes into row r in place (see hooks._write)
             return act
 
         return hook
@@ -90,8 +104,15 @@ def _row_hooks(start: int, rows: Sequence[Sequence[int]], compiled: list[tuple[s
     return [(name, make(name, items)) for name, items in per_hook.items()]
 
 
-def rows_per_pass(model, n_pos: int, n_rows: int, max_rows: int | None,
-                   max_bytes: int | str | None, held: int, held_what: str) -> int:
+def rows_per_pass(
+    model,
+    n_pos: int,
+    n_rows: int,
+    max_rows: int | None,
+    max_bytes: int | str | None,
+    held: int,
+    held_what: str,
+) -> int:
     """Patched runs per forward pass: ``max_rows``, or planned from ``max_bytes`` less ``held``
     (what the caller keeps throughout), or by default as many as keep the logits under 256 MiB.
     Callers that must refuse a budget before any run ask here first; raises
@@ -104,7 +125,8 @@ def rows_per_pass(model, n_pos: int, n_rows: int, max_rows: int | None,
     if held >= budget:
         raise MemoryBudgetError(
             f"{held_what} alone needs {format_size(held)}, more than "
-            f"max_bytes={format_size(budget)}; patch fewer sites or layers, or raise max_bytes")
+            f"max_bytes={format_size(budget)}; patch fewer sites or layers, or raise max_bytes"
+        )
     per_run = max(estimate_forward_bytes(model, (1, n_pos)), estimate_loss_bytes(model, (1, n_pos)))
     least = held + per_run / _PLAN_SHARE
     if held and budget < least:
@@ -112,9 +134,11 @@ def rows_per_pass(model, n_pos: int, n_rows: int, max_rows: int | None,
             f"activation patching holds {held_what} ({format_size(held)}) and needs about "
             f"{format_size(per_run)} per patched run of {n_pos} tokens, more than "
             f"max_bytes={format_size(budget)} allows (passes are planned to {_PLAN_SHARE:.0%} of "
-            f"what is left); raise max_bytes to at least {format_size(least)}")
-    return rows_per_chunk(model, n_pos, budget - held, n_rows=n_rows, loss=True,
-                          what="one patched run")
+            f"what is left); raise max_bytes to at least {format_size(least)}"
+        )
+    return rows_per_chunk(
+        model, n_pos, budget - held, n_rows=n_rows, loss=True, what="one patched run"
+    )
 
 
 def run_patched(
@@ -151,10 +175,13 @@ def run_patched(
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be at least 1, got {max_rows}")
     if max_rows is not None and max_bytes is not None:
-        raise ValueError("pass max_rows (patched runs per pass) or max_bytes (a memory budget "
-                         "the runs per pass are planned from), not both")
-    size = rows_per_pass(model, int(tokens.shape[1]), len(rows), max_rows, max_bytes, held,
-                          held_what)
+        raise ValueError(
+            "pass max_rows (patched runs per pass) or max_bytes (a memory budget "
+            "the runs per pass are planned from), not both"
+        )
+    size = rows_per_pass(
+        model, int(tokens.shape[1]), len(rows), max_rows, max_bytes, held, held_what
+    )
     flat = [item for row in rows for item in row]
     compiled = compile_hooks(model, flat)
     fixed_hooks = compile_hooks(model, fixed)
@@ -165,8 +192,11 @@ def run_patched(
     groups: dict[int, list[int]] = {}
     for r, row in enumerate(rows):
         groups.setdefault(_start_layer(row), []).append(r)
-    chunks = [(start, members[i:i + size]) for start, members in sorted(groups.items())
-              for i in range(0, len(members), size)]
+    chunks = [
+        (start, members[i : i + size])
+        for start, members in sorted(groups.items())
+        for i in range(0, len(members), size)
+    ]
     values = torch.full((len(rows),), float("nan"))
     for start, members in tqdm(chunks, desc="patching", unit="pass", disable=not progress):
         # fixed hooks first: a corruption at the hook a row patches is undone by the patch

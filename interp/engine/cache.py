@@ -1,9 +1,10 @@
 """Run a prompt and keep exactly the activations an analysis asked for.
 
-``run_cached(model, prompt, patterns=True)`` caches one hook per layer, not the whole
-forward pass: a GPT-2-small-shaped model on 8x256 tokens holds 4.9 GB of activations if
-everything is kept, 72 MB for the residual stream after each layer. Per-head outputs (``z @ W_O`` per head) are computed inside the
-hook from ``hook_z`` so that neither ``z`` nor TransformerLens's gated ``hook_result`` is kept.
+``run_cached(model, prompt, patterns=True)`` caches one hook per layer, not the whole forward
+pass: a GPT-2-small-shaped model on 8x256 tokens holds 4.9 GB of activations if everything is
+kept, 72 MB for the residual stream after each layer. Per-head outputs (``z @ W_O`` per head)
+are computed inside the hook from ``hook_z`` so that neither ``z`` nor TransformerLens's gated
+``hook_result`` is kept.
 
 Hooks added here live only for the run: they are removed when it ends, also when a hook or
 the forward pass raises (``model.hooks`` context; see tests/test_caching.py).
@@ -65,41 +66,69 @@ class CachedRun:
     def memory_bytes(self) -> int:
         """Bytes held by the cached activations, the logits and the token ids (what
         :func:`interp.memory.estimate_cache_bytes` estimates before the run)."""
-        return (sum(nbytes(t) for t in self.activations.values()) + nbytes(self.logits)
-                + nbytes(self.tokens))
+        return (
+            sum(nbytes(t) for t in self.activations.values())
+            + nbytes(self.logits)
+            + nbytes(self.tokens)
+        )
 
     def _summary(self) -> dict[str, str]:
-        logits = ("not kept" if self.logits is None else
-                  f"{tensor_text(self.logits)}, {megabytes(nbytes(self.logits))}")
-        return {"tokens": tensor_text(self.tokens), "logits": logits,
-                "layers": str(list(self.layers)),
-                "activations": (f"{len(self.activations)} tensors, "
-                                f"{len(self._groups())} kind(s) (below)"),
-                "memory": f"{megabytes(self.memory_bytes())} (activations, logits, tokens)"}
+        logits = (
+            "not kept"
+            if self.logits is None
+            else f"{tensor_text(self.logits)}, {megabytes(nbytes(self.logits))}"
+        )
+        return {
+            "tokens": tensor_text(self.tokens),
+            "logits": logits,
+            "layers": str(list(self.layers)),
+            "activations": (
+                f"{len(self.activations)} tensors, {len(self._groups())} kind(s) (below)"
+            ),
+            "memory": f"{megabytes(self.memory_bytes())} (activations, logits, tokens)",
+        }
 
     def __repr__(self) -> str:
-        kinds = "; ".join(f"{name} x{max(len(layers), 1)} {tensor_text(t)}"
-                          for name, layers, t, _ in self._groups())
+        kinds = "; ".join(
+            f"{name} x{max(len(layers), 1)} {tensor_text(t)}"
+            for name, layers, t, _ in self._groups()
+        )
         logits = "not kept" if self.logits is None else tensor_text(self.logits)
-        return (f"CachedRun(tokens {tensor_text(self.tokens)}, logits {logits}, layers "
-                f"{list(self.layers)}, {megabytes(self.memory_bytes())}; cached: "
-                f"{kinds or 'nothing'})")
+        return (
+            f"CachedRun(tokens {tensor_text(self.tokens)}, logits {logits}, layers "
+            f"{list(self.layers)}, {megabytes(self.memory_bytes())}; cached: "
+            f"{kinds or 'nothing'})"
+        )
 
     def _repr_html_(self) -> str:
         import pandas as pd
 
         table = pd.DataFrame(
-            [(name, ", ".join(map(str, layers)) or "-", str(list(t.shape)),
-              str(t.dtype).removeprefix("torch."), megabytes(size))
-             for name, layers, t, size in self._groups()],
-            columns=["activation", "layers", "shape (each)", "dtype", "memory"])
-        return summary_html("CachedRun", self._summary(), table=table_html(table, max_rows=50),
-                            table_title="cached activations (run[name], e.g. run.patterns())")
+            [
+                (
+                    name,
+                    ", ".join(map(str, layers)) or "-",
+                    str(list(t.shape)),
+                    str(t.dtype).removeprefix("torch."),
+                    megabytes(size),
+                )
+                for name, layers, t, size in self._groups()
+            ],
+            columns=["activation", "layers", "shape (each)", "dtype", "memory"],
+        )
+        return summary_html(
+            "CachedRun",
+            self._summary(),
+            table=table_html(table, max_rows=50),
+            table_title="cached activations (run[name], e.g. run.patterns())",
+        )
 
     def __getitem__(self, name: str) -> Tensor:
         if name not in self.activations:
-            raise KeyError(f"'{name}' was not cached; ask for it in run_cached "
-                           f"(cached: {', '.join(sorted(self.activations)) or 'nothing'})")
+            raise KeyError(
+                f"'{name}' was not cached; ask for it in run_cached "
+                f"(cached: {', '.join(sorted(self.activations)) or 'nothing'})"
+            )
         return self.activations[name]
 
     def _stack(self, suffix: str) -> Tensor:
@@ -194,21 +223,37 @@ def run_cached(
         check_hook_names(model, [hook_name(layer, "attn.hook_z") for layer in chosen])
 
     if max_bytes is not None:
-        check_budget(model, tuple(tokens.shape), max_bytes, resid=resid, patterns=patterns,
-                     scores=scores, head_outputs=head_outputs, ln_scales=ln_scales, hooks=hooks,
-                     layers=chosen, keep_logits=keep_logits)
+        check_budget(
+            model,
+            tuple(tokens.shape),
+            max_bytes,
+            resid=resid,
+            patterns=patterns,
+            scores=scores,
+            head_outputs=head_outputs,
+            ln_scales=ln_scales,
+            hooks=hooks,
+            layers=chosen,
+            keep_logits=keep_logits,
+        )
     store: dict[str, Tensor] = {}
     fwd_hooks: list[tuple[str, HookFn]] = list(interventions)
     # interventions edit activations in place: a later one must not change what was kept
-    fwd_hooks += [(name, store_hook(store, name, copy=bool(interventions)))
-                  for name in dict.fromkeys(names)]
+    fwd_hooks += [
+        (name, store_hook(store, name, copy=bool(interventions))) for name in dict.fromkeys(names)
+    ]
     if head_outputs:
         W_O = stacked_weight(model, "W_O")  # also when accelerate offloaded the layers
-        fwd_hooks += [(hook_name(layer, "attn.hook_z"),
-                       _head_output_hook(W_O[layer], store, hook_name(layer, "attn.hook_result")))
-                      for layer in chosen]
+        fwd_hooks += [
+            (
+                hook_name(layer, "attn.hook_z"),
+                _head_output_hook(W_O[layer], store, hook_name(layer, "attn.hook_result")),
+            )
+            for layer in chosen
+        ]
     logits = forward(model, tokens, fwd_hooks)
     if store:  # a kept cache: hand back the pass's freed working memory that glibc keeps
         trim_freed_memory()
-    return CachedRun(tokens=tokens, logits=logits if keep_logits else None,
-                     activations=store, layers=chosen)
+    return CachedRun(
+        tokens=tokens, logits=logits if keep_logits else None, activations=store, layers=chosen
+    )

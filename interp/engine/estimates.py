@@ -32,8 +32,15 @@ import torch
 from interp.engine.allocator import release_retained
 from interp.sizes import format_size, parse_size
 
-__all__ = ["parse_size", "format_size", "estimate_cache_bytes", "estimate_forward_bytes",
-           "estimate_loss_bytes", "estimate_run_bytes", "estimate_attribution_bytes"]
+__all__ = [
+    "parse_size",
+    "format_size",
+    "estimate_cache_bytes",
+    "estimate_forward_bytes",
+    "estimate_loss_bytes",
+    "estimate_run_bytes",
+    "estimate_attribution_bytes",
+]
 
 # numbers per token that one layer's transients need on top of the kept residual stream
 _ATTENTION = (2, 16)  # 2 * head * pos + 16 * d_model: scores and pattern of one layer
@@ -43,8 +50,10 @@ _LOSS = (2, 4)  # 2 * d_vocab + 4 * d_model: the logits and logsumexp's temporar
 
 
 def _shape(prompt_shape) -> tuple[int, int]:
-    dims = tuple(int(d) for d in (prompt_shape.shape if isinstance(prompt_shape, torch.Tensor)
-                                  else prompt_shape))
+    dims = tuple(
+        int(d)
+        for d in (prompt_shape.shape if isinstance(prompt_shape, torch.Tensor) else prompt_shape)
+    )
     if len(dims) == 1:
         dims = (1, dims[0])
     if len(dims) != 2 or min(dims) < 1:
@@ -62,27 +71,46 @@ def _dims(model) -> dict[str, int]:
     n_heads = int(cfg.n_heads)
     d_head = int(getattr(cfg, "d_head", 0) or int(cfg.d_model) // n_heads)
     n_kv = int(getattr(cfg, "n_key_value_heads", None) or n_heads)
-    return {"n_layers": int(cfg.n_layers), "head": n_heads, "d_head": d_head, "kv": n_kv,
-            "d_model": int(cfg.d_model), "d_mlp": int(getattr(cfg, "d_mlp", 0) or 0),
-            "d_vocab": int(cfg.d_vocab)}
+    return {
+        "n_layers": int(cfg.n_layers),
+        "head": n_heads,
+        "d_head": d_head,
+        "kv": n_kv,
+        "d_model": int(cfg.d_model),
+        "d_mlp": int(getattr(cfg, "d_mlp", 0) or 0),
+        "d_vocab": int(cfg.d_vocab),
+    }
 
 
 def _per_token(suffix: str, dims: dict[str, int], n_pos: int) -> int | None:
     """Numbers per (row, position) a hook holds, by its name's suffix; None when unknown."""
     table = {
-        "hook_scale": 1, "hook_pattern": dims["head"] * n_pos,
+        "hook_scale": 1,
+        "hook_pattern": dims["head"] * n_pos,
         "hook_attn_scores": dims["head"] * n_pos,
-        "hook_q": dims["head"] * dims["d_head"], "hook_z": dims["head"] * dims["d_head"],
-        "hook_k": dims["kv"] * dims["d_head"], "hook_v": dims["kv"] * dims["d_head"],
+        "hook_q": dims["head"] * dims["d_head"],
+        "hook_z": dims["head"] * dims["d_head"],
+        "hook_k": dims["kv"] * dims["d_head"],
+        "hook_v": dims["kv"] * dims["d_head"],
         "attn.hook_result": dims["head"] * dims["d_model"],
-        "mlp.hook_pre": dims["d_mlp"], "mlp.hook_post": dims["d_mlp"],
+        "mlp.hook_pre": dims["d_mlp"],
+        "mlp.hook_post": dims["d_mlp"],
     }
     for key, value in table.items():
         if suffix.endswith(key):
             return value
-    d_model_hooks = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out",
-                     "hook_mlp_out", "hook_embed", "hook_pos_embed", "hook_normalized",
-                     "hook_out", "hook_in")
+    d_model_hooks = (
+        "hook_resid_pre",
+        "hook_resid_mid",
+        "hook_resid_post",
+        "hook_attn_out",
+        "hook_mlp_out",
+        "hook_embed",
+        "hook_pos_embed",
+        "hook_normalized",
+        "hook_out",
+        "hook_in",
+    )
     return dims["d_model"] if suffix.endswith(d_model_hooks) else None
 
 
@@ -94,17 +122,28 @@ def _probe_per_row(model, names: Sequence[str], n_pos: int) -> dict[str, int]:
         sizes[hook.name] = act.nbytes // max(1, act.shape[0])
 
     tokens = torch.zeros((1, n_pos), dtype=torch.long, device=model.cfg.device)
-    with torch.inference_mode(), model.hooks(fwd_hooks=[(n, keep) for n in names],
-                                             reset_hooks_end=True):
+    with (
+        torch.inference_mode(),
+        model.hooks(fwd_hooks=[(n, keep) for n in names], reset_hooks_end=True),
+    ):
         model(tokens, return_type=None)
     release_retained(model)
     return sizes
 
 
-def _cache_items(model, prompt_shape, *, resid: Sequence[str] = (), patterns: bool = False,
-                 scores: bool = False, head_outputs: bool = False, ln_scales: bool = False,
-                 hooks: Sequence[str] = (), layers: Sequence[int] | None = None,
-                 keep_logits: bool = True) -> dict[str, int]:
+def _cache_items(
+    model,
+    prompt_shape,
+    *,
+    resid: Sequence[str] = (),
+    patterns: bool = False,
+    scores: bool = False,
+    head_outputs: bool = False,
+    ln_scales: bool = False,
+    hooks: Sequence[str] = (),
+    layers: Sequence[int] | None = None,
+    keep_logits: bool = True,
+) -> dict[str, int]:
     """Bytes of each kind of thing ``run_cached`` would keep (same arguments)."""
     batch, n_pos = _shape(prompt_shape)
     dims, item = _dims(model), _itemsize(model)
@@ -141,19 +180,36 @@ def _cache_items(model, prompt_shape, *, resid: Sequence[str] = (), patterns: bo
 
 
 def estimate_cache_bytes(
-        model, prompt_shape, *, resid: Sequence[str] = (), patterns: bool = False,
-        scores: bool = False, head_outputs: bool = False, ln_scales: bool = False,
-        hooks: Sequence[str] = (), layers: Sequence[int] | None = None,
-        keep_logits: bool = True) -> int:
+    model,
+    prompt_shape,
+    *,
+    resid: Sequence[str] = (),
+    patterns: bool = False,
+    scores: bool = False,
+    head_outputs: bool = False,
+    ln_scales: bool = False,
+    hooks: Sequence[str] = (),
+    layers: Sequence[int] | None = None,
+    keep_logits: bool = True,
+) -> int:
     """Bytes of the :class:`interp.CachedRun` that ``run_cached(model, prompt, ...)`` returns.
 
     ``prompt_shape`` is ``(batch, pos)`` (or ``(pos,)``, or a token tensor); the keyword
-    arguments are run_cached's, with the same meaning and defaults. Counts the activations, the logits and the token ids from the model's
-    shapes and dtype; hooks the estimate does not know by name are measured on one row.
+    arguments are run_cached's, with the same meaning and defaults. Counts the activations,
+    the logits and the token ids from the model's shapes and dtype; hooks the estimate does
+    not know by name are measured on one row.
     The forward pass needs working memory on top: see :func:`estimate_run_bytes`.
     """
-    what = dict(resid=resid, patterns=patterns, scores=scores, head_outputs=head_outputs,
-                ln_scales=ln_scales, hooks=hooks, layers=layers, keep_logits=keep_logits)
+    what = dict(
+        resid=resid,
+        patterns=patterns,
+        scores=scores,
+        head_outputs=head_outputs,
+        ln_scales=ln_scales,
+        hooks=hooks,
+        layers=layers,
+        keep_logits=keep_logits,
+    )
     return sum(_cache_items(model, prompt_shape, **what).values())
 
 
@@ -187,17 +243,33 @@ def estimate_loss_bytes(model, prompt_shape) -> int:
 
 
 def estimate_run_bytes(
-        model, prompt_shape, *, resid: Sequence[str] = (), patterns: bool = False,
-        scores: bool = False, head_outputs: bool = False, ln_scales: bool = False,
-        hooks: Sequence[str] = (), layers: Sequence[int] | None = None,
-        keep_logits: bool = True) -> int:
+    model,
+    prompt_shape,
+    *,
+    resid: Sequence[str] = (),
+    patterns: bool = False,
+    scores: bool = False,
+    head_outputs: bool = False,
+    ln_scales: bool = False,
+    hooks: Sequence[str] = (),
+    layers: Sequence[int] | None = None,
+    keep_logits: bool = True,
+) -> int:
     """Peak extra memory of ``run_cached(model, prompt, ...)``: the largest of the last layer's
     three moments, each with what is cached by then. During its attention, the layer's own
     patterns, scores, head outputs and later residual streams do not exist yet; during its MLP,
     its ``resid_post``; at the unembedding the whole cache does (the logits are counted there,
     whether they are kept or not)."""
-    what = dict(resid=resid, patterns=patterns, scores=scores, head_outputs=head_outputs,
-                ln_scales=ln_scales, hooks=hooks, layers=layers, keep_logits=keep_logits)
+    what = dict(
+        resid=resid,
+        patterns=patterns,
+        scores=scores,
+        head_outputs=head_outputs,
+        ln_scales=ln_scales,
+        hooks=hooks,
+        layers=layers,
+        keep_logits=keep_logits,
+    )
     cache = estimate_cache_bytes(model, prompt_shape, **{**what, "keep_logits": False})
     moments = _transients(model, prompt_shape)
     batch, n_pos = _shape(prompt_shape)
@@ -207,11 +279,16 @@ def estimate_run_bytes(
     after_mlp = after_attention = 0
     if layers is None or last in layers:
         after_mlp = row * dims["d_model"] * ("post" in resid)
-        after_attention = after_mlp + row * (dims["d_model"] * ("mid" in resid)
-                                             + dims["head"] * n_pos * (patterns + scores)
-                                             + dims["head"] * dims["d_model"] * head_outputs)
-    return max(cache - after_attention + moments["attention"], cache - after_mlp + moments["mlp"],
-               cache + moments["unembed"])
+        after_attention = after_mlp + row * (
+            dims["d_model"] * ("mid" in resid)
+            + dims["head"] * n_pos * (patterns + scores)
+            + dims["head"] * dims["d_model"] * head_outputs
+        )
+    return max(
+        cache - after_attention + moments["attention"],
+        cache - after_mlp + moments["mlp"],
+        cache + moments["unembed"],
+    )
 
 
 def estimate_attribution_bytes(model, n_pos: int) -> int:
@@ -224,6 +301,10 @@ def estimate_attribution_bytes(model, n_pos: int) -> int:
     at 81."""
     dims = _dims(model)
     d_mlp = dims["d_mlp"] or 4 * dims["d_model"]
-    per_layer = (3 * dims["head"] * n_pos + 4 * dims["head"] * dims["d_head"] + 3 * d_mlp
-                 + 15 * dims["d_model"])
+    per_layer = (
+        3 * dims["head"] * n_pos
+        + 4 * dims["head"] * dims["d_head"]
+        + 3 * d_mlp
+        + 15 * dims["d_model"]
+    )
     return n_pos * _itemsize(model) * (dims["n_layers"] * per_layer + 3 * dims["d_vocab"])

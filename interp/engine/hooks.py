@@ -43,7 +43,8 @@ def _write(site: Site, value_fn: Callable[[Slab], Slab]) -> HookFn:
         # in place AND returned: the bridge feeds some hooks' tensors on by identity (the
         # residual add after hook_resid_mid uses the tensor the hook saw, ln2 the returned one)
         act[slab_idx if site.pos is None else full_idx] = (
-            new if site.pos is None else new[:, site.pos]).to(act.dtype)
+            new if site.pos is None else new[:, site.pos]
+        ).to(act.dtype)
         return act
 
     return hook
@@ -51,9 +52,11 @@ def _write(site: Site, value_fn: Callable[[Slab], Slab]) -> HookFn:
 
 def _check_like(value: Tensor, slab: Tensor, what: str, site: Site) -> None:
     if value.shape[1:] != slab.shape[1:]:
-        raise ValueError(f"{site}: the {what} has shape {tuple(value.shape[1:])} per row but the "
-                         f"run's activation has {tuple(slab.shape[1:])}; use prompts of the same "
-                         "token length")
+        raise ValueError(
+            f"{site}: the {what} has shape {tuple(value.shape[1:])} per row but the "
+            f"run's activation has {tuple(slab.shape[1:])}; use prompts of the same "
+            "token length"
+        )
 
 
 def _mean_value(per_position: bool, reference: Tensor | None, site: Site) -> Callable:
@@ -107,8 +110,10 @@ def _run_sources(model, items: Sequence[Intervention]) -> dict[tuple[int, str], 
     return found
 
 
-def compile_hooks(model, interventions: Sequence[Intervention | tuple[str, HookFn]],
-                  ) -> list[tuple[str, HookFn]]:
+def compile_hooks(
+    model,
+    interventions: Sequence[Intervention | tuple[str, HookFn]],
+) -> list[tuple[str, HookFn]]:
     """``(hook_name, fn)`` forward hooks for ``interventions`` (tuples pass through unchanged).
 
     Sites are checked against the model first; mean and resample sources are run here.
@@ -116,10 +121,14 @@ def compile_hooks(model, interventions: Sequence[Intervention | tuple[str, HookF
     items = [item for item in interventions if isinstance(item, Intervention)]
     for item in interventions:
         if not isinstance(item, Intervention) and not (
-                isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                and callable(item[1])):
-            raise TypeError(f"an intervention is an Intervention or a (hook_name, fn) tuple, "
-                            f"got {item!r}")
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and callable(item[1])
+        ):
+            raise TypeError(
+                f"an intervention is an Intervention or a (hook_name, fn) tuple, got {item!r}"
+            )
     hook_names = set(model.hook_dict)
     for site in {item.site for item in items}:
         site.check(model, hook_names)
@@ -131,15 +140,18 @@ def compile_hooks(model, interventions: Sequence[Intervention | tuple[str, HookF
             continue
         site, slab_idx = item.site, _slab_index(item.site)
         if item.kind == "zero":
+
             def value_fn(slab):
                 return torch.zeros_like(slab[:1])
         elif item.kind == "mean":
-            reference = (None if item.source is None
-                         else sources[id(item.source), site.hook_name][slab_idx])
+            reference = (
+                None if item.source is None else sources[id(item.source), site.hook_name][slab_idx]
+            )
             value_fn = _mean_value(item.per_position, reference, site)
         elif item.kind == "resample":
-            value_fn = _source_value(sources[id(item.source), site.hook_name][slab_idx],
-                                     item.seed, site)
+            value_fn = _source_value(
+                sources[id(item.source), site.hook_name][slab_idx], item.seed, site
+            )
         elif item.kind == "patch":
             value_fn = _source_value(item.source[slab_idx], item.seed, site)
         else:
@@ -160,4 +172,3 @@ def intervene(model, interventions: Sequence[Intervention | tuple[str, HookFn]])
     hooks = compile_hooks(model, interventions)
     with model.hooks(fwd_hooks=hooks, reset_hooks_end=True):
         yield model
-

@@ -21,8 +21,13 @@ __all__ = ["HookFn", "forward", "store_hook"]
 HookFn = Callable[..., Tensor | None]  # a forward hook: (activation, hook) -> new value or None
 
 
-def forward(model, tokens: Int[Tensor, "batch pos"], hooks: Sequence[tuple[str, HookFn]] = (),
-            *, grad: bool = False) -> Float[Tensor, "batch pos d_vocab"]:
+def forward(
+    model,
+    tokens: Int[Tensor, "batch pos"],
+    hooks: Sequence[tuple[str, HookFn]] = (),
+    *,
+    grad: bool = False,
+) -> Float[Tensor, "batch pos d_vocab"]:
     """The logits of ``tokens`` with ``hooks`` applied (in order), under ``inference_mode``, or
     with gradients enabled when ``grad`` (attribution patching differentiates the logits after
     the pass); the retained patterns are dropped after the hooks that may read them."""
@@ -38,6 +43,7 @@ def forward(model, tokens: Int[Tensor, "batch pos"], hooks: Sequence[tuple[str, 
 def store_hook(store: dict, name: str, copy: bool = False) -> HookFn:
     """A hook keeping its activation in ``store[name]`` (a copy where later hooks edit it in
     place: what was kept must not change)."""
+
     def hook(act: Tensor, hook) -> None:
         store[name] = act.detach().clone() if copy else act.detach()
 

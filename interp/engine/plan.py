@@ -37,20 +37,29 @@ class MemoryBudgetError(ValueError):
     """A run would not fit its ``max_bytes``; the message says what would."""
 
 
-def rows_per_chunk(model, n_pos: int, max_bytes: int | str, *, n_rows: int,
-                   kept_per_row: int = 0, loss: bool = False, held: int = 0,
-                   what: str = "this analysis") -> int:
+def rows_per_chunk(
+    model,
+    n_pos: int,
+    max_bytes: int | str,
+    *,
+    n_rows: int,
+    kept_per_row: int = 0,
+    loss: bool = False,
+    held: int = 0,
+    what: str = "this analysis",
+) -> int:
     """How many rows of ``n_pos`` tokens one forward pass may take under ``max_bytes``.
 
     ``kept_per_row``: bytes per row a pass needs beside the forward pass (what it records);
     ``loss``: it computes a next-token loss from the logits after each pass
-    (:func:`estimate_loss_bytes`); ``held``: bytes the analysis keeps throughout, whatever its
-    chunks (they come off the budget first). Chunks are planned to 90% of the budget, and to 2.5x the
-    estimate per row: glibc keeps freed memory resident (peaks measured 1.4-2.5x what is in
-    use), and splitting costs almost nothing, since a pass's time grows with its rows. Only
-    when one row would not fit that way are freed blocks returned to the operating system
-    (:func:`return_freed_memory`, which costs page faults) and chunks planned to the estimate
-    itself. Raises :class:`MemoryBudgetError` when not even one row fits.
+    (:func:`estimate_loss_bytes`); ``held``: bytes the analysis keeps throughout, whatever
+    its chunks (they come off the budget first). Chunks are planned to 90% of the budget,
+    and to 2.5x the estimate per row: glibc keeps freed memory resident (peaks measured
+    1.4-2.5x what is in use), and splitting costs almost nothing, since a pass's time grows
+    with its rows. Only when one row would not fit that way are freed blocks returned to the
+    operating system (:func:`return_freed_memory`, which costs page faults) and chunks
+    planned to the estimate itself. Raises :class:`MemoryBudgetError` when not even one row
+    fits.
     """
     budget = parse_size(max_bytes)
     per_row = estimate_forward_bytes(model, (1, n_pos))
@@ -65,12 +74,14 @@ def rows_per_chunk(model, n_pos: int, max_bytes: int | str, *, n_rows: int,
             f"{format_size(per_row)} per row of {n_pos} tokens in a pass, more than "
             f"max_bytes={format_size(budget)} allows (passes are planned to {_PLAN_SHARE:.0%} "
             f"of what is left); raise max_bytes to at least {format_size(least)}, or use fewer "
-            "or shorter rows")
+            "or shorter rows"
+        )
     if per_row > usable:
         raise MemoryBudgetError(
             f"{what} needs about {format_size(per_row)} per row of {n_pos} tokens, more than "
             f"{_PLAN_SHARE:.0%} of max_bytes={format_size(budget)}; raise max_bytes to at least "
-            f"{format_size(per_row / _PLAN_SHARE)} or use shorter rows")
+            f"{format_size(per_row / _PLAN_SHARE)} or use shorter rows"
+        )
     if per_row * n_rows * _GLIBC_SLACK <= usable:
         return n_rows  # one pass, with room for what glibc keeps
     if per_row * _GLIBC_SLACK <= usable:
@@ -80,14 +91,31 @@ def rows_per_chunk(model, n_pos: int, max_bytes: int | str, *, n_rows: int,
 
 
 def check_budget(
-        model, prompt_shape, max_bytes: int | str, *, resid: Sequence[str] = (), patterns: bool = False,
-        scores: bool = False, head_outputs: bool = False, ln_scales: bool = False,
-        hooks: Sequence[str] = (), layers: Sequence[int] | None = None,
-        keep_logits: bool = True) -> None:
+    model,
+    prompt_shape,
+    max_bytes: int | str,
+    *,
+    resid: Sequence[str] = (),
+    patterns: bool = False,
+    scores: bool = False,
+    head_outputs: bool = False,
+    ln_scales: bool = False,
+    hooks: Sequence[str] = (),
+    layers: Sequence[int] | None = None,
+    keep_logits: bool = True,
+) -> None:
     """Raise :class:`MemoryBudgetError` before a run of ``run_cached(...)`` that would not fit,
     saying what would: a smaller batch, fewer layers, or dropping the largest items."""
-    what = dict(resid=resid, patterns=patterns, scores=scores, head_outputs=head_outputs,
-                ln_scales=ln_scales, hooks=hooks, layers=layers, keep_logits=keep_logits)
+    what = dict(
+        resid=resid,
+        patterns=patterns,
+        scores=scores,
+        head_outputs=head_outputs,
+        ln_scales=ln_scales,
+        hooks=hooks,
+        layers=layers,
+        keep_logits=keep_logits,
+    )
     budget = parse_size(max_bytes)
     batch, n_pos = _shape(prompt_shape)
     need = estimate_run_bytes(model, (batch, n_pos), **what)
@@ -97,8 +125,9 @@ def check_budget(
         return
     items = _cache_items(model, (batch, n_pos), **what)
     items.pop("logits", None)  # counted with the forward pass, where they are made
-    parts = ", ".join(f"{k} {format_size(v)}" for k, v in sorted(items.items(), key=lambda kv: -kv[1])
-                      if v)
+    parts = ", ".join(
+        f"{k} {format_size(v)}" for k, v in sorted(items.items(), key=lambda kv: -kv[1]) if v
+    )
     n_layers = int(model.cfg.n_layers)
     chosen = list(range(n_layers)) if what.get("layers") is None else list(what["layers"])
     forward = need - sum(items.values())
@@ -106,32 +135,60 @@ def check_budget(
     per_row = estimate_run_bytes(model, (1, n_pos), **what)
     if per_row <= budget:
         options.append(f"a batch of at most {budget // per_row} rows (of {batch})")
-    fits_layers = [k for k in range(1, len(chosen))
-                   if estimate_run_bytes(model, (batch, n_pos), **{**what, "layers": chosen[:k]})
-                   <= budget]
+    fits_layers = [
+        k
+        for k in range(1, len(chosen))
+        if estimate_run_bytes(model, (batch, n_pos), **{**what, "layers": chosen[:k]}) <= budget
+    ]
     if fits_layers:
-        options.append(f"at most {fits_layers[-1]} of the {len(chosen)} layers "
-                       f"(layers={chosen[:fits_layers[-1]]})")
+        options.append(
+            f"at most {fits_layers[-1]} of the {len(chosen)} layers "
+            f"(layers={chosen[: fits_layers[-1]]})"
+        )
     big = [k for k in ("patterns", "scores", "head_outputs") if what.get(k)]
     if big:
         lean = estimate_run_bytes(model, (batch, n_pos), **{**what, **dict.fromkeys(big, False)})
         verdict = "fits" if lean <= budget else "still needs " + format_size(lean)
-        options.append(f"reducing {' and '.join(big)} inside a hook instead of caching them "
-                       f"(run_cached(interventions=...), as the induction scan does; {verdict})")
-    advice = "; or ".join(options) if options else (
-        f"nothing smaller fits: one row alone needs {format_size(per_row)}; use shorter prompts")
+        options.append(
+            f"reducing {' and '.join(big)} inside a hook instead of caching them "
+            f"(run_cached(interventions=...), as the induction scan does; {verdict})"
+        )
+    advice = (
+        "; or ".join(options)
+        if options
+        else (
+            f"nothing smaller fits: one row alone needs {format_size(per_row)}; use shorter prompts"
+        )
+    )
     raise MemoryBudgetError(
         f"this run needs about {format_size(need)} (cache: {parts}; forward pass with logits "
-        f"{format_size(forward)}) but max_bytes is {format_size(budget)}. What fits: {advice}.")
+        f"{format_size(forward)}) but max_bytes is {format_size(budget)}. What fits: {advice}."
+    )
 
 
-def row_chunks(model, n_rows: int, n_pos: int, max_bytes: int | str | None, *,
-               kept_per_row: int = 0, loss: bool = False, held: int = 0,
-               what: str = "this analysis") -> list[slice]:
+def row_chunks(
+    model,
+    n_rows: int,
+    n_pos: int,
+    max_bytes: int | str | None,
+    *,
+    kept_per_row: int = 0,
+    loss: bool = False,
+    held: int = 0,
+    what: str = "this analysis",
+) -> list[slice]:
     """Slices of ``n_rows`` rows whose forward passes each fit ``max_bytes`` (one slice when
     there is no budget); the keyword arguments are :func:`rows_per_chunk`'s."""
     if max_bytes is None:
         return [slice(0, n_rows)]
-    size = rows_per_chunk(model, n_pos, max_bytes, n_rows=n_rows, kept_per_row=kept_per_row,
-                          loss=loss, held=held, what=what)
+    size = rows_per_chunk(
+        model,
+        n_pos,
+        max_bytes,
+        n_rows=n_rows,
+        kept_per_row=kept_per_row,
+        loss=loss,
+        held=held,
+        what=what,
+    )
     return [slice(start, min(start + size, n_rows)) for start in range(0, n_rows, size)]

@@ -73,14 +73,16 @@ class Site:
 
     def __post_init__(self):
         if self.kind not in SITE_KINDS:
-            raise ValueError(f"site kind must be one of {', '.join(SITE_KINDS)}, "
-                             f"got {self.kind!r}")
+            raise ValueError(f"site kind must be one of {', '.join(SITE_KINDS)}, got {self.kind!r}")
         if self.head is not None and self.kind not in HEAD_KINDS:
-            raise ValueError(f"a {self.kind} site has no heads; pass head=None or a head kind "
-                             f"({', '.join(HEAD_KINDS)})")
+            raise ValueError(
+                f"a {self.kind} site has no heads; pass head=None or a head kind "
+                f"({', '.join(HEAD_KINDS)})"
+            )
         if self.kind in HEAD_KINDS and self.head is None:
-            raise ValueError(f"a {self.kind} site needs head=; e.g. Site({self.kind!r}, "
-                             f"{self.layer}, head=0)")
+            raise ValueError(
+                f"a {self.kind} site needs head=; e.g. Site({self.kind!r}, {self.layer}, head=0)"
+            )
         if isinstance(self.layer, bool) or int(self.layer) != self.layer or self.layer < 0:
             raise ValueError(f"layer must be a non-negative integer, got {self.layer!r}")
 
@@ -104,14 +106,18 @@ class Site:
         hook names, when checking many sites)."""
         n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
         if self.layer >= n_layers:
-            raise ValueError(f"{self}: layer {self.layer} out of range; the model has "
-                             f"{n_layers} layers")
+            raise ValueError(
+                f"{self}: layer {self.layer} out of range; the model has {n_layers} layers"
+            )
         if self.head is not None and not 0 <= self.head < n_heads:
-            raise ValueError(f"{self}: head {self.head} out of range; the model has {n_heads} "
-                             "heads per layer")
+            raise ValueError(
+                f"{self}: head {self.head} out of range; the model has {n_heads} heads per layer"
+            )
         if self.hook_name not in (model.hook_dict if hook_names is None else hook_names):
-            raise ValueError(f"{self}: the model has no hook {self.hook_name} (attention-only "
-                             "models have no resid_mid or mlp_out)")
+            raise ValueError(
+                f"{self}: the model has no hook {self.hook_name} (attention-only "
+                "models have no resid_mid or mlp_out)"
+            )
 
     def __str__(self) -> str:
         head = f"H{self.head}" if self.head is not None else ""
@@ -146,8 +152,9 @@ class Intervention:
         if not isinstance(self.site, Site):
             raise TypeError(f"site must be a Site, got {type(self.site).__name__}")
         if self.kind not in ABLATIONS:
-            raise ValueError(f"ablation kind must be one of {', '.join(ABLATIONS)}, "
-                             f"got {self.kind!r}")
+            raise ValueError(
+                f"ablation kind must be one of {', '.join(ABLATIONS)}, got {self.kind!r}"
+            )
         if self.kind == "noise" and (self.std is None or not self.std > 0):
             raise ValueError(f"noise needs a positive std=, got {self.std!r}")
         if self.kind == "resample" and self.source is None:

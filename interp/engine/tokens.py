@@ -14,8 +14,15 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-__all__ = ["Prompt", "PromptError", "to_tokens", "pair_tokens", "check_hook_names", "hook_name",
-           "RESID_KINDS"]
+__all__ = [
+    "Prompt",
+    "PromptError",
+    "to_tokens",
+    "pair_tokens",
+    "check_hook_names",
+    "hook_name",
+    "RESID_KINDS",
+]
 
 RESID_KINDS = ("pre", "mid", "post")  # residual streams: before attention, between, after MLP
 Prompt = str | Sequence[str] | Sequence[int] | Tensor
@@ -35,21 +42,29 @@ def _check_ids(tokens: Tensor, model) -> Int[Tensor, "batch pos"]:
     if tokens.ndim == 1:
         tokens = tokens[None]
     if tokens.ndim != 2:
-        raise PromptError(f"token ids must be [pos] or [batch, pos], got shape {tuple(tokens.shape)}")
+        raise PromptError(
+            f"token ids must be [pos] or [batch, pos], got shape {tuple(tokens.shape)}"
+        )
     if tokens.numel() == 0:
         raise PromptError("the prompt is empty: pass at least one token")
     d_vocab = int(model.cfg.d_vocab)
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= d_vocab:
-        raise PromptError(f"token ids must lie in [0, {d_vocab - 1}] (the model's vocabulary), "
-                          f"got values from {lo} to {hi}")
+        raise PromptError(
+            f"token ids must lie in [0, {d_vocab - 1}] (the model's vocabulary), "
+            f"got values from {lo} to {hi}"
+        )
     if tokens.shape[1] > _n_ctx(model):
-        raise PromptError(f"prompt has {tokens.shape[1]} tokens but the model's context is "
-                          f"{_n_ctx(model)}; pass a shorter prompt")
+        raise PromptError(
+            f"prompt has {tokens.shape[1]} tokens but the model's context is "
+            f"{_n_ctx(model)}; pass a shorter prompt"
+        )
     return tokens.long()
 
 
-def to_tokens(model, prompt: Prompt, *, prepend_bos: bool | None = None) -> Int[Tensor, "batch pos"]:
+def to_tokens(
+    model, prompt: Prompt, *, prepend_bos: bool | None = None
+) -> Int[Tensor, "batch pos"]:
     """Validate a prompt (text, a batch of texts, or token ids) and return ``[batch, pos]`` ids.
 
     Text is tokenised by the model's tokenizer (``prepend_bos`` as the model's default when
@@ -57,8 +72,9 @@ def to_tokens(model, prompt: Prompt, *, prepend_bos: bool | None = None) -> Int[
     """
     if isinstance(prompt, Tensor):
         tokens = prompt
-    elif isinstance(prompt, str) or (isinstance(prompt, Sequence) and prompt
-                                     and all(isinstance(p, str) for p in prompt)):
+    elif isinstance(prompt, str) or (
+        isinstance(prompt, Sequence) and prompt and all(isinstance(p, str) for p in prompt)
+    ):
         texts = [prompt] if isinstance(prompt, str) else list(prompt)
         if any(not t for t in texts):
             raise PromptError("the prompt is empty: pass some text")
@@ -67,8 +83,10 @@ def to_tokens(model, prompt: Prompt, *, prepend_bos: bool | None = None) -> Int[
         rows = [model.to_tokens(t, prepend_bos=prepend_bos, truncate=False)[0].cpu() for t in texts]
         lengths = sorted({len(r) for r in rows})
         if len(lengths) > 1:
-            raise PromptError(f"the texts tokenise to different lengths {lengths}; run them "
-                              "separately or pass equal-length token ids")
+            raise PromptError(
+                f"the texts tokenise to different lengths {lengths}; run them "
+                "separately or pass equal-length token ids"
+            )
         tokens = torch.stack(rows)
     elif isinstance(prompt, Sequence):
         if not prompt:
@@ -78,7 +96,9 @@ def to_tokens(model, prompt: Prompt, *, prepend_bos: bool | None = None) -> Int[
         except (TypeError, ValueError) as exc:
             raise PromptError(f"cannot read the prompt as token ids: {exc}") from exc
     else:
-        raise PromptError(f"a prompt is text, a list of texts or token ids, not {type(prompt).__name__}")
+        raise PromptError(
+            f"a prompt is text, a list of texts or token ids, not {type(prompt).__name__}"
+        )
     return _check_ids(tokens, model)
 
 
@@ -97,17 +117,22 @@ def check_hook_names(model, names: Sequence[str]) -> None:
         reason = model._gated_hook_reason(name)
         if reason is not None:
             hint = "; pass head_outputs=True instead" if name.endswith("attn.hook_result") else ""
-            raise KeyError(f"hook '{name}' does not fire on this model as configured: "
-                           f"{reason}{hint}")
+            raise KeyError(
+                f"hook '{name}' does not fire on this model as configured: {reason}{hint}"
+            )
 
 
 def _no_resid_mid(model) -> str:
     """Why a model has no residual stream between its attention and its MLP."""
     if getattr(model.cfg, "attn_only", False):
-        return ("this model is attention-only: there is no resid_mid between attention and "
-                "MLP; ask for resid 'pre' or 'post'")
-    return ("this model has a parallel residual (attention and MLP both read resid_pre, as in "
-            "GPT-J, Pythia, Phi): there is no resid_mid; ask for resid 'pre' or 'post'")
+        return (
+            "this model is attention-only: there is no resid_mid between attention and "
+            "MLP; ask for resid 'pre' or 'post'"
+        )
+    return (
+        "this model has a parallel residual (attention and MLP both read resid_pre, as in "
+        "GPT-J, Pythia, Phi): there is no resid_mid; ask for resid 'pre' or 'post'"
+    )
 
 
 def pair_tokens(model, clean, corrupted) -> tuple[Int[Tensor, "1 pos"], Int[Tensor, "1 pos"]]:
@@ -120,10 +145,12 @@ def pair_tokens(model, clean, corrupted) -> tuple[Int[Tensor, "1 pos"], Int[Tens
         pair.append(tokens.to(model.cfg.device))
     if pair[0].shape != pair[1].shape:
         shown = [token_strings(model, tokens[0]) for tokens in pair]
-        raise PromptError(f"the clean and corrupted prompts must have the same number of tokens "
-                          f"(positions are patched one for one): clean has {pair[0].shape[1]} "
-                          f"{shown[0]}, corrupted has {pair[1].shape[1]} {shown[1]}; "
-                          "change the corrupted prompt")
+        raise PromptError(
+            f"the clean and corrupted prompts must have the same number of tokens "
+            f"(positions are patched one for one): clean has {pair[0].shape[1]} "
+            f"{shown[0]}, corrupted has {pair[1].shape[1]} {shown[1]}; "
+            "change the corrupted prompt"
+        )
     return pair[0], pair[1]
 
 

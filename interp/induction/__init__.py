@@ -19,8 +19,19 @@ from interp.induction.detect import (
 from interp.induction.scores import HeadScan, ablated_repeated_loss, scan_heads
 
 __all__ = [
-    "ABLATION_MIN_SHARE", "COLUMNS", "CONTROL_MAX_RATIO", "DEFAULT_SEQ_LENS", "INDUCTION_MIN",
-    "HeadScan", "InductionResult", "RepeatedTokens", "ablated_repeated_loss", "choose_seq_lens",
-    "detect_induction_heads", "ordinary_token_ids", "repeated_tokens", "run_induction_scan",
+    "ABLATION_MIN_SHARE",
+    "COLUMNS",
+    "CONTROL_MAX_RATIO",
+    "DEFAULT_SEQ_LENS",
+    "INDUCTION_MIN",
+    "HeadScan",
+    "InductionResult",
+    "RepeatedTokens",
+    "ablated_repeated_loss",
+    "choose_seq_lens",
+    "detect_induction_heads",
+    "ordinary_token_ids",
+    "repeated_tokens",
+    "run_induction_scan",
     "scan_heads",
 ]

@@ -25,8 +25,15 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-__all__ = ["RepeatedTokens", "ordinary_token_ids", "repeated_tokens", "SCORE_TARGETS",
-           "choose_seq_lens", "distinct_tokens_needed", "MIN_SEQ_LEN"]
+__all__ = [
+    "RepeatedTokens",
+    "ordinary_token_ids",
+    "repeated_tokens",
+    "SCORE_TARGETS",
+    "choose_seq_lens",
+    "distinct_tokens_needed",
+    "MIN_SEQ_LEN",
+]
 
 SCORE_TARGETS = ("induction", "duplicate", "previous", "control")  # keys of the target masks
 MIN_SEQ_LEN = 4  # shorter repeats: too few queries per row to tell induction from chance
@@ -65,8 +72,10 @@ class RepeatedTokens:
         lens = self.seq_lens.tolist()
         counts = {n: lens.count(n) for n in dict.fromkeys(lens)}
         per = ", ".join(f"{n} x{c}" for n, c in counts.items())
-        return (f"RepeatedTokens(tokens {list(self.tokens.shape)}, seq_lens {per}, "
-                f"prefix {self.prefix})")
+        return (
+            f"RepeatedTokens(tokens {list(self.tokens.shape)}, seq_lens {per}, "
+            f"prefix {self.prefix})"
+        )
 
     def targets(self, kind: str) -> tuple[Tensor, Tensor, Tensor]:
         """``(batch_index, q_pos, k_pos)`` of every query that has a ``kind`` target."""
@@ -110,8 +119,9 @@ def distinct_tokens_needed(seq_lens: Sequence[int]) -> int:
     return 2 * max(seq_lens) - min(seq_lens)
 
 
-def choose_seq_lens(defaults: Sequence[int], *, n_ctx: int, n_vocab: int,
-                    prefix: int = 1) -> tuple[list[int], str | None]:
+def choose_seq_lens(
+    defaults: Sequence[int], *, n_ctx: int, n_vocab: int, prefix: int = 1
+) -> tuple[list[int], str | None]:
     """Repeat lengths that fit the context and the vocabulary: ``(lengths, why or None)``.
 
     The ``defaults`` are kept when they fit. Otherwise the ones that fit are kept (dropping the
@@ -131,8 +141,10 @@ def choose_seq_lens(defaults: Sequence[int], *, n_ctx: int, n_vocab: int,
     if max(defaults) > ctx_max:
         limits.append(f"the context of {n_ctx} tokens holds repeats of at most {ctx_max}")
     if distinct_tokens_needed(defaults) > n_vocab:
-        limits.append(f"{defaults} need {distinct_tokens_needed(defaults)} distinct ordinary "
-                      f"tokens per row but the vocabulary offers {n_vocab}")
+        limits.append(
+            f"{defaults} need {distinct_tokens_needed(defaults)} distinct ordinary "
+            f"tokens per row but the vocabulary offers {n_vocab}"
+        )
     why = f"the default repeat lengths {defaults} do not fit: {'; '.join(limits)}"
     kept = [n for n in defaults if n <= ctx_max and n >= MIN_SEQ_LEN]
     while len(kept) >= 2 and not fits(kept):
@@ -143,9 +155,11 @@ def choose_seq_lens(defaults: Sequence[int], *, n_ctx: int, n_vocab: int,
         lens = sorted({max(MIN_SEQ_LEN, longest // 4), max(MIN_SEQ_LEN, longest // 2), longest})
         if fits(lens):
             return lens, why
-    raise ValueError(f"no repeat length of at least {MIN_SEQ_LEN} fits this model: the context "
-                     f"of {n_ctx} tokens holds repeats of at most {ctx_max} and the vocabulary "
-                     f"offers {n_vocab} distinct ordinary tokens")
+    raise ValueError(
+        f"no repeat length of at least {MIN_SEQ_LEN} fits this model: the context "
+        f"of {n_ctx} tokens holds repeats of at most {ctx_max} and the vocabulary "
+        f"offers {n_vocab} distinct ordinary tokens"
+    )
 
 
 def repeated_tokens(
@@ -167,16 +181,19 @@ def repeated_tokens(
     longest = max(seq_lens)
     need = distinct_tokens_needed(seq_lens)
     if need > len(vocab):
-        raise ValueError(f"repeat length {longest} needs {need} distinct ordinary tokens but the "
-                         f"vocabulary offers {len(vocab)}; pass shorter seq_lens")
+        raise ValueError(
+            f"repeat length {longest} needs {need} distinct ordinary tokens but the "
+            f"vocabulary offers {len(vocab)}; pass shorter seq_lens"
+        )
     generator = torch.Generator().manual_seed(seed)
     rows, lens = [], []
     for seq_len in seq_lens:
         for _ in range(batch_size):
             picks = vocab[torch.randperm(len(vocab), generator=generator)]
-            a, filler = picks[:seq_len], picks[seq_len:seq_len + 2 * (longest - seq_len)]
+            a, filler = picks[:seq_len], picks[seq_len : seq_len + 2 * (longest - seq_len)]
             head = torch.tensor([] if bos_id is None else [bos_id], dtype=torch.long)
             rows.append(torch.cat([head, a, a, filler]))
             lens.append(seq_len)
-    return RepeatedTokens(tokens=torch.stack(rows), seq_lens=torch.tensor(lens),
-                          prefix=0 if bos_id is None else 1)
+    return RepeatedTokens(
+        tokens=torch.stack(rows), seq_lens=torch.tensor(lens), prefix=0 if bos_id is None else 1
+    )

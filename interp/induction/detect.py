@@ -34,8 +34,16 @@ from interp.induction.batches import (
 )
 from interp.induction.scores import HeadScan, ablated_repeated_loss, scan_heads
 
-__all__ = ["InductionResult", "detect_induction_heads", "run_induction_scan", "COLUMNS",
-           "INDUCTION_MIN", "CONTROL_MAX_RATIO", "ABLATION_MIN_SHARE", "DEFAULT_SEQ_LENS"]
+__all__ = [
+    "InductionResult",
+    "detect_induction_heads",
+    "run_induction_scan",
+    "COLUMNS",
+    "INDUCTION_MIN",
+    "CONTROL_MAX_RATIO",
+    "ABLATION_MIN_SHARE",
+    "DEFAULT_SEQ_LENS",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +52,15 @@ CONTROL_MAX_RATIO = 0.25  # verdict: most offset-control score, as a share of in
 ABLATION_MIN_SHARE = 0.01  # verdict: least ablation cost, as a share of what the repeat saves
 DEFAULT_SEQ_LENS = (10, 20, 40)  # repeat lengths used where they fit the model
 COLUMNS = [  # the table's columns, in order (then EXTRA_COLUMNS)
-    "layer", "head", "induction_score", "prev_token_score", "duplicate_token_score",
-    "copying_score", "ablation_loss_increase", "is_induction"]
+    "layer",
+    "head",
+    "induction_score",
+    "prev_token_score",
+    "duplicate_token_score",
+    "copying_score",
+    "ablation_loss_increase",
+    "is_induction",
+]
 # kv_head: the key/value head a query head shares under grouped-query attention (else = head)
 EXTRA_COLUMNS = ["induction_score_min", "offset_control_score", "kv_head"]
 
@@ -68,8 +83,11 @@ class InductionResult:
     def _summary(self) -> dict[str, str]:
         heads = self.induction_heads()
         n_heads = len(self.table)
-        verdict = (f"{len(heads)} of {n_heads} heads are induction heads: {', '.join(heads)}"
-                   if heads else f"no induction head among {n_heads} heads")
+        verdict = (
+            f"{len(heads)} of {n_heads} heads are induction heads: {', '.join(heads)}"
+            if heads
+            else f"no induction head among {n_heads} heads"
+        )
         gain = self.loss_first_half - self.loss_repeated_half
         lens = self.settings.get("seq_lens")
         reason = self.settings.get("seq_lens_reason")
@@ -79,24 +97,33 @@ class InductionResult:
         bos = "rows without BOS" if bos_id is None else f"BOS id {bos_id}"
         return {
             "verdict": verdict,
-            "loss": (f"first half {number(self.loss_first_half)}, repeated half "
-                     f"{number(self.loss_repeated_half)} (in-context gain {number(gain)})"),
+            "loss": (
+                f"first half {number(self.loss_first_half)}, repeated half "
+                f"{number(self.loss_repeated_half)} (in-context gain {number(gain)})"
+            ),
             "seq_lens": f"{lens} ({reason or why_lens})",
-            "batch": (f"{self.settings.get('batch_size')} rows per length, seed "
-                      f"{self.settings.get('seed')}, {bos}; "
-                      f"tokens {list(self.batch.tokens.shape)}"),
+            "batch": (
+                f"{self.settings.get('batch_size')} rows per length, seed "
+                f"{self.settings.get('seed')}, {bos}; "
+                f"tokens {list(self.batch.tokens.shape)}"
+            ),
             "thresholds": ", ".join(f"{k} {v}" for k, v in thresholds.items()),
         }
 
     def __repr__(self) -> str:
         summary = self._summary()
-        return (f"InductionResult({summary['verdict']}; loss {summary['loss']}; seq_lens "
-                f"{summary['seq_lens']}; .table has {len(self.table)} rows)")
+        return (
+            f"InductionResult({summary['verdict']}; loss {summary['loss']}; seq_lens "
+            f"{summary['seq_lens']}; .table has {len(self.table)} rows)"
+        )
 
     def _repr_html_(self) -> str:
-        return summary_html("Induction scan", self._summary(),
-                            table=table_html(self.table, columns=COLUMNS + EXTRA_COLUMNS),
-                            table_title="heads ranked by induction score (.table)")
+        return summary_html(
+            "Induction scan",
+            self._summary(),
+            table=table_html(self.table, columns=COLUMNS + EXTRA_COLUMNS),
+            table_title="heads ranked by induction score (.table)",
+        )
 
 
 def _bos_id(model) -> int | None:
@@ -157,25 +184,31 @@ def run_induction_scan(
             the same as without a budget.
     """
     if model.tokenizer is None:
-        raise ValueError("the model has no tokenizer: the induction scan needs one to choose "
-                         "ordinary tokens; load the model with its tokenizer")
+        raise ValueError(
+            "the model has no tokenizer: the induction scan needs one to choose "
+            "ordinary tokens; load the model with its tokenizer"
+        )
     n_ctx = int(model.cfg.n_ctx)
     bos_id = _bos_id(model)
     prefix = 0 if bos_id is None else 1
     vocab = ordinary_token_ids(model.tokenizer, int(model.cfg.d_vocab))
     reason = None
     if seq_lens is None:
-        seq_lens, reason = choose_seq_lens(DEFAULT_SEQ_LENS, n_ctx=n_ctx, n_vocab=len(vocab),
-                                           prefix=prefix)
+        seq_lens, reason = choose_seq_lens(
+            DEFAULT_SEQ_LENS, n_ctx=n_ctx, n_vocab=len(vocab), prefix=prefix
+        )
         if reason:
             logger.info("%s; using repeat lengths %s", reason, seq_lens)
     seq_lens = [int(n) for n in seq_lens]
     if seq_lens and prefix + 2 * max(seq_lens) > n_ctx:
-        raise ValueError(f"repeat length {max(seq_lens)} makes rows of "
-                         f"{prefix + 2 * max(seq_lens)} tokens but the model's context is "
-                         f"{n_ctx}; pass shorter seq_lens (or none, to have them chosen)")
-    batch = repeated_tokens(vocab, seq_lens=seq_lens, batch_size=batch_size,
-                            bos_id=bos_id, seed=seed)
+        raise ValueError(
+            f"repeat length {max(seq_lens)} makes rows of "
+            f"{prefix + 2 * max(seq_lens)} tokens but the model's context is "
+            f"{n_ctx}; pass shorter seq_lens (or none, to have them chosen)"
+        )
+    batch = repeated_tokens(
+        vocab, seq_lens=seq_lens, batch_size=batch_size, bos_id=bos_id, seed=seed
+    )
     chunked = max_bytes is not None and ablate not in (False, 0)
     scan = scan_heads(model, batch, max_bytes=max_bytes, z_mean=chunked)
     first = float(scan.loss[batch.loss_positions("first")].mean())
@@ -184,18 +217,24 @@ def run_induction_scan(
     n_layers, n_heads = scan.scores["induction"].shape
     layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
     by_len = torch.stack(list(scan.induction_by_len.values()))  # [len layer head]
-    table = pd.DataFrame({
-        "layer": layer.flatten().numpy(), "head": head.flatten().numpy(),
-        "induction_score": scan.scores["induction"].flatten().numpy(),
-        "prev_token_score": scan.scores["previous"].flatten().numpy(),
-        "duplicate_token_score": scan.scores["duplicate"].flatten().numpy(),
-        "induction_score_min": by_len.min(dim=0).values.flatten().numpy(),
-        "offset_control_score": scan.scores["control"].flatten().numpy(),
-        "kv_head": (head // (n_heads // int(model.W_K.shape[1]))).flatten().numpy(),
-    })
+    table = pd.DataFrame(
+        {
+            "layer": layer.flatten().numpy(),
+            "head": head.flatten().numpy(),
+            "induction_score": scan.scores["induction"].flatten().numpy(),
+            "prev_token_score": scan.scores["previous"].flatten().numpy(),
+            "duplicate_token_score": scan.scores["duplicate"].flatten().numpy(),
+            "induction_score_min": by_len.min(dim=0).values.flatten().numpy(),
+            "offset_control_score": scan.scores["control"].flatten().numpy(),
+            "kv_head": (head // (n_heads // int(model.W_K.shape[1]))).flatten().numpy(),
+        }
+    )
     copy = _copying(model, copying)
-    table["copying_score"] = (float("nan") if copy is None else
-                              copy.reindex(pd.MultiIndex.from_frame(table[["layer", "head"]])).values)
+    table["copying_score"] = (
+        float("nan")
+        if copy is None
+        else copy.reindex(pd.MultiIndex.from_frame(table[["layer", "head"]])).values
+    )
 
     table["ablation_loss_increase"] = float("nan")
     heads = _choose_ablations(table, ablate)
@@ -203,23 +242,41 @@ def run_induction_scan(
         mean = scan.z_mean[lay][hd] if chunked else None
         loss = ablated_repeated_loss(model, batch, lay, hd, z_mean=mean, max_bytes=max_bytes)
         table.loc[(table["layer"] == lay) & (table["head"] == hd), "ablation_loss_increase"] = (
-            loss - repeated)
+            loss - repeated
+        )
 
     gain = first - repeated
     control_ok = ~(table["offset_control_score"] > CONTROL_MAX_RATIO * table["induction_score"])
     ablation_ok = ~(table["ablation_loss_increase"] < ABLATION_MIN_SHARE * gain)
-    table["is_induction"] = ((table["induction_score_min"] >= INDUCTION_MIN) & control_ok
-                             & ablation_ok & (gain > 0))
-    table = table[COLUMNS + EXTRA_COLUMNS].sort_values(
-        ["induction_score", "layer", "head"], ascending=[False, True, True]).reset_index(drop=True)
-    settings = {"seq_lens": list(seq_lens), "seq_lens_reason": reason, "bos_token_id": bos_id,
-                "batch_size": batch_size, "seed": seed,
-                "thresholds": {"induction_min": INDUCTION_MIN,
-                               "control_max_ratio": CONTROL_MAX_RATIO,
-                               "ablation_min_share": ABLATION_MIN_SHARE}}
+    table["is_induction"] = (
+        (table["induction_score_min"] >= INDUCTION_MIN) & control_ok & ablation_ok & (gain > 0)
+    )
+    table = (
+        table[COLUMNS + EXTRA_COLUMNS]
+        .sort_values(["induction_score", "layer", "head"], ascending=[False, True, True])
+        .reset_index(drop=True)
+    )
+    settings = {
+        "seq_lens": list(seq_lens),
+        "seq_lens_reason": reason,
+        "bos_token_id": bos_id,
+        "batch_size": batch_size,
+        "seed": seed,
+        "thresholds": {
+            "induction_min": INDUCTION_MIN,
+            "control_max_ratio": CONTROL_MAX_RATIO,
+            "ablation_min_share": ABLATION_MIN_SHARE,
+        },
+    }
     logger.info("repeated-half loss %.3f vs first half %.3f", repeated, first)
-    return InductionResult(table=table, batch=batch, scan=scan, loss_first_half=first,
-                           loss_repeated_half=repeated, settings=settings)
+    return InductionResult(
+        table=table,
+        batch=batch,
+        scan=scan,
+        loss_first_half=first,
+        loss_repeated_half=repeated,
+        settings=settings,
+    )
 
 
 def detect_induction_heads(model, **options) -> pd.DataFrame:
@@ -235,4 +292,5 @@ def detect_induction_heads(model, **options) -> pd.DataFrame:
 
 # the same keyword arguments as run_induction_scan, shown by help() and the API reference
 detect_induction_heads.__signature__ = inspect.signature(run_induction_scan).replace(
-    return_annotation="pd.DataFrame")
+    return_annotation="pd.DataFrame"
+)

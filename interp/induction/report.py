@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from interp.engine import run_cached
+from interp.formatting import head_names
 from interp.html import Report, write_text_atomic
 from interp.induction.detect import INDUCTION_MIN, InductionResult
 
@@ -20,8 +21,10 @@ HEATMAPS = {
     "prev_token_score": ("unit", "share of attention on the previous token"),
     "duplicate_token_score": ("unit", "share of attention on the earlier copy of the token"),
     "copying_score": ("unit-signed", "Σλ/Σ|λ| of the full OV circuit: 1 copies, -1 suppresses"),
-    "ablation_loss_increase": ("signed", "repeated-half loss with the head mean-ablated, minus "
-                                         "the clean loss (blank: not ablated)"),
+    "ablation_loss_increase": (
+        "signed",
+        "repeated-half loss with the head mean-ablated, minus the clean loss (blank: not ablated)",
+    ),
 }
 HEATMAP_COLUMNS = list(HEATMAPS)
 N_ATTENTION_VIEWS = 3  # top heads whose attention pattern is drawn
@@ -39,8 +42,10 @@ def _finite(value):
 
 def table_json(result: InductionResult, model_name: str) -> str:
     """``head_scores.json``: settings, losses, the heads found and every row (NaN as null)."""
-    heads = [{k: _finite(v) for k, v in row.items()}
-             for row in json.loads(result.table.to_json(orient="records", double_precision=6))]
+    heads = [
+        {k: _finite(v) for k, v in row.items()}
+        for row in json.loads(result.table.to_json(orient="records", double_precision=6))
+    ]
     document = {
         "model": model_name,
         "settings": result.settings,
@@ -64,15 +69,18 @@ def _attention_views(report: Report, model, result: InductionResult) -> None:
     layers = sorted(set(top["layer"].tolist()))
     run = run_cached(model, tokens, patterns=True, layers=layers, keep_logits=False)
     strings = model.to_str_tokens(tokens)
-    for rank, (lay, hd, score) in enumerate(zip(top["layer"], top["head"],
-                                                top["induction_score"], strict=True), 1):
+    for rank, (lay, hd, score) in enumerate(
+        zip(top["layer"], top["head"], top["induction_score"], strict=True), 1
+    ):
         pattern = run[f"blocks.{lay}.attn.hook_pattern"][0, hd]
         report.add_figure(
-            attention_heatmap(pattern, strings, title=f"L{lay}H{hd} (#{rank} by induction score "
-                                                      f"{score:.3f})"),
+            attention_heatmap(
+                pattern, strings, title=f"L{lay}H{hd} (#{rank} by induction score {score:.3f})"
+            ),
             caption=f"one row of BOS + {seq_len} random tokens repeated once: an induction "
-                    f"head lights the stripe {seq_len - 1} to the left of the diagonal in the "
-                    "second copy. Colour: attention weight, fixed 0 to 1.")
+            f"head lights the stripe {seq_len - 1} to the left of the diagonal in the "
+            "second copy. Colour: attention weight, fixed 0 to 1.",
+        )
 
 
 def _why(result: InductionResult) -> str:
@@ -96,17 +104,24 @@ def build_report(model, result: InductionResult, model_name: str) -> Report:
         f"{result.loss_repeated_half:.3f} (ratio "
         f"{result.loss_repeated_half / result.loss_first_half:.1%}).\n"
         f"Induction heads found: "
-        f"{', '.join(f'L{a}H{b}' for a, b in zip(found['layer'], found['head'])) or 'none'} "
+        f"{', '.join(head_names(found)) or 'none'} "
         f"(verdict: induction score >= {INDUCTION_MIN} at every repeat length, no attention "
-        "to the same offset on fresh tokens, and ablation raises the repeated-half loss).")
+        "to the same offset on fresh tokens, and ablation raises the repeated-half loss)."
+    )
     report.add_heading("Head scores")
     for column, (scale, meaning) in HEATMAPS.items():
         if table[column].notna().any():
-            what = {"unit": "fixed 0 to 1", "unit-signed": "fixed -1 to 1, diverging at 0",
-                    "signed": "diverging, centred on 0"}[scale]
-            report.add_figure(head_heatmap(table, column, scale=scale,
-                                           title=f"{column.replace('_', ' ')} per head"),
-                              caption=f"{meaning}. Colour scale: {what}.")
+            what = {
+                "unit": "fixed 0 to 1",
+                "unit-signed": "fixed -1 to 1, diverging at 0",
+                "signed": "diverging, centred on 0",
+            }[scale]
+            report.add_figure(
+                head_heatmap(
+                    table, column, scale=scale, title=f"{column.replace('_', ' ')} per head"
+                ),
+                caption=f"{meaning}. Colour scale: {what}.",
+            )
     report.add_heading("Ranked heads")
     report.add_table(table, caption="ranked by induction score", max_rows=20)
     report.add_heading("Attention of the top heads")
@@ -117,9 +132,13 @@ def build_report(model, result: InductionResult, model_name: str) -> Report:
     prefix = result.batch.prefix  # 1 with BOS, 0 without
     loss = result.scan.loss[rows][:, : prefix + 2 * seq_len - 1]  # predictions inside [BOS] a a
     report.add_figure(
-        loss_by_position(loss, marks={prefix + seq_len: "second copy starts"},
-                         title=f"Next-token loss, {seq_len} random tokens repeated once"),
-        caption="loss at position p is for predicting token p + 1; mean and ±1 std over rows")
+        loss_by_position(
+            loss,
+            marks={prefix + seq_len: "second copy starts"},
+            title=f"Next-token loss, {seq_len} random tokens repeated once",
+        ),
+        caption="loss at position p is for predicting token p + 1; mean and ±1 std over rows",
+    )
     return report
 
 

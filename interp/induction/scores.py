@@ -17,8 +17,13 @@ from interp.engine import Intervention, Site, row_chunks, run_cached
 from interp.formatting import summary_html, table_html, tensor_text
 from interp.induction.batches import SCORE_TARGETS, RepeatedTokens
 
-__all__ = ["HeadScan", "scan_heads", "scores_from_patterns", "next_token_loss",
-           "ablated_repeated_loss"]
+__all__ = [
+    "HeadScan",
+    "scan_heads",
+    "scores_from_patterns",
+    "next_token_loss",
+    "ablated_repeated_loss",
+]
 
 
 @dataclass(frozen=True)
@@ -33,30 +38,43 @@ class HeadScan:
     def __repr__(self) -> str:
         kinds = ", ".join(f"{k} {tensor_text(v)}" for k, v in self.scores.items())
         z_mean = "" if self.z_mean is None else f"; z_mean for layers {list(self.z_mean)}"
-        return (f"HeadScan(scores: {kinds}; induction_by_len for {list(self.induction_by_len)}; "
-                f"loss {tensor_text(self.loss)}{z_mean})")
+        return (
+            f"HeadScan(scores: {kinds}; induction_by_len for {list(self.induction_by_len)}; "
+            f"loss {tensor_text(self.loss)}{z_mean})"
+        )
 
     def _repr_html_(self) -> str:
         import pandas as pd
 
         some = next(iter(self.scores.values()))
         n_layers, n_heads = some.shape
-        table = pd.DataFrame({"layer": torch.arange(n_layers).repeat_interleave(n_heads),
-                              "head": torch.arange(n_heads).repeat(n_layers)})
+        table = pd.DataFrame(
+            {
+                "layer": torch.arange(n_layers).repeat_interleave(n_heads),
+                "head": torch.arange(n_heads).repeat(n_layers),
+            }
+        )
         for kind, values in self.scores.items():
             table[f"{kind}_score"] = values.flatten().tolist()
         first = next(iter(self.scores))
         table = table.sort_values(f"{first}_score", ascending=False, na_position="last")
         loss = self.loss[:, :-1]
-        return summary_html("Head scan", {
-            "scores": ", ".join(self.scores), "heads": f"{n_layers} layers x {n_heads} heads",
-            "repeat lengths": str(list(self.induction_by_len)),
-            "loss": f"{list(self.loss.shape)}, mean {float(loss.nanmean()):.4g}",
-        }, table=table_html(table), table_title=f"heads by {first} score")
+        return summary_html(
+            "Head scan",
+            {
+                "scores": ", ".join(self.scores),
+                "heads": f"{n_layers} layers x {n_heads} heads",
+                "repeat lengths": str(list(self.induction_by_len)),
+                "loss": f"{list(self.loss.shape)}, mean {float(loss.nanmean()):.4g}",
+            },
+            table=table_html(table),
+            table_title=f"heads by {first} score",
+        )
 
 
-def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"],
-                    tokens: Tensor) -> Float[Tensor, "batch pos"]:
+def next_token_loss(
+    logits: Float[Tensor, "batch pos d_vocab"], tokens: Tensor
+) -> Float[Tensor, "batch pos"]:
     """Cross-entropy of predicting ``tokens[:, p + 1]`` at ``p``; NaN at the last position."""
     logits = logits.float()
     target = tokens[:, 1:, None].to(logits.device)
@@ -97,8 +115,9 @@ def held_bytes(model, batch: RepeatedTokens, *, scores: bool = True) -> int:
     return held
 
 
-def chunk_rows(model, batch: RepeatedTokens, max_bytes: int | str | None, *,
-               scores: bool = True) -> list[slice]:
+def chunk_rows(
+    model, batch: RepeatedTokens, max_bytes: int | str | None, *, scores: bool = True
+) -> list[slice]:
     """Row slices of ``batch`` whose forward passes each fit ``max_bytes`` (one slice if None).
 
     What the scan keeps for the whole batch (:func:`held_bytes`) comes off the budget first;
@@ -107,13 +126,21 @@ def chunk_rows(model, batch: RepeatedTokens, max_bytes: int | str | None, *,
     (:func:`interp.memory.estimate_loss_bytes`), per row.
     """
     n_rows, n_pos = batch.tokens.shape
-    return row_chunks(model, n_rows, n_pos, max_bytes, kept_per_row=16 * n_pos, loss=True,
-                      held=0 if max_bytes is None else held_bytes(model, batch, scores=scores),
-                      what="the induction scan (scores and losses)")
+    return row_chunks(
+        model,
+        n_rows,
+        n_pos,
+        max_bytes,
+        kept_per_row=16 * n_pos,
+        loss=True,
+        held=0 if max_bytes is None else held_bytes(model, batch, scores=scores),
+        what="the induction scan (scores and losses)",
+    )
 
 
-def scan_heads(model, batch: RepeatedTokens, *, max_bytes: int | str | None = None,
-               z_mean: bool = False) -> HeadScan:
+def scan_heads(
+    model, batch: RepeatedTokens, *, max_bytes: int | str | None = None, z_mean: bool = False
+) -> HeadScan:
     """Score every head on ``batch`` in one forward pass (no activation kept but the scores).
 
     ``max_bytes`` splits the batch into chunks of rows whose passes fit the budget; scores and
@@ -122,8 +149,9 @@ def scan_heads(model, batch: RepeatedTokens, *, max_bytes: int | str | None = No
     """
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     targets = {kind: batch.targets(kind) for kind in SCORE_TARGETS}
-    gathered = {kind: torch.zeros(n_layers, len(targets[kind][0]), n_heads)
-                for kind in SCORE_TARGETS}
+    gathered = {
+        kind: torch.zeros(n_layers, len(targets[kind][0]), n_heads) for kind in SCORE_TARGETS
+    }
     z_sums: dict[int, Tensor] = {}
     losses = []
     for rows in chunk_rows(model, batch, max_bytes):
@@ -133,11 +161,15 @@ def scan_heads(model, batch: RepeatedTokens, *, max_bytes: int | str | None = No
             slot = ((b >= rows.start) & (b < rows.stop)).nonzero()[:, 0]
             if len(slot):
                 index = (b[slot] - rows.start, q[slot], k[slot], slot)
-                hooks += [(f"blocks.{layer}.attn.hook_pattern",
-                           _score_hook(index, gathered[kind], layer)) for layer in range(n_layers)]
+                hooks += [
+                    (f"blocks.{layer}.attn.hook_pattern", _score_hook(index, gathered[kind], layer))
+                    for layer in range(n_layers)
+                ]
         if z_mean:
-            hooks += [(f"blocks.{layer}.attn.hook_z", _z_sum_hook(z_sums, layer))
-                      for layer in range(n_layers)]
+            hooks += [
+                (f"blocks.{layer}.attn.hook_z", _z_sum_hook(z_sums, layer))
+                for layer in range(n_layers)
+            ]
         run = run_cached(model, batch.tokens[rows], interventions=hooks)
         losses.append(next_token_loss(run.logits, batch.tokens[rows]))
         del run
@@ -158,7 +190,8 @@ def scan_heads(model, batch: RepeatedTokens, *, max_bytes: int | str | None = No
 
 
 def scores_from_patterns(
-    patterns: Float[Tensor, "layer batch head q_pos k_pos"], batch: RepeatedTokens,
+    patterns: Float[Tensor, "layer batch head q_pos k_pos"],
+    batch: RepeatedTokens,
 ) -> dict[str, Float[Tensor, "layer head"]]:
     """Dense reference for :func:`scan_heads`: masks over materialised patterns, no gathers."""
     n_pos = batch.tokens.shape[1]
@@ -175,9 +208,15 @@ def scores_from_patterns(
     return scores
 
 
-def ablated_repeated_loss(model, batch: RepeatedTokens, layer: int, head: int, *,
-                          z_mean: Float[Tensor, " d_head"] | None = None,
-                          max_bytes: int | str | None = None) -> float:
+def ablated_repeated_loss(
+    model,
+    batch: RepeatedTokens,
+    layer: int,
+    head: int,
+    *,
+    z_mean: Float[Tensor, " d_head"] | None = None,
+    max_bytes: int | str | None = None,
+) -> float:
     """Mean repeated-half loss with one head mean-ablated.
 
     Mean ablation replaces the head's ``z`` by its mean over batch and positions: the head's

@@ -40,7 +40,27 @@ from interp.interventions.paths import (
     path_patch_senders,
 )
 
-__all__ = ["Site", "Intervention", "SITE_KINDS", "ABLATIONS", "intervene", "compile_hooks",
-           "run_patched", "patch_activations", "method_errors", "pair_tokens", "GRIDS",
-           "COLUMNS", "Metric", "logit_diff", "probability", "answer_loss", "path_patch",
-           "path_patch_senders", "complete_receivers", "Sender", "Receiver", "PathPatchResult"]
+__all__ = [
+    "Site",
+    "Intervention",
+    "SITE_KINDS",
+    "ABLATIONS",
+    "intervene",
+    "compile_hooks",
+    "run_patched",
+    "patch_activations",
+    "method_errors",
+    "pair_tokens",
+    "GRIDS",
+    "COLUMNS",
+    "Metric",
+    "logit_diff",
+    "probability",
+    "answer_loss",
+    "path_patch",
+    "path_patch_senders",
+    "complete_receivers",
+    "Sender",
+    "Receiver",
+    "PathPatchResult",
+]

@@ -21,7 +21,6 @@ from interp.engine.batched import MetricFn, per_row
 __all__ = ["Metric", "logit_diff", "probability", "answer_loss", "metric_name", "per_row"]
 
 
-
 @dataclass(frozen=True)
 class Metric:
     """A built-in metric: ``kind`` in logit_diff, probability, loss."""

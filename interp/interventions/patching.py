@@ -1,8 +1,8 @@
 """Activation patching: many patched runs of one prompt in one batched forward pass.
 
-:func:`run_patched` (the engine's, :mod:`interp.engine.batched`) runs many patched copies of
-one prompt in batched forward passes; :func:`patch_activations` builds the grids on it (every layer, position and head of the
-requested sites), in either direction:
+:func:`run_patched` (the engine's, :mod:`interp.engine.batched`) runs many patched copies of one
+prompt in batched forward passes; :func:`patch_activations` builds the grids on it (every layer,
+position and head of the requested sites), in either direction:
 
 - **denoising**: run the corrupted prompt, patch in the clean run's activation;
 - **noising**: run the clean prompt, patch in the corrupted run's activation.
@@ -37,8 +37,17 @@ from interp.engine import (
 )
 from interp.interventions.metrics import MetricFn, metric_name, per_row
 
-__all__ = ["run_patched", "patch_activations", "grid_sites", "GRIDS", "COLUMNS",
-           "DIRECTIONS", "METHODS", "pair_tokens", "method_errors"]
+__all__ = [
+    "run_patched",
+    "patch_activations",
+    "grid_sites",
+    "GRIDS",
+    "COLUMNS",
+    "DIRECTIONS",
+    "METHODS",
+    "pair_tokens",
+    "method_errors",
+]
 
 COLUMNS = ["site", "layer", "head", "pos", "method", "metric", "recovered"]  # result table
 DIRECTIONS = ("denoising", "noising")  # base run corrupted (denoising) or clean (noising)
@@ -65,8 +74,9 @@ GRIDS = {
 EQUAL_RTOL = 1e-6
 
 
-def grid_sites(model, grids: Sequence[str], n_pos: int, *,
-               layers: Sequence[int] | None = None) -> list[Site]:
+def grid_sites(
+    model, grids: Sequence[str], n_pos: int, *, layers: Sequence[int] | None = None
+) -> list[Site]:
     """Every site of the named grids (``GRIDS``), layer-major."""
     unknown = [g for g in grids if g not in GRIDS]
     if unknown:
@@ -79,9 +89,11 @@ def grid_sites(model, grids: Sequence[str], n_pos: int, *,
         kind, per_head, per_pos = GRIDS[grid]
         for layer in chosen:
             Site(kind, layer, head=0 if per_head else None).check(model, hook_names)
-            sites += [Site(kind, layer, head=head, pos=pos)
-                      for head in (range(n_heads) if per_head else [None])
-                      for pos in (range(n_pos) if per_pos else [None])]
+            sites += [
+                Site(kind, layer, head=head, pos=pos)
+                for head in (range(n_heads) if per_head else [None])
+                for pos in (range(n_pos) if per_pos else [None])
+            ]
     return sites
 
 
@@ -92,18 +104,21 @@ def _recovered(values: Tensor, clean: float, corrupted: float) -> tuple[list[flo
     return ((values - corrupted) / denominator).tolist(), False
 
 
-def _frame(sites: Sequence[Site], method: str, values: Tensor, clean: float,
-           corrupted: float) -> tuple[pd.DataFrame, bool]:
+def _frame(
+    sites: Sequence[Site], method: str, values: Tensor, clean: float, corrupted: float
+) -> tuple[pd.DataFrame, bool]:
     recovered, undefined = _recovered(values.double(), clean, corrupted)
-    frame = pd.DataFrame({
-        "site": [s.kind for s in sites],
-        "layer": [s.layer for s in sites],
-        "head": pd.array([s.head for s in sites], dtype="Int64"),
-        "pos": pd.array([s.pos for s in sites], dtype="Int64"),
-        "method": method,
-        "metric": values.double().numpy(),
-        "recovered": recovered,
-    })
+    frame = pd.DataFrame(
+        {
+            "site": [s.kind for s in sites],
+            "layer": [s.layer for s in sites],
+            "head": pd.array([s.head for s in sites], dtype="Int64"),
+            "pos": pd.array([s.pos for s in sites], dtype="Int64"),
+            "method": method,
+            "metric": values.double().numpy(),
+            "recovered": recovered,
+        }
+    )
     return frame, undefined
 
 
@@ -163,47 +178,68 @@ def patch_activations(
     chosen = grid_sites(model, list(dict.fromkeys(sites)), clean_tokens.shape[1], layers=layers)
     names = sorted({site.hook_name for site in chosen})
     if max_bytes is not None and max_rows is not None:
-        raise ValueError("pass max_rows (patched runs per pass) or max_bytes (a memory budget "
-                         "the runs per pass are planned from), not both")
-    per_pass = _runs_per_pass(model, clean_tokens.shape[1], len(chosen), names, max_rows,
-                              max_bytes, method)
+        raise ValueError(
+            "pass max_rows (patched runs per pass) or max_bytes (a memory budget "
+            "the runs per pass are planned from), not both"
+        )
+    per_pass = _runs_per_pass(
+        model, clean_tokens.shape[1], len(chosen), names, max_rows, max_bytes, method
+    )
     denoising = direction == "denoising"
-    base_tokens, source_tokens = ((corrupted_tokens, clean_tokens) if denoising
-                                  else (clean_tokens, corrupted_tokens))
+    base_tokens, source_tokens = (
+        (corrupted_tokens, clean_tokens) if denoising else (clean_tokens, corrupted_tokens)
+    )
     on_corrupted = [*interventions, *corruption]
-    base_fixed, source_fixed = ((on_corrupted, interventions) if denoising
-                                else (interventions, on_corrupted))
+    base_fixed, source_fixed = (
+        (on_corrupted, interventions) if denoising else (interventions, on_corrupted)
+    )
     source = run_cached(model, source_tokens, hooks=names, interventions=source_fixed)
     source_metric = float(per_row(metric, source.logits)[0])
     parts, base_metric = [], None
     if method in ("attribution", "both"):
-        deltas, base_metric = attribution_deltas(model, base_tokens, source, chosen, metric,
-                                                 fixed=base_fixed)
+        deltas, base_metric = attribution_deltas(
+            model, base_tokens, source, chosen, metric, fixed=base_fixed
+        )
     if base_metric is None:
         base = run_cached(model, base_tokens, interventions=base_fixed)
         base_metric = float(per_row(metric, base.logits)[0])
-    clean_metric, corrupted_metric = ((source_metric, base_metric) if denoising
-                                      else (base_metric, source_metric))
+    clean_metric, corrupted_metric = (
+        (source_metric, base_metric) if denoising else (base_metric, source_metric)
+    )
     undefined = False
     if method in ("exact", "both"):
         rows = [[Intervention(site, "patch", source=source[site.hook_name])] for site in chosen]
-        values = run_patched(model, base_tokens, rows, metric, fixed=base_fixed,
-                             max_rows=per_pass, progress=progress)
+        values = run_patched(
+            model, base_tokens, rows, metric, fixed=base_fixed, max_rows=per_pass, progress=progress
+        )
         frame, undefined = _frame(chosen, "exact", values, clean_metric, corrupted_metric)
         parts.append(frame)
     if method in ("attribution", "both"):
-        frame, undefined = _frame(chosen, "attribution", base_metric + deltas, clean_metric,
-                                  corrupted_metric)
+        frame, undefined = _frame(
+            chosen, "attribution", base_metric + deltas, clean_metric, corrupted_metric
+        )
         parts.append(frame)
     frame = pd.concat(parts, ignore_index=True)
-    frame.attrs.update(clean_metric=clean_metric, corrupted_metric=corrupted_metric,
-                       direction=direction, metric_name=metric_name(metric),
-                       recovered_undefined=undefined, n_tokens=int(clean_tokens.shape[1]))
+    frame.attrs.update(
+        clean_metric=clean_metric,
+        corrupted_metric=corrupted_metric,
+        direction=direction,
+        metric_name=metric_name(metric),
+        recovered_undefined=undefined,
+        n_tokens=int(clean_tokens.shape[1]),
+    )
     return frame
 
 
-def _runs_per_pass(model, n_pos: int, n_runs: int, names: Sequence[str], max_rows: int | None,
-                   max_bytes: int | str | None, method: str) -> int:
+def _runs_per_pass(
+    model,
+    n_pos: int,
+    n_runs: int,
+    names: Sequence[str],
+    max_rows: int | None,
+    max_bytes: int | str | None,
+    method: str,
+) -> int:
     """Patched runs per pass, asked of the engine before anything runs: under ``max_bytes`` the
     source run's cache is held throughout, and attribution's single forward and backward pass
     must fit whole (refused with its estimate otherwise)."""
@@ -217,9 +253,17 @@ def _runs_per_pass(model, n_pos: int, n_runs: int, names: Sequence[str], max_row
                 f"prompt of {n_pos} tokens and cannot be split: it needs about "
                 f"{format_size(need)} but max_bytes is {format_size(parse_size(max_bytes))}; "
                 f"raise max_bytes to at least {format_size(need)} or use method='exact', which "
-                "is split into passes that fit")
-    return rows_per_pass(model, n_pos, n_runs, max_rows, max_bytes, held,
-                         f"the source run's cache of the {len(names)} patched hooks")
+                "is split into passes that fit"
+            )
+    return rows_per_pass(
+        model,
+        n_pos,
+        n_runs,
+        max_rows,
+        max_bytes,
+        held,
+        f"the source run's cache of the {len(names)} patched hooks",
+    )
 
 
 def method_errors(frame: pd.DataFrame) -> pd.DataFrame:
@@ -227,8 +271,10 @@ def method_errors(frame: pd.DataFrame) -> pd.DataFrame:
     difference in metric units) for a frame made with ``method="both"``."""
     methods = set(frame["method"])
     if not {"exact", "attribution"} <= methods:
-        raise ValueError(f"method_errors needs rows of both methods, got {sorted(methods)}; "
-                         "run patch_activations(..., method='both')")
+        raise ValueError(
+            f"method_errors needs rows of both methods, got {sorted(methods)}; "
+            "run patch_activations(..., method='both')"
+        )
     keys = ["site", "layer", "head", "pos"]
     exact = frame[frame["method"] == "exact"].set_index(keys)["metric"]
     approx = frame[frame["method"] == "attribution"].set_index(keys)["metric"]

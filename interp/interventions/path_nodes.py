@@ -1,12 +1,24 @@
-"""The two ends of a path: a :class:`Sender` (a head's or an MLP's output) and a
-:class:`Receiver` (a head's q/k/v input, an MLP's input, or the logits), and which receivers a
-sender can reach."""
+"""What path patching takes and gives: the two ends of a path, a :class:`Sender` (a head's or an
+MLP's output) and a :class:`Receiver` (a head's q/k/v input, an MLP's input, or the logits),
+which receivers a sender can reach, and the :class:`PathPatchResult`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Sender", "Receiver", "as_sender", "as_receiver", "complete_receivers", "QKV"]
+import pandas as pd
+
+from interp.formatting import number, summary_html, table_html
+
+__all__ = [
+    "Sender",
+    "Receiver",
+    "PathPatchResult",
+    "as_sender",
+    "as_receiver",
+    "complete_receivers",
+    "QKV",
+]
 
 QKV = ("q", "k", "v")
 
@@ -37,12 +49,16 @@ class Receiver:
     input: str | None = None  # q, k or v for a head
 
     def __post_init__(self):
-        ok = {"head": self.layer is not None and self.head is not None and self.input in QKV,
-              "mlp": self.layer is not None and self.head is None and self.input is None,
-              "logits": self.layer is None and self.head is None and self.input is None}
+        ok = {
+            "head": self.layer is not None and self.head is not None and self.input in QKV,
+            "mlp": self.layer is not None and self.head is None and self.input is None,
+            "logits": self.layer is None and self.head is None and self.input is None,
+        }
         if not ok.get(self.kind, False):
-            raise ValueError("a receiver is ('head', layer, head, 'q'|'k'|'v'), ('mlp', layer) "
-                             f"or 'logits', got {self}")
+            raise ValueError(
+                "a receiver is ('head', layer, head, 'q'|'k'|'v'), ('mlp', layer) "
+                f"or 'logits', got {self}"
+            )
 
     def __str__(self) -> str:
         if self.kind == "head":
@@ -58,8 +74,9 @@ def as_sender(spec) -> Sender:
         return Sender("head", int(spec[0]), int(spec[1]))
     if spec and spec[0] in ("head", "mlp"):
         return Sender(spec[0], *(int(x) for x in spec[1:]))
-    raise ValueError("a sender is (layer, head), ('head', layer, head) or ('mlp', layer), "
-                     f"got {spec}")
+    raise ValueError(
+        f"a sender is (layer, head), ('head', layer, head) or ('mlp', layer), got {spec}"
+    )
 
 
 def as_receiver(spec) -> Receiver:
@@ -72,8 +89,9 @@ def as_receiver(spec) -> Receiver:
         return Receiver("head", int(spec[1]), int(spec[2]), spec[3])
     if len(spec) == 2 and spec[0] == "mlp":
         return Receiver("mlp", int(spec[1]))
-    raise ValueError("a receiver is ('head', layer, head, 'q'|'k'|'v'), ('mlp', layer) or "
-                     f"'logits', got {spec}")
+    raise ValueError(
+        f"a receiver is ('head', layer, head, 'q'|'k'|'v'), ('mlp', layer) or 'logits', got {spec}"
+    )
 
 
 def _parallel(model) -> bool:
@@ -95,8 +113,12 @@ def complete_receivers(model, sender, *, mlps: str = "freeze") -> tuple[Receiver
     With ``mlps="recompute"`` MLPs are part of the path, not receivers, and are left out."""
     sender = as_sender(sender)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    found = [Receiver("head", lay, hd, x) for lay in range(n_layers) for hd in range(n_heads)
-             for x in QKV]
+    found = [
+        Receiver("head", lay, hd, x)
+        for lay in range(n_layers)
+        for hd in range(n_heads)
+        for x in QKV
+    ]
     if mlps == "freeze" and _has_mlps(model):
         found += [Receiver("mlp", lay) for lay in range(n_layers)]
     found.append(Receiver("logits"))
@@ -105,3 +127,74 @@ def complete_receivers(model, sender, *, mlps: str = "freeze") -> tuple[Receiver
 
 def _has_mlps(model) -> bool:
     return "blocks.0.hook_mlp_out" in model.hook_dict and not getattr(model.cfg, "attn_only", False)
+
+
+def _recoverable(clean: float, corrupted: float) -> bool:
+    return abs(clean - corrupted) > 1e-6 * max(1.0, abs(clean), abs(corrupted))
+
+
+@dataclass(frozen=True)
+class PathPatchResult:
+    """One row per sender (``COLUMNS`` + ``sender``, ``receivers``), and the two reference runs.
+
+    ``recovered = (metric - corrupted_metric) / (clean_metric - corrupted_metric)`` in both
+    directions (0 = the corrupted run, 1 = the clean run); NaN, with ``recovered_defined`` False,
+    when the clean and corrupted metrics are too close to divide by.
+    """
+
+    table: pd.DataFrame
+    clean_metric: float
+    corrupted_metric: float
+    direction: str
+    mlps: str
+
+    @property
+    def recovered_defined(self) -> bool:
+        return _recoverable(self.clean_metric, self.corrupted_metric)
+
+    def _summary(self) -> dict[str, str]:
+        recovered = self.table["recovered"]
+        best = self.table.loc[recovered.abs().idxmax()] if recovered.notna().any() else None
+        return {
+            "direction": self.direction,
+            "mlps": self.mlps,
+            "metric": (
+                f"clean {number(self.clean_metric)}, corrupted "
+                f"{number(self.corrupted_metric)}"
+                + ("" if self.recovered_defined else " (too close: recovered is NaN)")
+            ),
+            "senders": f"{len(self.table)} rows",
+            "receivers": _cut(str(self.table["receivers"].iloc[0]) if len(self.table) else ""),
+            "largest |recovered|": (
+                "none defined" if best is None else f"{best['sender']}: {number(best['recovered'])}"
+            ),
+        }
+
+    def __repr__(self) -> str:
+        summary = self._summary()
+        return (
+            f"PathPatchResult({summary['direction']}, mlps={summary['mlps']}, "
+            f"{summary['metric']}, {summary['senders']}, largest |recovered| "
+            f"{summary['largest |recovered|']})"
+        )
+
+    def _repr_html_(self) -> str:
+        ranked = self.table.reindex(
+            self.table["recovered"].abs().sort_values(ascending=False, na_position="last").index
+        )
+        shown = [c for c in ranked.columns if c != "receivers"]
+        return summary_html(
+            "Path patching",
+            self._summary(),
+            table=table_html(ranked, columns=shown),
+            table_title="senders by |recovered| (.table)",
+        )
+
+    def grid(self, value: str = "recovered") -> pd.DataFrame:
+        """Head senders as a layer x head table of ``value`` (what the IOI paper plots)."""
+        heads = self.table[self.table["head"].notna()]
+        return heads.pivot(index="layer", columns="head", values=value)
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

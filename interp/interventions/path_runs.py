@@ -42,8 +42,9 @@ def cache_runs(model, tokens: Tensor, read_points: Sequence[str]):
     return run_cached(model, tokens, hooks=[*z, *mlp.values(), *read_points])
 
 
-def record_changes(model, base, source, senders: Sequence[Sender], read_points: Sequence[str],
-            mlps: str) -> dict[str, Float[Tensor, "batch pos d_model"]]:
+def record_changes(
+    model, base, source, senders: Sequence[Sender], read_points: Sequence[str], mlps: str
+) -> dict[str, Float[Tensor, "batch pos d_model"]]:
     """Step 2 for ``len(senders)`` senders at once (one per block of batch rows): the change in
     each read point with the sender patched and every other head (and MLP if frozen) fixed."""
     k, rows = len(senders), base.tokens.shape[0]
@@ -61,11 +62,13 @@ def record_changes(model, base, source, senders: Sequence[Sender], read_points: 
                     else:
                         out[block] = source[name]
             return out
+
         return hook
 
     def keep(name: str):
         def hook(act: Tensor, hook) -> None:
             store[name] = act.detach().clone()
+
         return hook
 
     hooks = [(name, fix(name, "head", lay, True)) for lay, name in enumerate(z_names)]
@@ -90,8 +93,12 @@ def _qkv_weights(model, which: str) -> tuple[Tensor, Tensor | None]:
     return W, b
 
 
-def deliver_changes(model, tokens: Int[Tensor, "batch pos"], receivers: Sequence[Receiver],
-             changes: dict[str, Tensor]) -> Float[Tensor, "batch pos d_vocab"]:
+def deliver_changes(
+    model,
+    tokens: Int[Tensor, "batch pos"],
+    receivers: Sequence[Receiver],
+    changes: dict[str, Tensor],
+) -> Float[Tensor, "batch pos d_vocab"]:
     """Step 3: run ``tokens`` with each receiver's recorded input change added, nothing frozen."""
     normed: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> ln1(x), ln1(x + change) this run
     busy: set[int] = set()  # calling ln1 below fires ln1.hook_in again: do not recurse
@@ -107,11 +114,13 @@ def deliver_changes(model, tokens: Int[Tensor, "batch pos"], receivers: Sequence
                 normed[layer] = (ln1(x), ln1(x + changes[f"blocks.{layer}.ln1.hook_in"]))
             finally:
                 busy.discard(layer)
+
         return hook
 
     def shift(name: str):
         def hook(x: Tensor, hook) -> Tensor:
             return x + changes[name]
+
         return hook
 
     def move_heads(layer: int, which: str, heads: list[int]):
@@ -127,15 +136,18 @@ def deliver_changes(model, tokens: Int[Tensor, "batch pos"], receivers: Sequence
                     raise RuntimeError(
                         f"blocks.{layer}.attn.hook_{which} is not ln1(x) W_{which.upper()} + "
                         f"b_{which.upper()} on this model (off by {gap:.2e}); path patching into "
-                        "q/k/v inputs is not supported for it: use 'logits' or MLP receivers")
+                        "q/k/v inputs is not supported for it: use 'logits' or MLP receivers"
+                    )
                 out[:, :, h] = act[:, :, h] + (after - before) @ W[layer, h]
             return out
+
         return hook
 
     def move_mlp(layer: int):  # shared norm: the MLP's input moves by ln1(x + change) - ln1(x)
         def hook(act: Float[Tensor, "batch pos d_model"], hook) -> Tensor:
             before, after = normed[layer]
             return act + (after - before)
+
         return hook
 
     shared = _shared_norm(model)
@@ -156,6 +168,7 @@ def deliver_changes(model, tokens: Int[Tensor, "batch pos"], receivers: Sequence
     for layer in sorted(seen):
         hooks.append((f"blocks.{layer}.ln1.hook_in", see(layer)))
     for (layer, which), heads in groups.items():
-        hooks.append((f"blocks.{layer}.attn.hook_{which}",
-                      move_heads(layer, which, sorted(set(heads)))))
+        hooks.append(
+            (f"blocks.{layer}.attn.hook_{which}", move_heads(layer, which, sorted(set(heads))))
+        )
     return run_cached(model, tokens, interventions=hooks).logits

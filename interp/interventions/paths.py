@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -42,13 +41,14 @@ from interp.engine import (
     to_tokens,
 )
 from interp.engine.estimates import _itemsize
-from interp.formatting import number, summary_html, table_html
 from interp.interventions.patching import COLUMNS, DIRECTIONS  # one result shape for both
 from interp.interventions.path_nodes import (
+    PathPatchResult,
     Receiver,
     Sender,
     _has_mlps,
     _reaches,
+    _recoverable,
     as_receiver,
     as_sender,
     complete_receivers,
@@ -61,89 +61,20 @@ from interp.interventions.path_runs import (
     record_changes,
 )
 
-__all__ = ["Sender", "Receiver", "PathPatchResult", "path_patch", "path_patch_senders",
-           "complete_receivers", "COLUMNS", "DIRECTIONS", "MLP_MODES"]
+__all__ = [
+    "Sender",
+    "Receiver",
+    "PathPatchResult",
+    "path_patch",
+    "path_patch_senders",
+    "complete_receivers",
+    "COLUMNS",
+    "DIRECTIONS",
+    "MLP_MODES",
+]
 
 MLP_MODES = ("recompute", "freeze")  # MLPs in step 2: part of the path, or held at base
 Metric = Callable[[Float[Tensor, "batch pos d_vocab"]], Tensor]
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-@dataclass(frozen=True)
-class PathPatchResult:
-    """One row per sender (``COLUMNS`` + ``sender``, ``receivers``), and the two reference runs.
-
-    ``recovered = (metric - corrupted_metric) / (clean_metric - corrupted_metric)`` in both
-    directions (0 = the corrupted run, 1 = the clean run); NaN, with ``recovered_defined`` False,
-    when the clean and corrupted metrics are too close to divide by.
-    """
-
-    table: pd.DataFrame
-    clean_metric: float
-    corrupted_metric: float
-    direction: str
-    mlps: str
-
-    @property
-    def recovered_defined(self) -> bool:
-        return _recoverable(self.clean_metric, self.corrupted_metric)
-
-    def _summary(self) -> dict[str, str]:
-        recovered = self.table["recovered"]
-        best = self.table.loc[recovered.abs().idxmax()] if recovered.notna().any() else None
-        return {
-            "direction": self.direction, "mlps": self.mlps,
-            "metric": (f"clean {number(self.clean_metric)}, corrupted "
-                       f"{number(self.corrupted_metric)}"
-                       + ("" if self.recovered_defined else
-                          " (too close: recovered is NaN)")),
-            "senders": f"{len(self.table)} rows",
-            "receivers": _cut(str(self.table["receivers"].iloc[0]) if len(self.table) else ""),
-            "largest |recovered|": ("none defined" if best is None else
-                                    f"{best['sender']}: {number(best['recovered'])}"),
-        }
-
-    def __repr__(self) -> str:
-        summary = self._summary()
-        return (f"PathPatchResult({summary['direction']}, mlps={summary['mlps']}, "
-                f"{summary['metric']}, {summary['senders']}, largest |recovered| "
-                f"{summary['largest |recovered|']})")
-
-    def _repr_html_(self) -> str:
-        ranked = self.table.reindex(self.table["recovered"].abs()
-                                    .sort_values(ascending=False, na_position="last").index)
-        shown = [c for c in ranked.columns if c != "receivers"]
-        return summary_html("Path patching", self._summary(),
-                            table=table_html(ranked, columns=shown),
-                            table_title="senders by |recovered| (.table)")
-
-    def grid(self, value: str = "recovered") -> pd.DataFrame:
-        """Head senders as a layer x head table of ``value`` (what the IOI paper plots)."""
-        heads = self.table[self.table["head"].notna()]
-        return heads.pivot(index="layer", columns="head", values=value)
-
-
-def _cut(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _recoverable(clean: float, corrupted: float) -> bool:
-    return abs(clean - corrupted) > 1e-6 * max(1.0, abs(clean), abs(corrupted))
 
 
 def _reduce(values: Tensor, rows: int) -> float:
@@ -152,36 +83,26 @@ def _reduce(values: Tensor, rows: int) -> float:
         return float(values)
     if values.ndim == 1 and len(values) == rows:
         return float(values.mean())
-    raise ValueError(f"the metric must return a scalar or a tensor [batch] ({rows} values), "
-                     f"got shape {tuple(values.shape)}")
+    raise ValueError(
+        f"the metric must return a scalar or a tensor [batch] ({rows} values), "
+        f"got shape {tuple(values.shape)}"
+    )
 
 
 def _tokens_pair(model, clean, corrupted) -> tuple[Tensor, Tensor]:
     clean_t, corrupt_t = to_tokens(model, clean), to_tokens(model, corrupted)
     if clean_t.shape != corrupt_t.shape:
+
         def show(t):
             rows = model.to_str_tokens(t[0]) if model.tokenizer is not None else t[0].tolist()
             return f"{list(t.shape)} {rows}"
-        raise PromptError(f"clean and corrupted prompts must have the same [batch, pos] shape; "
-                          f"clean is {show(clean_t)}, corrupted is {show(corrupt_t)}: make them "
-                          "tokenise to the same length")
+
+        raise PromptError(
+            f"clean and corrupted prompts must have the same [batch, pos] shape; "
+            f"clean is {show(clean_t)}, corrupted is {show(corrupt_t)}: make them "
+            "tokenise to the same length"
+        )
     return clean_t, corrupt_t
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _validate(model, sender: Sender, receivers: Sequence[Receiver], mlps: str, check_order: bool):
@@ -194,14 +115,18 @@ def _validate(model, sender: Sender, receivers: Sequence[Receiver], mlps: str, c
         if item.kind == "mlp" and not _has_mlps(model):
             raise ValueError(f"{item}: this model has no MLPs (attention only)")
     if mlps == "recompute" and any(r.kind == "mlp" for r in receivers):
-        raise ValueError("with mlps='recompute' an MLP is part of every path through it, not a "
-                         "receiver; pass mlps='freeze' to use MLP receivers")
+        raise ValueError(
+            "with mlps='recompute' an MLP is part of every path through it, not a "
+            "receiver; pass mlps='freeze' to use MLP receivers"
+        )
     if check_order:
         bad = [str(r) for r in receivers if not _reaches(model, sender, r)]
         if bad:
-            raise ValueError(f"sender {sender} (layer {sender.layer}) cannot reach receivers "
-                             f"{', '.join(bad)}: they read the residual stream before it writes. "
-                             "Pass receivers in later layers (or 'logits')")
+            raise ValueError(
+                f"sender {sender} (layer {sender.layer}) cannot reach receivers "
+                f"{', '.join(bad)}: they read the residual stream before it writes. "
+                "Pass receivers in later layers (or 'logits')"
+            )
 
 
 def _settings(direction: str, mlps: str, receivers) -> list[Receiver]:
@@ -209,8 +134,9 @@ def _settings(direction: str, mlps: str, receivers) -> list[Receiver]:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if mlps not in MLP_MODES:
         raise ValueError(f"mlps must be one of {MLP_MODES}, got {mlps!r}")
-    if isinstance(receivers, (str, Receiver)) or (isinstance(receivers, tuple) and receivers
-                                                  and receivers[0] in ("head", "mlp")):
+    if isinstance(receivers, (str, Receiver)) or (
+        isinstance(receivers, tuple) and receivers and receivers[0] in ("head", "mlp")
+    ):
         receivers = [receivers]  # one receiver given bare
     receivers = list(dict.fromkeys(as_receiver(r) for r in receivers))
     if not receivers:
@@ -218,19 +144,36 @@ def _settings(direction: str, mlps: str, receivers) -> list[Receiver]:
     return receivers
 
 
-def _run(model, clean, corrupted, senders: list[Sender], receivers: list[Receiver], metric: Metric,
-         direction: str, mlps: str, check_order: bool, per_pass: int, progress: bool | None):
+def _run(
+    model,
+    clean,
+    corrupted,
+    senders: list[Sender],
+    receivers: list[Receiver],
+    metric: Metric,
+    direction: str,
+    mlps: str,
+    check_order: bool,
+    per_pass: int,
+    progress: bool | None,
+):
     for s in senders:
         _validate(model, s, receivers, mlps, check_order)
     clean_t, corrupt_t = _tokens_pair(model, clean, corrupted)
     reads = sorted({read_point(model, r) for r in receivers})
-    runs = {"clean": cache_runs(model, clean_t, reads), "corrupted": cache_runs(model, corrupt_t, reads)}
+    runs = {
+        "clean": cache_runs(model, clean_t, reads),
+        "corrupted": cache_runs(model, corrupt_t, reads),
+    }
     rows = clean_t.shape[0]
     clean_m = _reduce(metric(runs["clean"].logits), rows)
     corrupt_m = _reduce(metric(runs["corrupted"].logits), rows)
-    base, source = ((runs["corrupted"], runs["clean"]) if direction == "denoising"
-                    else (runs["clean"], runs["corrupted"]))
-    chunks = [senders[i:i + per_pass] for i in range(0, len(senders), per_pass)]
+    base, source = (
+        (runs["corrupted"], runs["clean"])
+        if direction == "denoising"
+        else (runs["clean"], runs["corrupted"])
+    )
+    chunks = [senders[i : i + per_pass] for i in range(0, len(senders), per_pass)]
     show = len(chunks) > 4 if progress is None else progress
     values = []
     for chunk in tqdm(chunks, desc="path patching", disable=not show):
@@ -239,24 +182,40 @@ def _run(model, clean, corrupted, senders: list[Sender], receivers: list[Receive
         values += [_reduce(metric(block), rows) for block in logits.split(rows)]
     span = clean_m - corrupt_m
     ok = _recoverable(clean_m, corrupt_m)
-    table = pd.DataFrame({
-        "site": "path",
-        "layer": [s.layer for s in senders],
-        "head": pd.array([s.head for s in senders], dtype="Int64"),
-        "pos": pd.array([None] * len(senders), dtype="Int64"),
-        "method": "exact",
-        "metric": values,
-        "recovered": [(v - corrupt_m) / span if ok else math.nan for v in values],
-        "sender": [str(s) for s in senders],
-        "receivers": ", ".join(str(r) for r in receivers),
-    })
-    return PathPatchResult(table=table, clean_metric=clean_m, corrupted_metric=corrupt_m,
-                           direction=direction, mlps=mlps)
+    table = pd.DataFrame(
+        {
+            "site": "path",
+            "layer": [s.layer for s in senders],
+            "head": pd.array([s.head for s in senders], dtype="Int64"),
+            "pos": pd.array([None] * len(senders), dtype="Int64"),
+            "method": "exact",
+            "metric": values,
+            "recovered": [(v - corrupt_m) / span if ok else math.nan for v in values],
+            "sender": [str(s) for s in senders],
+            "receivers": ", ".join(str(r) for r in receivers),
+        }
+    )
+    return PathPatchResult(
+        table=table,
+        clean_metric=clean_m,
+        corrupted_metric=corrupt_m,
+        direction=direction,
+        mlps=mlps,
+    )
 
 
-def path_patch(model, clean, corrupted, *, sender, receivers, metric: Metric,
-               direction: str = "denoising", mlps: str = "recompute",
-               check_order: bool = True) -> PathPatchResult:
+def path_patch(
+    model,
+    clean,
+    corrupted,
+    *,
+    sender,
+    receivers,
+    metric: Metric,
+    direction: str = "denoising",
+    mlps: str = "recompute",
+    check_order: bool = True,
+) -> PathPatchResult:
     """Patch ``sender`` only along its paths into ``receivers`` (all at once); one result row.
 
     Args:
@@ -272,15 +231,35 @@ def path_patch(model, clean, corrupted, *, sender, receivers, metric: Metric,
             change nothing, which the tests prove).
     """
     receivers = _settings(direction, mlps, receivers)
-    return _run(model, clean, corrupted, [as_sender(sender)], receivers, metric, direction,
-                mlps, check_order, 1, False)
+    return _run(
+        model,
+        clean,
+        corrupted,
+        [as_sender(sender)],
+        receivers,
+        metric,
+        direction,
+        mlps,
+        check_order,
+        1,
+        False,
+    )
 
 
-def path_patch_senders(model, clean, corrupted, *, receivers, metric: Metric,
-                       senders: Sequence | None = None, direction: str = "denoising",
-                       mlps: str = "recompute", senders_per_pass: int | None = None,
-                       max_bytes: int | str | None = None,
-                       progress: bool | None = None) -> PathPatchResult:
+def path_patch_senders(
+    model,
+    clean,
+    corrupted,
+    *,
+    receivers,
+    metric: Metric,
+    senders: Sequence | None = None,
+    direction: str = "denoising",
+    mlps: str = "recompute",
+    senders_per_pass: int | None = None,
+    max_bytes: int | str | None = None,
+    progress: bool | None = None,
+) -> PathPatchResult:
     """Path-patch every sender (default: every head) into the same receivers; one row each.
 
     A receiver a sender cannot reach gets no change from it (exactly; so the heads at or after
@@ -295,24 +274,42 @@ def path_patch_senders(model, clean, corrupted, *, receivers, metric: Metric,
     """
     receivers = _settings(direction, mlps, receivers)
     if senders is None:
-        senders = [(lay, hd) for lay in range(int(model.cfg.n_layers))
-                   for hd in range(int(model.cfg.n_heads))]
+        senders = [
+            (lay, hd)
+            for lay in range(int(model.cfg.n_layers))
+            for hd in range(int(model.cfg.n_heads))
+        ]
     senders = [as_sender(s) for s in senders]
     if senders_per_pass is not None and max_bytes is not None:
-        raise ValueError("pass senders_per_pass or max_bytes (a memory budget the senders per "
-                         "pass are planned from), not both")
+        raise ValueError(
+            "pass senders_per_pass or max_bytes (a memory budget the senders per "
+            "pass are planned from), not both"
+        )
     if max_bytes is not None:
-        senders_per_pass = _senders_fitting(model, clean, corrupted, receivers, len(senders),
-                                            max_bytes)
+        senders_per_pass = _senders_fitting(
+            model, clean, corrupted, receivers, len(senders), max_bytes
+        )
     senders_per_pass = 8 if senders_per_pass is None else senders_per_pass
     if not senders or senders_per_pass < 1:
         raise ValueError("pass at least one sender and senders_per_pass >= 1")
-    return _run(model, clean, corrupted, senders, receivers, metric, direction, mlps, False,
-                senders_per_pass, progress)
+    return _run(
+        model,
+        clean,
+        corrupted,
+        senders,
+        receivers,
+        metric,
+        direction,
+        mlps,
+        False,
+        senders_per_pass,
+        progress,
+    )
 
 
-def _senders_fitting(model, clean, corrupted, receivers: Sequence[Receiver], n_senders: int,
-                     max_bytes: int | str) -> int:
+def _senders_fitting(
+    model, clean, corrupted, receivers: Sequence[Receiver], n_senders: int, max_bytes: int | str
+) -> int:
     """Senders per pass under ``max_bytes``: the two caches are held, each sender takes one
     block of prompt rows per pass and keeps its changes at every read point."""
     rows, n_pos = _tokens_pair(model, clean, corrupted)[0].shape
@@ -321,15 +318,26 @@ def _senders_fitting(model, clean, corrupted, receivers: Sequence[Receiver], n_s
     held = 2 * estimate_cache_bytes(model, (rows, n_pos), hooks=[*z, *mlp.values(), *reads])
     budget = parse_size(max_bytes)
     if held >= budget:
-        raise MemoryBudgetError(f"path patching holds the clean and corrupted runs' caches, "
-                                f"{format_size(held)}, more than max_bytes={format_size(budget)}; "
-                                "raise max_bytes or use fewer or shorter prompts")
+        raise MemoryBudgetError(
+            f"path patching holds the clean and corrupted runs' caches, "
+            f"{format_size(held)}, more than max_bytes={format_size(budget)}; "
+            "raise max_bytes or use fewer or shorter prompts"
+        )
     changes = len(reads) * n_pos * int(model.cfg.d_model) * _itemsize(model)
-    per_pass = rows_per_chunk(model, int(n_pos), budget - held, n_rows=n_senders * int(rows),
-                              kept_per_row=changes, loss=True, what="one path-patched run")
+    per_pass = rows_per_chunk(
+        model,
+        int(n_pos),
+        budget - held,
+        n_rows=n_senders * int(rows),
+        kept_per_row=changes,
+        loss=True,
+        what="one path-patched run",
+    )
     if per_pass < rows:
-        raise MemoryBudgetError(f"one sender patches all {rows} prompt rows in one pass, but only "
-                                f"{per_pass} fit max_bytes={format_size(budget)}; raise max_bytes "
-                                f"to about {format_size(held + (budget - held) * rows / per_pass)}"
-                                " or use fewer prompts")
+        raise MemoryBudgetError(
+            f"one sender patches all {rows} prompt rows in one pass, but only "
+            f"{per_pass} fit max_bytes={format_size(budget)}; raise max_bytes "
+            f"to about {format_size(held + (budget - held) * rows / per_pass)}"
+            " or use fewer prompts"
+        )
     return per_pass // int(rows)

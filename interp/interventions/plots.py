@@ -39,53 +39,79 @@ def patching_heatmap(
     positions give layer x head. ``per_position`` chooses between a head site's two grids
     (default: per position when the frame has them). ``tokens`` label the positions.
     """
-    missing = [c for c in ("site", "layer", "head", "pos", "method", value)
-               if c not in frame.columns]
+    missing = [
+        c for c in ("site", "layer", "head", "pos", "method", value) if c not in frame.columns
+    ]
     if missing:
-        raise ValueError(f"patching_heatmap needs a patch_activations frame; columns {missing} "
-                         f"are missing (it has {list(frame.columns)})")
+        raise ValueError(
+            f"patching_heatmap needs a patch_activations frame; columns {missing} "
+            f"are missing (it has {list(frame.columns)})"
+        )
     rows = frame[(frame["site"] == site) & (frame["method"] == method)]
     if rows.empty:
-        raise ValueError(f"no {method} rows for site {site!r}; the frame has sites "
-                         f"{sorted(set(frame['site']))} and methods {sorted(set(frame['method']))}")
+        raise ValueError(
+            f"no {method} rows for site {site!r}; the frame has sites "
+            f"{sorted(set(frame['site']))} and methods {sorted(set(frame['method']))}"
+        )
     has_pos = rows["pos"].notna()
     if per_position is None:
         per_position = bool(has_pos.any())
     rows = rows[has_pos] if per_position else rows[~has_pos]
     if rows.empty:
         grid = "per-position" if per_position else "all-position"
-        raise ValueError(f"site {site!r} has no {grid} rows; patch with the matching grid "
-                         "(e.g. 'heads_pos' or 'heads')")
+        raise ValueError(
+            f"site {site!r} has no {grid} rows; patch with the matching grid "
+            "(e.g. 'heads_pos' or 'heads')"
+        )
     what = f"{value} ({method}, {site})"
     if not per_position:
-        fig = head_heatmap(rows.astype({"layer": int, "head": int}), value,
-                           title=title or what)
+        fig = head_heatmap(rows.astype({"layer": int, "head": int}), value, title=title or what)
         if value == "recovered":
             fig.update_traces(colorscale="RdBu", zmid=0, zmin=-1, zmax=1)
         return fig
     with_heads = rows["head"].notna().any()
-    keys = (list(zip(rows["layer"], rows["head"], strict=True)) if with_heads
-            else list(rows["layer"]))
+    keys = (
+        list(zip(rows["layer"], rows["head"], strict=True)) if with_heads else list(rows["layer"])
+    )
     labels = sorted(set(keys))
     y_text = [head_label(*k) if with_heads else f"L{int(k)}" for k in labels]
     n_pos = int(rows["pos"].max()) + 1
     z = np.full((len(labels), n_pos), np.nan)
     where = {k: i for i, k in enumerate(labels)}
-    z[[where[k] for k in keys], rows["pos"].astype(int).to_numpy()] = \
-        pd.to_numeric(rows[value], errors="coerce").to_numpy(dtype=float)
+    z[[where[k] for k in keys], rows["pos"].astype(int).to_numpy()] = pd.to_numeric(
+        rows[value], errors="coerce"
+    ).to_numpy(dtype=float)
     scale = {"zmid": 0, "zmin": -1, "zmax": 1} if value == "recovered" else {"zmid": 0}
     x_axis: dict = {"title": {"text": "position"}}
     if tokens is not None and len(tokens) == n_pos:
-        x_axis.update(tickmode="array", tickvals=list(range(n_pos)),
-                      ticktext=[token_label(t, max_chars=MAX_TICK_CHARS) for t in tokens])
-    fig = go.Figure(go.Heatmap(
-        z=[_finite_or_none(r) for r in z], x=list(range(n_pos)), y=y_text,
-        colorscale="RdBu", colorbar={"title": {"text": plotly_text(value)}},
-        hovertemplate="%{y}, pos %{x}: %{z:.4g}<extra></extra>", hoverongaps=False,
-        xgap=1, ygap=1, **scale))
+        x_axis.update(
+            tickmode="array",
+            tickvals=list(range(n_pos)),
+            ticktext=[token_label(t, max_chars=MAX_TICK_CHARS) for t in tokens],
+        )
+    fig = go.Figure(
+        go.Heatmap(
+            z=[_finite_or_none(r) for r in z],
+            x=list(range(n_pos)),
+            y=y_text,
+            colorscale="RdBu",
+            colorbar={"title": {"text": plotly_text(value)}},
+            hovertemplate="%{y}, pos %{x}: %{z:.4g}<extra></extra>",
+            hoverongaps=False,
+            xgap=1,
+            ygap=1,
+            **scale,
+        )
+    )
     fig.update_layout(
-        template=TEMPLATE, title={"text": plotly_text(title or what)}, xaxis=x_axis,
-        yaxis={"title": {"text": "head" if with_heads else "layer"}, "type": "category",
-               "autorange": "reversed"},
-        height=int(min(1200, max(300, 180 + 24 * len(labels)))))
+        template=TEMPLATE,
+        title={"text": plotly_text(title or what)},
+        xaxis=x_axis,
+        yaxis={
+            "title": {"text": "head" if with_heads else "layer"},
+            "type": "category",
+            "autorange": "reversed",
+        },
+        height=int(min(1200, max(300, 180 + 24 * len(labels)))),
+    )
     return fig

@@ -21,6 +21,17 @@ from interp.reference.model import (
 # the name interp exports at top level, where a bare "GPT2" would be ambiguous
 ReferenceGPT2 = GPT2
 
-__all__ = ["GPT2", "MLP", "Attention", "Block", "Embed", "LayerNorm", "PosEmbed",
-           "ReferenceConfig", "ReferenceGPT2", "Unembed", "UnsupportedArchitectureError",
-           "gelu_new"]
+__all__ = [
+    "GPT2",
+    "MLP",
+    "Attention",
+    "Block",
+    "Embed",
+    "LayerNorm",
+    "PosEmbed",
+    "ReferenceConfig",
+    "ReferenceGPT2",
+    "Unembed",
+    "UnsupportedArchitectureError",
+    "gelu_new",
+]

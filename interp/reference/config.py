@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["GELU_TANH_NAMES", "ReferenceConfig", "UnsupportedArchitectureError",
-           "refusal_message"]
+__all__ = ["GELU_TANH_NAMES", "ReferenceConfig", "UnsupportedArchitectureError", "refusal_message"]
 
 # the names TransformerLens and transformers give GPT-2's tanh-approximated GELU
 GELU_TANH_NAMES = ("gelu_new", "gelu_pytorch_tanh")
@@ -25,10 +24,12 @@ class UnsupportedArchitectureError(ValueError):
 
 def refusal_message(what: str, problems: list[str]) -> str:
     """The one-line refusal for a model that is not a GPT-2, naming what differs."""
-    return (f"the reference implements GPT-2 only (learned absolute positional embeddings, "
-            f"LayerNorm, GELU-tanh MLP, attention then MLP in sequence), and {what} is not one: "
-            f"{'; '.join(problems)}. Study this model with the hooked model itself "
-            "(interp.load_model); the reference cannot serve as its oracle.")
+    return (
+        f"the reference implements GPT-2 only (learned absolute positional embeddings, "
+        f"LayerNorm, GELU-tanh MLP, attention then MLP in sequence), and {what} is not one: "
+        f"{'; '.join(problems)}. Study this model with the hooked model itself "
+        "(interp.load_model); the reference cannot serve as its oracle."
+    )
 
 
 @dataclass(frozen=True)
@@ -56,19 +57,32 @@ class ReferenceConfig:
     @classmethod
     def gpt2_small(cls) -> ReferenceConfig:
         """GPT-2 small's sizes (124M parameters), for building a randomly initialised copy."""
-        return cls(d_model=768, n_heads=12, d_head=64, d_mlp=3072, n_layers=12, n_ctx=1024,
-                   d_vocab=50257, eps=1e-5)
+        return cls(
+            d_model=768,
+            n_heads=12,
+            d_head=64,
+            d_mlp=3072,
+            n_layers=12,
+            n_ctx=1024,
+            d_vocab=50257,
+            eps=1e-5,
+        )
 
     @classmethod
     def from_hf_config(cls, config: dict, *, what: str = "this checkpoint") -> ReferenceConfig:
         """Read a transformers ``config.json`` (as a dict); refuse anything but GPT-2."""
         model_type = config.get("model_type")
         if model_type != "gpt2":
-            kind = {"gpt_neox": "GPT-NeoX with rotary positions",
-                    "gptj": "GPT-J with rotary positions",
-                    "llama": "Llama with rotary positions and RMSNorm"}.get(model_type, "")
-            raise UnsupportedArchitectureError(refusal_message(
-                what, [f"its model_type is {model_type!r}" + (f" ({kind})" if kind else "")]))
+            kind = {
+                "gpt_neox": "GPT-NeoX with rotary positions",
+                "gptj": "GPT-J with rotary positions",
+                "llama": "Llama with rotary positions and RMSNorm",
+            }.get(model_type, "")
+            raise UnsupportedArchitectureError(
+                refusal_message(
+                    what, [f"its model_type is {model_type!r}" + (f" ({kind})" if kind else "")]
+                )
+            )
         problems = []
         act = config.get("activation_function", "gelu_new")
         if act not in GELU_TANH_NAMES:
@@ -83,10 +97,16 @@ class ReferenceConfig:
             raise UnsupportedArchitectureError(refusal_message(what, problems))
         d_model, n_heads = int(config["n_embd"]), int(config["n_head"])
         if d_model % n_heads:
-            raise UnsupportedArchitectureError(refusal_message(
-                what, [f"n_embd {d_model} is not a multiple of n_head {n_heads}"]))
-        return cls(d_model=d_model, n_heads=n_heads, d_head=d_model // n_heads,
-                   d_mlp=int(config.get("n_inner") or 4 * d_model),
-                   n_layers=int(config["n_layer"]), n_ctx=int(config["n_positions"]),
-                   d_vocab=int(config["vocab_size"]),
-                   eps=float(config.get("layer_norm_epsilon", 1e-5)))
+            raise UnsupportedArchitectureError(
+                refusal_message(what, [f"n_embd {d_model} is not a multiple of n_head {n_heads}"])
+            )
+        return cls(
+            d_model=d_model,
+            n_heads=n_heads,
+            d_head=d_model // n_heads,
+            d_mlp=int(config.get("n_inner") or 4 * d_model),
+            n_layers=int(config["n_layer"]),
+            n_ctx=int(config["n_positions"]),
+            d_vocab=int(config["vocab_size"]),
+            eps=float(config.get("layer_norm_epsilon", 1e-5)),
+        )

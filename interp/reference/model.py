@@ -23,8 +23,17 @@ from torch import Tensor, nn
 from interp.reference.config import ReferenceConfig
 from interp.reference.weights import hooked_weights, pretrained_dir_weights
 
-__all__ = ["Attention", "Block", "Embed", "GPT2", "LayerNorm", "MLP", "PosEmbed", "Unembed",
-           "gelu_new"]
+__all__ = [
+    "Attention",
+    "Block",
+    "Embed",
+    "GPT2",
+    "LayerNorm",
+    "MLP",
+    "PosEmbed",
+    "Unembed",
+    "gelu_new",
+]
 
 Cache = dict[str, Tensor]
 
@@ -67,8 +76,9 @@ class LayerNorm(nn.Module):
         self.w = nn.Parameter(torch.ones(cfg.d_model))
         self.b = nn.Parameter(torch.zeros(cfg.d_model))
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: Cache | None = None
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos d_model"], cache: Cache | None = None
+    ) -> Float[Tensor, "batch pos d_model"]:
         centred = x - x.mean(dim=-1, keepdim=True)
         variance = centred.pow(2).mean(dim=-1, keepdim=True)  # biased: divide by d_model
         scale = _save(cache, f"{self.name}.hook_scale", (variance + self.cfg.eps).sqrt())
@@ -86,8 +96,9 @@ class Embed(nn.Module):
         super().__init__()
         self.W_E = nn.Parameter(torch.randn(cfg.d_vocab, cfg.d_model) * INIT_STD)
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], cache: Cache | None = None
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self, tokens: Int[Tensor, "batch pos"], cache: Cache | None = None
+    ) -> Float[Tensor, "batch pos d_model"]:
         return _save(cache, "hook_embed", self.W_E[tokens])
 
 
@@ -102,11 +113,11 @@ class PosEmbed(nn.Module):
         super().__init__()
         self.W_pos = nn.Parameter(torch.randn(cfg.n_ctx, cfg.d_model) * INIT_STD)
 
-    def forward(self, tokens: Int[Tensor, "batch pos"], cache: Cache | None = None
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self, tokens: Int[Tensor, "batch pos"], cache: Cache | None = None
+    ) -> Float[Tensor, "batch pos d_model"]:
         batch, pos = tokens.shape
-        pos_embed = einops.repeat(self.W_pos[:pos], "pos d_model -> batch pos d_model",
-                                  batch=batch)
+        pos_embed = einops.repeat(self.W_pos[:pos], "pos d_model -> batch pos d_model", batch=batch)
         return _save(cache, "hook_pos_embed", pos_embed)
 
 
@@ -134,8 +145,9 @@ class Attention(nn.Module):
         self.W_O = nn.Parameter(torch.randn(h, dh, d) * INIT_STD)
         self.b_O = nn.Parameter(torch.zeros(d))
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: Cache | None = None
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self, x: Float[Tensor, "batch pos d_model"], cache: Cache | None = None
+    ) -> Float[Tensor, "batch pos d_model"]:
         n = self.name
         q = _save(cache, f"{n}.hook_q", einops.einsum(x, self.W_Q, QKV_EINSUM) + self.b_Q)
         k = _save(cache, f"{n}.hook_k", einops.einsum(x, self.W_K, QKV_EINSUM) + self.b_K)
@@ -168,10 +180,12 @@ class MLP(nn.Module):
         self.W_out = nn.Parameter(torch.randn(cfg.d_mlp, cfg.d_model) * INIT_STD)
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], cache: Cache | None = None
-                ) -> Float[Tensor, "batch pos d_model"]:
-        pre = _save(cache, f"{self.name}.hook_pre",
-                    einops.einsum(x, self.W_in, MLP_IN_EINSUM) + self.b_in)
+    def forward(
+        self, x: Float[Tensor, "batch pos d_model"], cache: Cache | None = None
+    ) -> Float[Tensor, "batch pos d_model"]:
+        pre = _save(
+            cache, f"{self.name}.hook_pre", einops.einsum(x, self.W_in, MLP_IN_EINSUM) + self.b_in
+        )
         post = _save(cache, f"{self.name}.hook_post", gelu_new(pre))
         return einops.einsum(post, self.W_out, MLP_OUT_EINSUM) + self.b_out
 
@@ -208,8 +222,9 @@ class Block(nn.Module):
         self.ln2 = LayerNorm(cfg, name=f"{name}.ln2")
         self.mlp = MLP(cfg, name=f"{name}.mlp")
 
-    def forward(self, resid_pre: Float[Tensor, "batch pos d_model"], cache: Cache | None = None
-                ) -> Float[Tensor, "batch pos d_model"]:
+    def forward(
+        self, resid_pre: Float[Tensor, "batch pos d_model"], cache: Cache | None = None
+    ) -> Float[Tensor, "batch pos d_model"]:
         n = self.name
         _save(cache, f"{n}.hook_resid_pre", resid_pre)
         attn_out = _save(cache, f"{n}.hook_attn_out", self.attn(self.ln1(resid_pre, cache), cache))
@@ -248,8 +263,7 @@ class GPT2(nn.Module):
         return model.load_weights(weights).eval()
 
     @classmethod
-    def from_pretrained_dir(cls, path: str | Path, *, dtype: torch.dtype = torch.float32
-                            ) -> GPT2:
+    def from_pretrained_dir(cls, path: str | Path, *, dtype: torch.dtype = torch.float32) -> GPT2:
         """Read ``config.json`` and safetensors weights of a transformers GPT-2 checkpoint."""
         cfg, weights = pretrained_dir_weights(path)
         return cls(cfg).to(dtype=dtype).load_weights(weights).eval()
@@ -260,14 +274,18 @@ class GPT2(nn.Module):
         missing = sorted(set(params) - set(weights))
         unexpected = sorted(set(weights) - set(params))
         if missing or unexpected:
-            raise KeyError(f"weights do not fit the reference: missing {missing[:5]}, "
-                           f"unexpected {unexpected[:5]}")
+            raise KeyError(
+                f"weights do not fit the reference: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
         with torch.no_grad():
             for name, param in params.items():
                 source = weights[name]
                 if source.shape != param.shape:
-                    raise ValueError(f"{name}: the source has shape {tuple(source.shape)}, the "
-                                     f"reference expects {tuple(param.shape)} ({self.cfg})")
+                    raise ValueError(
+                        f"{name}: the source has shape {tuple(source.shape)}, the "
+                        f"reference expects {tuple(param.shape)} ({self.cfg})"
+                    )
                 param.copy_(source)
         return self
 
@@ -281,15 +299,20 @@ class GPT2(nn.Module):
         if tokens.ndim == 1:
             tokens = tokens[None]
         if tokens.ndim != 2 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens must be [pos] or [batch, pos] with pos >= 1, got shape "
-                             f"{tuple(tokens.shape)}")
+            raise ValueError(
+                f"tokens must be [pos] or [batch, pos] with pos >= 1, got shape "
+                f"{tuple(tokens.shape)}"
+            )
         if tokens.shape[1] > self.cfg.n_ctx:
-            raise ValueError(f"{tokens.shape[1]} tokens but the context is {self.cfg.n_ctx} "
-                             "(W_pos has one row per position); pass a shorter prompt")
+            raise ValueError(
+                f"{tokens.shape[1]} tokens but the context is {self.cfg.n_ctx} "
+                "(W_pos has one row per position); pass a shorter prompt"
+            )
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.cfg.d_vocab:
-            raise ValueError(f"token ids must lie in [0, {self.cfg.d_vocab - 1}], got values "
-                             f"from {lo} to {hi}")
+            raise ValueError(
+                f"token ids must lie in [0, {self.cfg.d_vocab - 1}], got values from {lo} to {hi}"
+            )
         return tokens.long().to(self.embed.W_E.device)
 
     def _run(self, tokens: Tensor, cache: Cache | None) -> Float[Tensor, "batch pos d_vocab"]:
@@ -303,23 +326,27 @@ class GPT2(nn.Module):
         return self._run(tokens, cache=None)
 
     @torch.inference_mode()
-    def run_with_cache(self, tokens: Int[Tensor, "batch pos"]
-                       ) -> tuple[Float[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
+    def run_with_cache(
+        self, tokens: Int[Tensor, "batch pos"]
+    ) -> tuple[Float[Tensor, "batch pos d_vocab"], dict[str, Tensor]]:
         """Logits and every recorded activation, under TransformerLens's hook names."""
         cache: Cache = {}
         logits = self._run(tokens, cache)
         return logits, cache
 
     @torch.inference_mode()
-    def generate_greedy(self, tokens: Int[Tensor, "batch pos"], n: int
-                        ) -> Int[Tensor, "batch pos_plus_n"]:
+    def generate_greedy(
+        self, tokens: Int[Tensor, "batch pos"], n: int
+    ) -> Int[Tensor, "batch pos_plus_n"]:
         """Append ``n`` tokens, each the argmax of the last position's logits (no sampling)."""
         tokens = self.check_tokens(tokens)
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         if tokens.shape[1] + n > self.cfg.n_ctx:
-            raise ValueError(f"{tokens.shape[1]} tokens + {n} new ones exceed the context of "
-                             f"{self.cfg.n_ctx}; generate fewer tokens")
+            raise ValueError(
+                f"{tokens.shape[1]} tokens + {n} new ones exceed the context of "
+                f"{self.cfg.n_ctx}; generate fewer tokens"
+            )
         for _ in range(n):
             next_token = self(tokens)[:, -1].argmax(dim=-1)  # [batch]
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)

@@ -42,8 +42,7 @@ def check_hooked_is_gpt2(bridge) -> None:
     problems = []
     pos = getattr(cfg, "positional_embedding_type", None)
     if pos != "standard":
-        problems.append(f"its positions are {pos!r}, not learned absolute embeddings "
-                        "('standard')")
+        problems.append(f"its positions are {pos!r}, not learned absolute embeddings ('standard')")
     if getattr(cfg, "normalization_type", None) not in ("LN", "LNPre"):
         problems.append(f"its normalisation is {cfg.normalization_type!r}, not LayerNorm")
     if getattr(cfg, "act_fn", None) not in GELU_TANH_NAMES:
@@ -76,15 +75,40 @@ def hooked_weights(bridge) -> tuple[ReferenceConfig, dict[str, Tensor]]:
     """The config and weights of a GPT-2 ``TransformerBridge``, detached copies."""
     check_hooked_is_gpt2(bridge)
     c = bridge.cfg
-    config = ReferenceConfig(d_model=c.d_model, n_heads=c.n_heads, d_head=c.d_head,
-                             d_mlp=c.d_mlp, n_layers=c.n_layers, n_ctx=c.n_ctx,
-                             d_vocab=c.d_vocab, eps=float(c.eps))
+    config = ReferenceConfig(
+        d_model=c.d_model,
+        n_heads=c.n_heads,
+        d_head=c.d_head,
+        d_mlp=c.d_mlp,
+        n_layers=c.n_layers,
+        n_ctx=c.n_ctx,
+        d_vocab=c.d_vocab,
+        eps=float(c.eps),
+    )
     # the bridge stacks per-layer weights on first access; read each stack once
-    stacked = {name: getattr(bridge, name) for name in
-               ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O",
-                "W_in", "b_in", "W_out", "b_out")}
-    weights = {"embed.W_E": bridge.W_E, "pos_embed.W_pos": bridge.W_pos,
-               "unembed.W_U": bridge.W_U, "unembed.b_U": bridge.b_U}
+    stacked = {
+        name: getattr(bridge, name)
+        for name in (
+            "W_Q",
+            "W_K",
+            "W_V",
+            "W_O",
+            "b_Q",
+            "b_K",
+            "b_V",
+            "b_O",
+            "W_in",
+            "b_in",
+            "W_out",
+            "b_out",
+        )
+    }
+    weights = {
+        "embed.W_E": bridge.W_E,
+        "pos_embed.W_pos": bridge.W_pos,
+        "unembed.W_U": bridge.W_U,
+        "unembed.b_U": bridge.b_U,
+    }
     for layer in range(config.n_layers):
         block = bridge.blocks[layer]
         for ln in ("ln1", "ln2"):
@@ -111,9 +135,11 @@ def _read_safetensors(directory: Path) -> dict[str, Tensor]:
         for shard in shards:
             state.update(load_file(directory / shard))
         return state
-    raise FileNotFoundError(f"{directory} has no model.safetensors (or sharded index); the "
-                            "reference reads safetensors only. Write them with "
-                            "model.save_pretrained(directory, safe_serialization=True).")
+    raise FileNotFoundError(
+        f"{directory} has no model.safetensors (or sharded index); the "
+        "reference reads safetensors only. Write them with "
+        "model.save_pretrained(directory, safe_serialization=True)."
+    )
 
 
 def pretrained_dir_weights(path: str | Path) -> tuple[ReferenceConfig, dict[str, Tensor]]:
@@ -121,8 +147,9 @@ def pretrained_dir_weights(path: str | Path) -> tuple[ReferenceConfig, dict[str,
     directory = Path(path)
     config_file = directory / "config.json"
     if not config_file.is_file():
-        raise FileNotFoundError(f"{directory} has no config.json; pass a directory written by "
-                                "save_pretrained")
+        raise FileNotFoundError(
+            f"{directory} has no config.json; pass a directory written by save_pretrained"
+        )
     hf_config = json.loads(config_file.read_text())
     config = ReferenceConfig.from_hf_config(hf_config, what=f"the checkpoint in {directory}")
     # GPT2LMHeadModel saves under 'transformer.'; a bare GPT2Model (the hub's gpt2) does not
@@ -132,8 +159,10 @@ def pretrained_dir_weights(path: str | Path) -> tuple[ReferenceConfig, dict[str,
 
     def take(key: str) -> Tensor:
         if key not in state:
-            raise KeyError(f"the checkpoint in {directory} has no weight {key!r}; is it a "
-                           "complete GPT-2 checkpoint?")
+            raise KeyError(
+                f"the checkpoint in {directory} has no weight {key!r}; is it a "
+                "complete GPT-2 checkpoint?"
+            )
         used.add(key)
         return state[key]
 
@@ -148,12 +177,16 @@ def pretrained_dir_weights(path: str | Path) -> tuple[ReferenceConfig, dict[str,
         qkv_b = take(h + "attn.c_attn.bias").split(d_model, dim=0)  # 3 x [d_model]
         for name, w, b in zip("QKV", qkv_w, qkv_b, strict=True):
             weights[out + f"attn.W_{name}"] = einops.rearrange(
-                w, "d_model (head d_head) -> head d_model d_head", head=n_heads)
+                w, "d_model (head d_head) -> head d_model d_head", head=n_heads
+            )
             weights[out + f"attn.b_{name}"] = einops.rearrange(
-                b, "(head d_head) -> head d_head", head=n_heads)
+                b, "(head d_head) -> head d_head", head=n_heads
+            )
         weights[out + "attn.W_O"] = einops.rearrange(
-            take(h + "attn.c_proj.weight"), "(head d_head) d_model -> head d_head d_model",
-            head=n_heads)
+            take(h + "attn.c_proj.weight"),
+            "(head d_head) d_model -> head d_head d_model",
+            head=n_heads,
+        )
         weights[out + "attn.b_O"] = take(h + "attn.c_proj.bias")
         weights[out + "mlp.W_in"] = take(h + "mlp.c_fc.weight")  # Conv1D [in, out] already
         weights[out + "mlp.b_in"] = take(h + "mlp.c_fc.bias")
@@ -168,7 +201,10 @@ def pretrained_dir_weights(path: str | Path) -> tuple[ReferenceConfig, dict[str,
     weights["unembed.b_U"] = torch.zeros(config.d_vocab)  # GPT-2's unembedding has no bias
     unexpected = sorted(set(state) - used)
     if unexpected:
-        raise UnsupportedArchitectureError(refusal_message(
-            f"the checkpoint in {directory}",
-            [f"it has weights a GPT-2 language model does not: {', '.join(unexpected[:5])}"]))
+        raise UnsupportedArchitectureError(
+            refusal_message(
+                f"the checkpoint in {directory}",
+                [f"it has weights a GPT-2 language model does not: {', '.join(unexpected[:5])}"],
+            )
+        )
     return config, {name: t.detach().clone() for name, t in weights.items()}
