@@ -186,6 +186,10 @@ def test_select_trims_padding(gpt2):
     assert part.answers == (batch.answers[2], batch.answers[1])
     assert part.positions["END"].tolist() == [-1, 5]
     assert batch.select(slice(0, 1)).clean.shape == (1, 15)
+    with pytest.raises(ValueError, match="select at least one of the 3 rows"):
+        batch.select([])
+    moved = batch.to("cpu")
+    assert torch.equal(moved.clean, batch.clean) and moved.answers == batch.answers
 
 
 # ---- metrics ---------------------------------------------------------------------------------

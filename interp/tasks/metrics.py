@@ -116,7 +116,7 @@ def task_prob_diff(
 METRICS = {"logit_diff": task_logit_diff, "prob_diff": task_prob_diff}  # kind -> function
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds a tensor: compare fields, not objects
 class TaskMetric:
     """A task's per-row metric as a callable ``logits [batch pos d_vocab] -> [batch]`` (the
     metric protocol of :mod:`interp.interventions`), printable, with a ``name``."""

@@ -14,7 +14,7 @@ a real token see padding. A row's metric is read at its own last real token, ``l
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -30,7 +30,7 @@ __all__ = ["TaskTokens", "tokenize_rows", "pad_id", "encode"]
 MAX_SHOWN = 48  # tokens shown of a tokenisation in a message; longer ones are elided
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors have no single truth value: compare fields
 class TaskTokens:
     """A task's rows as padded token batches for one model.
 
@@ -71,6 +71,18 @@ class TaskTokens:
         """True at real tokens, False at padding."""
         return torch.arange(self.clean.shape[1])[None, :] < self.lengths[:, None]
 
+    def to(self, device: torch.device | str) -> TaskTokens:
+        """The same batches on ``device`` (e.g. ``model.cfg.device``); metrics follow the
+        logits' device by themselves."""
+        return replace(
+            self,
+            clean=self.clean.to(device),
+            corrupted=self.corrupted.to(device),
+            lengths=self.lengths.to(device),
+            positions={k: v.to(device) for k, v in self.positions.items()},
+            prefix=self.prefix.to(device),
+        )
+
     def select(self, rows: Sequence[int] | slice | Tensor) -> TaskTokens:
         """A sub-batch of rows (for chunked runs), its padding trimmed to its longest row."""
         index = (
@@ -79,7 +91,9 @@ class TaskTokens:
             else torch.as_tensor(rows, dtype=torch.long).reshape(-1)
         )
         keep = index.tolist()
-        width = int(self.lengths[index].max()) if keep else 0
+        if not keep:
+            raise ValueError(f"select at least one of the {len(self)} rows, got {rows!r}")
+        width = int(self.lengths[index].max())
         return TaskTokens(
             clean=self.clean[index, :width],
             corrupted=self.corrupted[index, :width],
