@@ -36,6 +36,7 @@ _EXPORTS = {
     "patch_activations": "interp.interventions",
     "run_patched": "interp.interventions",
     "path_patch": "interp.interventions",
+    "Task": "interp.tasks",
 }
 
 __all__ = sorted(_EXPORTS)
