@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp.caching import PromptError, to_tokens
+from interp.engine import PromptError, to_tokens
 from interp.tasks.metrics import TaskMetric
 from interp.tasks.rows import Prompt, TaskError, TaskRow, describe
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from interp.caching import to_tokens
+from interp.engine import to_tokens
 from interp.tasks.rows import TaskError
 
 __all__ = [
