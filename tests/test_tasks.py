@@ -7,7 +7,6 @@ padded batches and metrics: tests/test_tasks_tokens.py.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from pathlib import Path
@@ -231,18 +230,3 @@ def test_the_example_file_loads_and_validates(gpt2):
 def test_a_task_row_records_only_what_is_set():
     row = TaskRow(clean="a", corrupted="b", answer=" c")
     assert row.record() == {"clean": "a", "corrupted": "b", "answer": " c"}
-
-
-# ---- architecture ----------------------------------------------------------------------------
-
-
-def test_the_package_imports_only_lower_layers():
-    allowed = {"interp.caching"}
-    for path in (ROOT / "interp" / "tasks").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("interp"):
-                assert node.module in allowed or node.module.startswith("interp.tasks"), (
-                    f"{path.name} imports {node.module}"
-                )
-            if isinstance(node, ast.Import):
-                assert not any(a.name.startswith("interp") for a in node.names), path.name
