@@ -39,7 +39,7 @@ COMPONENTS = (
 # agree with a float32 forward pass to ~1e-6 on logits of order 1; rounding grows with the
 # logits' size, hence the relative part. A real mistake (an unfolded LayerNorm) is ~0.1.
 IDENTITY_ATOL = 1e-4
-IDENTITY_RTOL = 1e-5
+IDENTITY_RTOL = 1e-5  # relative part of the identity's tolerance, times |logit|
 
 
 class TokenError(ValueError):

@@ -118,5 +118,6 @@ def circuitsvis_js() -> str:
 
 
 def csp_hash(source: str) -> str:
+    """The Content-Security-Policy source allowing exactly this inline script (its SHA-256)."""
     digest = hashlib.sha256(source.encode("utf-8")).digest()
     return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"

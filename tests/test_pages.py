@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import interp.html as ih
+import interp.page_assets as page_assets
 from interp.cli import main
 from interp.html import Report
 from tests.test_browser import browser  # noqa: F401  (the Chromium fixture, shared)
@@ -53,18 +54,18 @@ def figures(path: Path) -> list[dict]:
 # -- the partial bundle -------------------------------------------------------------------------
 
 def test_vendored_bundle_is_the_official_partial_build_with_its_licence():
-    source = ih.PLOTLY_PARTIAL.read_text(encoding="utf-8")
+    source = page_assets.PLOTLY_PARTIAL.read_text(encoding="utf-8")
     header = PARTIAL_HEADER.match(source)
     assert header, "the vendored file must start with plotly's own MIT licence header"
     assert header.group(1) == ih.PLOTLY_PARTIAL_VERSION
-    licence = ih.PLOTLY_PARTIAL.with_name("plotly.js-LICENSE").read_text()
+    licence = page_assets.PLOTLY_PARTIAL.with_name("plotly.js-LICENSE").read_text()
     assert licence.startswith("MIT License") and "Plotly" in licence
     # the figures' JSON is written by python plotly for the plotly.js it bundles
     from plotly.offline import get_plotlyjs_version
 
     assert get_plotlyjs_version().split(".")[0] == ih.PLOTLY_PARTIAL_VERSION.split(".")[0]
     # the full bundle registers the same way, so the reading of trace types is checked
-    full = set(re.findall(ih._TRACE_MODULE, ih.plotly_js()))
+    full = set(re.findall(page_assets._TRACE_MODULE, ih.plotly_js()))
     assert ih.partial_trace_types() < full and "scatter3d" in full
 
 

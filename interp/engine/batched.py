@@ -42,6 +42,7 @@ __all__ = [
     "LOGITS_BUDGET_BYTES",
 ]
 
+# a metric: logits [batch pos d_vocab] -> one number per row [batch]
 MetricFn = Callable[[Float[Tensor, "batch pos d_vocab"]], Float[Tensor, " batch"]]
 # default rows per pass: the logits [rows pos d_vocab] are the largest tensor of a patched pass
 LOGITS_BUDGET_BYTES = 256 * 2**20

@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 RESID_KINDS = ("pre", "mid", "post")  # residual streams: before attention, between, after MLP
-Prompt = str | Sequence[str] | Sequence[int] | Tensor
+Prompt = str | Sequence[str] | Sequence[int] | Tensor  # text, texts of one length, or token ids
 
 
 class PromptError(ValueError):
@@ -103,6 +103,7 @@ def to_tokens(
 
 
 def hook_name(layer: int, suffix: str) -> str:
+    """``blocks.{layer}.{suffix}``: a layer's hook name."""
     return f"blocks.{layer}.{suffix}"
 
 

@@ -20,7 +20,7 @@ __all__ = [
     "QKV",
 ]
 
-QKV = ("q", "k", "v")
+QKV = ("q", "k", "v")  # the inputs of a head a receiver can be
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class Receiver:
 
 
 def as_sender(spec) -> Sender:
+    """A :class:`Sender` from ``(layer, head)``, ``("head", layer, head)`` or ``("mlp", layer)``."""
     if isinstance(spec, Sender):
         return spec
     spec = tuple(spec)
@@ -80,6 +81,8 @@ def as_sender(spec) -> Sender:
 
 
 def as_receiver(spec) -> Receiver:
+    """A :class:`Receiver` from ``("head", layer, head, "q"|"k"|"v")``, ``("mlp", layer)`` or
+    ``"logits"``."""
     if isinstance(spec, Receiver):
         return spec
     if spec == "logits":

@@ -18,6 +18,8 @@ CHECK_ATOL = 1e-4  # float32: our ln1(x) W + b against the model's own hook_q/k/
 
 
 def layer_hooks(model) -> tuple[list[str], dict[int, str], dict[int, str], str]:
+    """Every head's ``hook_z``, each MLP's output by layer, each ``ln1`` input by layer, and the
+    final norm's input: the hooks path patching caches and freezes."""
     n_layers = int(model.cfg.n_layers)
     z = [f"blocks.{lay}.attn.hook_z" for lay in range(n_layers)]
     mlp = {lay: f"blocks.{lay}.hook_mlp_out" for lay in range(n_layers)} if _has_mlps(model) else {}
@@ -38,6 +40,7 @@ def read_point(model, receiver: Receiver) -> str:
 
 
 def cache_runs(model, tokens: Tensor, read_points: Sequence[str]):
+    """Step 1: one run of ``tokens`` caching every sender's output and the receivers' inputs."""
     z, mlp, _, _ = layer_hooks(model)
     return run_cached(model, tokens, hooks=[*z, *mlp.values(), *read_points])
 
