@@ -32,7 +32,7 @@ from interp.engine.batched import (
     rows_per_pass,
     run_patched,
 )
-from interp.engine.cache import CachedRun, run_cached
+from interp.engine.cache import CachedRun, run_cached, run_logits
 from interp.engine.estimates import (
     estimate_attribution_bytes,
     estimate_cache_bytes,
@@ -59,6 +59,7 @@ from interp.engine.tokens import (
 
 __all__ = [
     "run_cached",
+    "run_logits",
     "CachedRun",
     "run_patched",
     "rows_per_pass",

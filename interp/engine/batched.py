@@ -111,13 +111,18 @@ def rows_per_pass(
     n_rows: int,
     max_rows: int | None,
     max_bytes: int | str | None,
-    held: int,
-    held_what: str,
+    held: int = 0,
+    held_what: str = "what the caller keeps",
+    *,
+    kept_per_row: int = 0,
+    what: str = "one patched run",
+    advice: str = "patch fewer sites or layers, or raise max_bytes",
 ) -> int:
-    """Patched runs per forward pass: ``max_rows``, or planned from ``max_bytes`` less ``held``
-    (what the caller keeps throughout), or by default as many as keep the logits under 256 MiB.
-    Callers that must refuse a budget before any run ask here first; raises
-    :class:`interp.memory.MemoryBudgetError` when not even one run fits."""
+    """Runs per forward pass: ``max_rows``, or planned from ``max_bytes`` less ``held`` (what
+    the caller keeps throughout, named ``held_what`` in a refusal, with ``advice``), each run
+    needing a pass and a metric over its logits plus ``kept_per_row`` bytes; or by default as
+    many as keep the logits under 256 MiB. Callers that must refuse a budget before any run ask
+    here first; raises :class:`interp.memory.MemoryBudgetError` when not even one run fits."""
     if max_rows is not None:
         return max_rows
     if max_bytes is None:
@@ -126,19 +131,20 @@ def rows_per_pass(
     if held >= budget:
         raise MemoryBudgetError(
             f"{held_what} alone needs {format_size(held)}, more than "
-            f"max_bytes={format_size(budget)}; patch fewer sites or layers, or raise max_bytes"
+            f"max_bytes={format_size(budget)}; {advice}"
         )
-    per_run = max(estimate_forward_bytes(model, (1, n_pos)), estimate_loss_bytes(model, (1, n_pos)))
+    forward = max(estimate_forward_bytes(model, (1, n_pos)), estimate_loss_bytes(model, (1, n_pos)))
+    per_run = forward + kept_per_row
     least = held + per_run / _PLAN_SHARE
     if held and budget < least:
         raise MemoryBudgetError(
-            f"activation patching holds {held_what} ({format_size(held)}) and needs about "
-            f"{format_size(per_run)} per patched run of {n_pos} tokens, more than "
-            f"max_bytes={format_size(budget)} allows (passes are planned to {_PLAN_SHARE:.0%} of "
-            f"what is left); raise max_bytes to at least {format_size(least)}"
+            f"{what} needs about {format_size(per_run)} for {n_pos} tokens on top of "
+            f"{held_what} ({format_size(held)}), more than max_bytes={format_size(budget)} "
+            f"allows (passes are planned to {_PLAN_SHARE:.0%} of what is left); raise max_bytes "
+            f"to at least {format_size(least)}"
         )
     return rows_per_chunk(
-        model, n_pos, budget - held, n_rows=n_rows, loss=True, what="one patched run"
+        model, n_pos, budget - held, n_rows=n_rows, kept_per_row=kept_per_row, loss=True, what=what
     )
 
 

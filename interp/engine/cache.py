@@ -42,7 +42,7 @@ from interp.formatting import (
 )
 from interp.offload import stacked_weight
 
-__all__ = ["CachedRun", "run_cached"]
+__all__ = ["CachedRun", "run_cached", "run_logits"]
 
 
 @dataclass(frozen=True)
@@ -257,3 +257,19 @@ def run_cached(
     return CachedRun(
         tokens=tokens, logits=logits if keep_logits else None, activations=store, layers=chosen
     )
+
+
+def run_logits(
+    model,
+    tokens: Int[Tensor, "batch pos"],
+    interventions: Sequence[Intervention | tuple[str, HookFn]] = (),
+    *,
+    before: Sequence[tuple[str, HookFn]] = (),
+    after: Sequence[tuple[str, HookFn]] = (),
+    grad: bool = False,
+) -> Float[Tensor, "batch pos d_vocab"]:
+    """The logits of one pass of ``tokens`` with ``interventions``, raw hooks ``before`` and
+    ``after`` them (in that order at a shared hook), with gradients when ``grad`` (attribution
+    patching differentiates a metric of these logits)."""
+    hooks = [*before, *compile_hooks(model, interventions), *after]
+    return forward(model, tokens, hooks, grad=grad)

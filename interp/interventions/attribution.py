@@ -28,10 +28,9 @@ from interp.engine import (
     Intervention,
     MetricFn,
     Site,
-    compile_hooks,
     estimate_attribution_bytes,
-    forward,
     per_row,
+    run_logits,
 )
 
 __all__ = ["attribution_deltas", "estimate_attribution_bytes"]
@@ -70,9 +69,14 @@ def attribution_deltas(
 
         return hook
 
-    hooks = [("blocks.0.hook_resid_pre", _leaf)] + compile_hooks(model, fixed)
-    hooks += [(name, store(name)) for name in names]
-    logits = forward(model, tokens, hooks, grad=True)
+    logits = run_logits(
+        model,
+        tokens,
+        fixed,
+        before=[("blocks.0.hook_resid_pre", _leaf)],
+        after=[(name, store(name)) for name in names],
+        grad=True,
+    )
     with torch.enable_grad():
         value = per_row(metric, logits)[0]
         grads = torch.autograd.grad(value, [stored[name] for name in names], allow_unused=True)

@@ -37,7 +37,7 @@ from interp.engine import (
     estimate_cache_bytes,
     format_size,
     parse_size,
-    rows_per_chunk,
+    rows_per_pass,
     to_tokens,
 )
 from interp.engine.estimates import _itemsize
@@ -316,23 +316,20 @@ def _senders_fitting(
     z, mlp, _, _ = layer_hooks(model)
     reads = sorted({read_point(model, r) for r in receivers})
     held = 2 * estimate_cache_bytes(model, (rows, n_pos), hooks=[*z, *mlp.values(), *reads])
-    budget = parse_size(max_bytes)
-    if held >= budget:
-        raise MemoryBudgetError(
-            f"path patching holds the clean and corrupted runs' caches, "
-            f"{format_size(held)}, more than max_bytes={format_size(budget)}; "
-            "raise max_bytes or use fewer or shorter prompts"
-        )
     changes = len(reads) * n_pos * int(model.cfg.d_model) * _itemsize(model)
-    per_pass = rows_per_chunk(
+    per_pass = rows_per_pass(
         model,
         int(n_pos),
-        budget - held,
-        n_rows=n_senders * int(rows),
+        n_senders * int(rows),
+        None,
+        max_bytes,
+        held,
+        "path patching's clean and corrupted caches",
         kept_per_row=changes,
-        loss=True,
         what="one path-patched run",
+        advice="raise max_bytes or use fewer or shorter prompts",
     )
+    budget = parse_size(max_bytes)
     if per_pass < rows:
         raise MemoryBudgetError(
             f"one sender patches all {rows} prompt rows in one pass, but only "
