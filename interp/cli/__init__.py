@@ -15,7 +15,8 @@ import importlib
 import logging
 import sys
 
-# command name -> module implementing it (imported only when that command runs)
+# command name -> module implementing it; all are imported to build the parser, so they import
+# nothing heavy at the top (torch, pandas... only in run(): docs/commands.md, "Start-up")
 COMMANDS = {
     "induction": "interp.cli.induction",
     "attention": "interp.cli.attention",

@@ -19,6 +19,7 @@ from interp.cli.options import (
     unique,
 )
 from interp.cli.output import UsageError, check_out_file, write_file
+from interp.cli.sources import load_model
 
 HELP = "write a self-contained HTML page of a prompt's attention patterns, one view per layer"
 
@@ -46,15 +47,15 @@ def run(args: argparse.Namespace) -> int:
 def write_attention_page(*, model_name: str, prompt: str, out, layers=None, device=None):
     """Load ``model_name``, run ``prompt``, and write the attention page to ``out``. The
     arguments and ``out`` are checked before the model loads (:class:`UsageError`)."""
-    from interp.caching import run_cached
-    from interp.html import Report
-    from interp.loading import load_model
-
     out = check_out_file(out, suffix=".html")
     if not prompt:
         raise UsageError("--prompt is empty; pass some text with --prompt")
     layers = unique(layers)
     model = load_model(model_name, device=device)
+    # imported only now, so that a refused command line starts fast (docs/commands.md)
+    from interp.caching import run_cached
+    from interp.html import Report
+
     n_layers = int(model.cfg.n_layers)
     check_at_most("--layers", layers, n_layers - 1, f"the model has {n_layers} layers, "
                   f"0 to {n_layers - 1}")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from interp.cli.options import add_model_option, check_at_most, device, int_between
 from interp.cli.output import UsageError, check_out_dir, staged_output, terminal_table
+from interp.cli.sources import load_model
 
 HELP = ("direct logit attribution of an answer (or answer - wrong) and the logit lens; "
         "write attribution.csv and report.html")
@@ -97,15 +98,6 @@ def _label(component: str, layer, head) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp.attribution import (
-        TokenError,
-        logit_attribution,
-        logit_lens,
-        resolve_token,
-        top_contributors,
-    )
-    from interp.loading import load_model
-
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
@@ -121,6 +113,15 @@ def run(args: argparse.Namespace) -> int:
                          "definition; pass another token, or leave --wrong out")
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
+    # imported only now, so that a refused command line starts fast (docs/commands.md)
+    from interp.attribution import (
+        TokenError,
+        logit_attribution,
+        logit_lens,
+        resolve_token,
+        top_contributors,
+    )
+
     check_at_most("--top-k", args.top_k, int(model.cfg.d_vocab),
                   f"the vocabulary has {model.cfg.d_vocab} tokens")
     n_tokens = int(model.to_tokens(args.prompt, truncate=False).shape[-1])

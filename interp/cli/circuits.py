@@ -8,6 +8,7 @@ from pathlib import Path
 
 from interp.cli.options import MAX_SEED, add_model_option, device, int_between
 from interp.cli.output import check_out_dir, staged_output
+from interp.cli.sources import load_model
 
 HELP = ("score every head from its weights: copying (full OV eigenvalues) and Q/K/V-composition; "
         "write copying_scores.csv, composition_scores.csv and report.html")
@@ -91,13 +92,13 @@ def build_report(model_name: str, copying, composition, *, fold_ln: bool) -> str
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp.circuits import composition_scores, copying_scores
-    from interp.loading import load_model
-
     out = check_out_dir(args.out)
     fold_ln = not args.no_fold_ln
     print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     model = load_model(args.model, device=args.device)
+    # imported only now, so that a refused command line starts fast (docs/commands.md)
+    from interp.circuits import composition_scores, copying_scores
+
     copying = copying_scores(model, fold_ln=fold_ln)
     composition = composition_scores(model, args.kinds, fold_ln=fold_ln,
                                      baseline_samples=args.baseline_samples, seed=args.seed)

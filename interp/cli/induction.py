@@ -13,22 +13,14 @@ from interp.cli.options import (
     device,
     int_between,
     int_list,
+    memory_size,
 )
 from interp.cli.output import UsageError, check_out_dir, staged_output, terminal_table
+from interp.cli.sources import load_model
 
 HELP = "find a model's induction heads; write head_scores.csv/.json and report.html"
 FILES = ["head_scores.csv", "head_scores.json", "report.html"]
 MAX_BATCH_SIZE = 1024  # rows per repeat length; more only costs memory
-
-
-def _size(text: str) -> str:
-    from interp.memory import parse_size
-
-    try:
-        parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,19 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-map", default=None,
                         help="accelerate device map for models larger than memory, e.g. auto "
                              "(layers beyond --max-memory are offloaded to disk)")
-    parser.add_argument("--max-memory", type=_size, default=None,
+    parser.add_argument("--max-memory", type=memory_size, default=None,
                         help="with --device-map: the most the device (--device) may hold for "
                              "weights, e.g. 1GiB or 500MB")
-    parser.add_argument("--max-bytes", type=_size, default=None,
+    parser.add_argument("--max-bytes", type=memory_size, default=None,
                         help="memory budget per forward pass, e.g. 500MB: the batch is split "
                              "into chunks that fit (same results)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp.induction import run_induction_scan
-    from interp.induction.report import render_outputs
-    from interp.loading import load_model
-
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
@@ -78,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
                                                   if ":" in args.device else 0)
         max_memory = None if args.max_memory is None else {key: args.max_memory}
         model = load_model(args.model, device_map=args.device_map, max_memory=max_memory)
+    # imported only now, so that a refused command line starts fast (docs/commands.md)
+    from interp.induction import run_induction_scan
+    from interp.induction.report import render_outputs
+
     seq_lens = args.seq_lens  # None: the scan fits the defaults to the context and vocabulary
     longest = (int(model.cfg.n_ctx) - 1) // 2  # BOS + a + a fits the context
     check_at_most("--seq-lens", seq_lens, longest,

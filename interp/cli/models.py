@@ -12,7 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp.loading import BUNDLED_DIR, bundled_models
+    from interp.cli.sources import BUNDLED_DIR, bundled_models  # interp.loading's, torch-free
 
     names = bundled_models()
     for name in names:

@@ -10,17 +10,22 @@ from pathlib import Path
 
 from interp.cli.options import add_model_option, device
 from interp.cli.output import UsageError, check_out_dir, staged_output, terminal_table
+from interp.cli.sources import load_model
 
 HELP = ("activation patching between a clean and a corrupted prompt; write patching.csv, "
         "summary.json and report.html")
 DEFAULT_SITES = "resid_pre,attn_out,mlp_out,heads"
 TOP_N = 10  # cells listed on the terminal
 FILES = ["patching.csv", "summary.json", "report.html"]
+# interp.interventions.patching's GRIDS (names), METHODS and DIRECTIONS, copied so that help
+# and a refused command line need no torch; a test keeps them in step
+GRIDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "heads", "heads_pos",
+         "q", "k", "v", "pattern", "q_pos", "k_pos", "v_pos", "pattern_pos")
+METHODS = ("exact", "attribution", "both")
+DIRECTIONS = ("denoising", "noising")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from interp.interventions.patching import DIRECTIONS, GRIDS, METHODS
-
     add_model_option(parser)
     parser.add_argument("--clean", required=True, help="the prompt the model gets right")
     parser.add_argument("--corrupted", required=True,
@@ -43,8 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _parse_sites(text: str) -> list[str]:
-    from interp.interventions.patching import GRIDS
-
     sites = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in sites if s not in GRIDS]
     if not sites or unknown:
@@ -66,13 +69,6 @@ def build_report(model_name: str, args: argparse.Namespace, frame, tokens: list[
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp.attribution import TokenError, resolve_token
-    from interp.caching import PromptError
-    from interp.interventions import logit_diff, probability
-    from interp.interventions.patching import COLUMNS, pair_tokens, patch_activations
-    from interp.interventions.report import top_cells
-    from interp.loading import load_model
-
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
@@ -89,6 +85,13 @@ def run(args: argparse.Namespace) -> int:
                          "definition; pass another token, or leave --wrong out")
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
+    # imported only now, so that a refused command line starts fast (docs/commands.md)
+    from interp.attribution import TokenError, resolve_token
+    from interp.caching import PromptError
+    from interp.interventions import logit_diff, probability
+    from interp.interventions.patching import COLUMNS, pair_tokens, patch_activations
+    from interp.interventions.report import top_cells
+
     try:  # refused before any work: a multi-token answer, prompts of unequal lengths
         answer = resolve_token(model, args.answer)
         wrong = (None if args.wrong is None
