@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformer_lens", "transformers", "pandas", "plotly", "numpy")
 
 # runs each command line in turn; after each, the heavy modules (and interp modules outside
-# the command line) imported so far
+# the command line, but the torch-free interp.sizes it checks --max-bytes with) imported so far
 PROBE = """
 import contextlib, io, json, sys
 from interp.cli import main
@@ -30,7 +30,7 @@ from interp.cli import main
 heavy = tuple(json.loads(sys.argv[1]))
 def loaded():
     return sorted(m for m in sys.modules if m.split(".")[0] in heavy
-                  or (m.startswith("interp.") and not m.startswith("interp.cli")))
+                  or (m.startswith("interp.") and not m.startswith(("interp.cli", "interp.sizes"))))
 report = []
 for argv in json.loads(sys.argv[2]):
     err = io.StringIO()

@@ -14,10 +14,10 @@ are checked right after it loads, before any work, with :func:`check_at_most`.
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Callable, Iterable
 
 from interp.cli.output import UsageError
+from interp.sizes import parse_size
 
 __all__ = ["int_between", "int_list", "unique", "device", "memory_size", "model_name",
            "check_at_most", "add_model_option", "DEFAULT_MODEL"]
@@ -83,22 +83,14 @@ def unique(values: Iterable[int] | None) -> list[int] | None:
 
 
 # interp.memory.parse_size's grammar (a test keeps them in step), here without its torch import
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
-
-
 def memory_size(text: str) -> str:
     """An argparse type: a memory size such as ``500MB`` or ``1GiB`` (what
-    ``interp.memory.parse_size`` reads), returned as written; the library parses it."""
-    match = _SIZE.match(text)
-    unit = match and match.group(2).lower()
-    if not match or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(
-            f"cannot read {text!r} as a memory size; write a number of bytes or a number with a "
-            "unit: 500MB, 1GiB, 2GB (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    if int(float(match.group(1)) * _UNITS[unit]) <= 0:
-        raise argparse.ArgumentTypeError(f"a memory size must be positive, got {text!r}")
+    :func:`interp.sizes.parse_size` reads, torch-free), returned as written; the library
+    parses it."""
+    try:
+        parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

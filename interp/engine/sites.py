@@ -50,9 +50,7 @@ SITE_KINDS: dict[str, _Kind] = {  # site kind -> its hook and the axes of head a
     "v": _Kind("attn.hook_v", 2, 1),
     "pattern": _Kind("attn.hook_pattern", 1, 2),
 }
-HEAD_KINDS = tuple(
-    kind for kind, spec in SITE_KINDS.items() if spec.head_axis is not None
-)  # per head
+HEAD_KINDS = tuple(k for k, s in SITE_KINDS.items() if s.head_axis is not None)  # per head
 
 # ablation kind -> what it needs: zero (nothing), mean (optional reference batch), resample
 # (a source batch), noise (std, seed), patch (a source activation tensor)
