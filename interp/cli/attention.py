@@ -29,17 +29,35 @@ logger = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_option(parser)
     parser.add_argument("--prompt", required=True, help="the text to run")
-    parser.add_argument("--out", required=True, metavar="FILE.html",
-                        help="where to write the page (written atomically)")
-    parser.add_argument("--layers", type=int_between(0), nargs="+", metavar="L",
-                        help="layers to show, each once (default: all)")
-    parser.add_argument("--device", type=device, default=None,
-                        help="torch device (default: TransformerLens's choice)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE.html",
+        help="where to write the page (written atomically)",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int_between(0),
+        nargs="+",
+        metavar="L",
+        help="layers to show, each once (default: all)",
+    )
+    parser.add_argument(
+        "--device",
+        type=device,
+        default=None,
+        help="torch device (default: TransformerLens's choice)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    path = write_attention_page(model_name=args.model, prompt=args.prompt, out=args.out,
-                                layers=args.layers, device=args.device)
+    path = write_attention_page(
+        model_name=args.model,
+        prompt=args.prompt,
+        out=args.out,
+        layers=args.layers,
+        device=args.device,
+    )
     print(f"wrote {path}")
     return 0
 
@@ -57,11 +75,16 @@ def write_attention_page(*, model_name: str, prompt: str, out, layers=None, devi
     from interp.html import Report
 
     n_layers = int(model.cfg.n_layers)
-    check_at_most("--layers", layers, n_layers - 1, f"the model has {n_layers} layers, "
-                  f"0 to {n_layers - 1}")
+    check_at_most(
+        "--layers", layers, n_layers - 1, f"the model has {n_layers} layers, 0 to {n_layers - 1}"
+    )
     n_tokens = int(model.to_tokens(prompt, truncate=False).shape[-1])
-    check_at_most("the prompt's length in tokens", n_tokens, int(model.cfg.n_ctx),
-                  "the model's context; pass a shorter --prompt")
+    check_at_most(
+        "the prompt's length in tokens",
+        n_tokens,
+        int(model.cfg.n_ctx),
+        "the model's context; pass a shorter --prompt",
+    )
     run = run_cached(model, prompt, patterns=True, layers=layers, keep_logits=False)
     tokens = model.to_str_tokens(run.tokens[0])
     patterns = run.patterns()  # [layer batch head q_pos k_pos]
@@ -70,12 +93,17 @@ def write_attention_page(*, model_name: str, prompt: str, out, layers=None, devi
 
     report = Report(f"Attention patterns: {model_name}")
     report.add_text(f"Model: {model_name}\nPrompt ({len(tokens)} tokens): {prompt}")
-    report.add_text("Each view shows one layer's heads: a row is a query (destination) token, a "
-                    "column a key (source) token it attends to. Hover a head to zoom in; "
-                    "click to keep it.")
+    report.add_text(
+        "Each view shows one layer's heads: a row is a query (destination) token, a "
+        "column a key (source) token it attends to. Hover a head to zoom in; "
+        "click to keep it."
+    )
     for i, layer in enumerate(run.layers):
         report.add_heading(f"Layer {layer}")
-        report.add_attention(tokens, patterns[i, 0],
-                             head_names=[f"L{layer}H{h}" for h in range(n_heads)],
-                             caption=f"layer {layer}, {n_heads} heads")
+        report.add_attention(
+            tokens,
+            patterns[i, 0],
+            head_names=[f"L{layer}H{h}" for h in range(n_heads)],
+            caption=f"layer {layer}, {n_heads} heads",
+        )
     return write_file(out, report.to_html())

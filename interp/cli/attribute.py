@@ -10,8 +10,10 @@ from interp.cli.options import add_model_option, check_at_most, device, int_betw
 from interp.cli.output import UsageError, check_out_dir, staged_output, terminal_table
 from interp.cli.sources import load_model
 
-HELP = ("direct logit attribution of an answer (or answer - wrong) and the logit lens; "
-        "write attribution.csv and report.html")
+HELP = (
+    "direct logit attribution of an answer (or answer - wrong) and the logit lens; "
+    "write attribution.csv and report.html"
+)
 CSV_COLUMNS = ["component", "layer", "head", "contribution"]
 TOP_N = 15  # contributors listed in the report and on the terminal
 FILES = ["attribution.csv", "report.html"]
@@ -21,17 +23,31 @@ MAX_TOP_K = 100  # logit-lens tokens per row: more is unreadable and only costs 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_option(parser)
     parser.add_argument("--prompt", required=True, help="the text the model reads")
-    parser.add_argument("--answer", required=True,
-                        help="the next token to explain; must be a single token, e.g. ' Paris'")
-    parser.add_argument("--wrong", default=None,
-                        help="a counterfactual single token: explain the logit difference "
-                             "answer - wrong instead of the answer's logit")
+    parser.add_argument(
+        "--answer",
+        required=True,
+        help="the next token to explain; must be a single token, e.g. ' Paris'",
+    )
+    parser.add_argument(
+        "--wrong",
+        default=None,
+        help="a counterfactual single token: explain the logit difference "
+        "answer - wrong instead of the answer's logit",
+    )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--pos", type=int_between(), default=-1,
-                        help="position whose prediction is explained (default -1, the last; "
-                             "negative counts from the end)")
-    parser.add_argument("--top-k", type=int_between(1, MAX_TOP_K), default=5,
-                        help=f"top tokens per logit-lens row, 1 to {MAX_TOP_K} (default 5)")
+    parser.add_argument(
+        "--pos",
+        type=int_between(),
+        default=-1,
+        help="position whose prediction is explained (default -1, the last; "
+        "negative counts from the end)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int_between(1, MAX_TOP_K),
+        default=5,
+        help=f"top tokens per logit-lens row, 1 to {MAX_TOP_K} (default 5)",
+    )
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
 
 
@@ -42,39 +58,69 @@ def build_report(model_name: str, prompt: str, attribution, lens):
     from interp.plotting import attribution_bars, head_heatmap, logit_lens_lines
 
     attrs = attribution.attrs
-    target = (f"logit difference {attrs['answer']!r} - {attrs['wrong']!r}"
-              if attrs["wrong"] is not None else f"logit of {attrs['answer']!r}")
+    target = (
+        f"logit difference {attrs['answer']!r} - {attrs['wrong']!r}"
+        if attrs["wrong"] is not None
+        else f"logit of {attrs['answer']!r}"
+    )
     total = attribution[attribution["component"] == "total"]["contribution"].item()
     report = Report(f"Direct logit attribution: {model_name}")
-    report.add_text(f"Prompt: {prompt!r} ({attrs['n_tokens']} tokens), explained at position "
-                    f"{attrs['pos']}.")
-    report.add_text(f"The {target} is {total:.6g}. The rows below add up to it: each is a "
-                    "component's write to the residual stream, divided by the final LayerNorm's "
-                    "scale (frozen at its value in this run) and read along the unembedding "
-                    f"direction, on the LayerNorm-folded model (identity error "
-                    f"{attrs['identity_error']:.2g} against {attrs['reference_is']}).")
+    report.add_text(
+        f"Prompt: {prompt!r} ({attrs['n_tokens']} tokens), explained at position {attrs['pos']}."
+    )
+    report.add_text(
+        f"The {target} is {total:.6g}. The rows below add up to it: each is a "
+        "component's write to the residual stream, divided by the final LayerNorm's "
+        "scale (frozen at its value in this run) and read along the unembedding "
+        f"direction, on the LayerNorm-folded model (identity error "
+        f"{attrs['identity_error']:.2g} against {attrs['reference_is']})."
+    )
     parts = attribution[attribution["component"] != "total"]
-    labelled = parts.assign(label=[_label(c, layer, head) for c, layer, head in
-                                   zip(parts["component"], parts["layer"], parts["head"],
-                                       strict=True)])
+    labelled = parts.assign(
+        label=[
+            _label(c, layer, head)
+            for c, layer, head in zip(
+                parts["component"], parts["layer"], parts["head"], strict=True
+            )
+        ]
+    )
     report.add_heading("Top contributors")
-    report.add_figure(attribution_bars(labelled, "contribution", label="label", top_k=TOP_N,
-                                       title=f"largest contributions to the {target}"))
+    report.add_figure(
+        attribution_bars(
+            labelled,
+            "contribution",
+            label="label",
+            top_k=TOP_N,
+            title=f"largest contributions to the {target}",
+        )
+    )
     report.add_table(_display(top_contributors(attribution, TOP_N)), max_rows=TOP_N)
     report.add_heading("Attention heads")
-    report.add_figure(head_heatmap(heads_table(attribution), "contribution", scale="signed",
-                                   title="direct contribution of each head"),
-                      caption="Colour scale: diverging, centred on 0 (blue raises the "
-                              f"{target}, red lowers it), symmetric about the largest magnitude.")
+    report.add_figure(
+        head_heatmap(
+            heads_table(attribution),
+            "contribution",
+            scale="signed",
+            title="direct contribution of each head",
+        ),
+        caption="Colour scale: diverging, centred on 0 (blue raises the "
+        f"{target}, red lowers it), symmetric about the largest magnitude.",
+    )
     report.add_heading("Logit lens")
-    report.add_text("The residual stream after the embeddings and after each block, read "
-                    "through the model's own final LayerNorm and unembedding; the last row is "
-                    "the model's output.")
+    report.add_text(
+        "The residual stream after the embeddings and after each block, read "
+        "through the model's own final LayerNorm and unembedding; the last row is "
+        "the model's output."
+    )
     value = "logit_diff" if "logit_diff" in lens.columns else "answer_logit"
-    report.add_figure(logit_lens_lines(lens, value, x="label", line=None,
-                                       title=f"{value} by layer"))
-    report.add_figure(logit_lens_lines(lens, "answer_prob", x="label", line=None,
-                                       title="answer probability by layer"))
+    report.add_figure(
+        logit_lens_lines(lens, value, x="label", line=None, title=f"{value} by layer")
+    )
+    report.add_figure(
+        logit_lens_lines(
+            lens, "answer_prob", x="label", line=None, title="answer probability by layer"
+        )
+    )
     report.add_table(lens)
     report.add_heading("All rows")
     report.add_table(_display(attribution), max_rows=len(attribution))
@@ -86,8 +132,10 @@ def _display(frame):
     shown = frame.copy()
     for column in ("layer", "head", "neuron"):
         if column in shown.columns:
-            shown[column] = [("" if value is None or str(value) == "<NA>" else int(value))
-                             for value in shown[column]]
+            shown[column] = [
+                ("" if value is None or str(value) == "<NA>" else int(value))
+                for value in shown[column]
+            ]
     return shown
 
 
@@ -109,8 +157,10 @@ def run(args: argparse.Namespace) -> int:
     if args.wrong is not None and not args.wrong:
         raise UsageError("--wrong is empty; pass one token, or leave --wrong out")
     if args.wrong is not None and args.wrong == args.answer:
-        raise UsageError("--wrong is the same token as --answer: their difference is 0 by "
-                         "definition; pass another token, or leave --wrong out")
+        raise UsageError(
+            "--wrong is the same token as --answer: their difference is 0 by "
+            "definition; pass another token, or leave --wrong out"
+        )
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
     # imported only now, so that a refused command line starts fast (docs/commands.md)
@@ -122,12 +172,18 @@ def run(args: argparse.Namespace) -> int:
         top_contributors,
     )
 
-    check_at_most("--top-k", args.top_k, int(model.cfg.d_vocab),
-                  f"the vocabulary has {model.cfg.d_vocab} tokens")
+    check_at_most(
+        "--top-k",
+        args.top_k,
+        int(model.cfg.d_vocab),
+        f"the vocabulary has {model.cfg.d_vocab} tokens",
+    )
     n_tokens = int(model.to_tokens(args.prompt, truncate=False).shape[-1])
     if not -n_tokens <= args.pos < n_tokens:
-        raise UsageError(f"--pos {args.pos} is outside the prompt's {n_tokens} tokens; pass "
-                         f"{-n_tokens} to {n_tokens - 1} (-1 is the last)")
+        raise UsageError(
+            f"--pos {args.pos} is outside the prompt's {n_tokens} tokens; pass "
+            f"{-n_tokens} to {n_tokens - 1} (-1 is the last)"
+        )
     try:  # a multi-token answer is refused before any work
         resolve_token(model, args.answer)
         if args.wrong is not None:
@@ -136,10 +192,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     say("folding LayerNorm into a copy of the model and attributing ...")
     # folds a copy, and checks that the rows add up to the ORIGINAL model's logit
-    attribution = logit_attribution(model, args.prompt, args.answer, wrong=args.wrong,
-                                    pos=args.pos)
-    lens = logit_lens(model, args.prompt, args.answer, wrong=args.wrong, pos=args.pos,
-                      k=args.top_k)
+    attribution = logit_attribution(model, args.prompt, args.answer, wrong=args.wrong, pos=args.pos)
+    lens = logit_lens(model, args.prompt, args.answer, wrong=args.wrong, pos=args.pos, k=args.top_k)
     csv = attribution[CSV_COLUMNS].to_csv(index=False)
     html = build_report(str(args.model), args.prompt, attribution, lens).to_html()
     with staged_output(out, owns=FILES) as stage:
@@ -149,8 +203,10 @@ def run(args: argparse.Namespace) -> int:
 
     total = attribution[attribution["component"] == "total"]["contribution"].item()
     what = "logit difference" if args.wrong is not None else "logit"
-    print(f"{what}: {total:.6g} (rows add up to the model's {what} within "
-          f"{attribution.attrs['identity_error']:.2g})")
+    print(
+        f"{what}: {total:.6g} (rows add up to the model's {what} within "
+        f"{attribution.attrs['identity_error']:.2g})"
+    )
     top = top_contributors(attribution, 10)
     print(terminal_table(top, decimals=4))
     for path in paths:

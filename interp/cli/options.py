@@ -19,8 +19,17 @@ from collections.abc import Callable, Iterable
 from interp.cli.output import UsageError
 from interp.sizes import parse_size
 
-__all__ = ["int_between", "int_list", "unique", "device", "memory_size", "model_name",
-           "check_at_most", "add_model_option", "DEFAULT_MODEL"]
+__all__ = [
+    "int_between",
+    "int_list",
+    "unique",
+    "device",
+    "memory_size",
+    "model_name",
+    "check_at_most",
+    "add_model_option",
+    "DEFAULT_MODEL",
+]
 
 DEFAULT_MODEL = "tiny-induction"  # bundled, so every command works offline out of the box
 
@@ -64,13 +73,16 @@ def int_list(low: int | None = None, high: int | None = None) -> Callable[[str],
         except ValueError:
             values = []
         if not values:
-            raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers such as "
-                                             f"10,20, got {text!r}")
-        bad = [v for v in values if (low is not None and v < low)
-               or (high is not None and v > high)]
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated whole numbers such as 10,20, got {text!r}"
+            )
+        bad = [
+            v for v in values if (low is not None and v < low) or (high is not None and v > high)
+        ]
         if bad:
-            raise argparse.ArgumentTypeError(f"each value must be {_bounds(low, high)}, got "
-                                             f"{', '.join(map(str, bad))}")
+            raise argparse.ArgumentTypeError(
+                f"each value must be {_bounds(low, high)}, got {', '.join(map(str, bad))}"
+            )
         return unique(values)
 
     parse.__name__ = "list of whole numbers"
@@ -97,17 +109,22 @@ def memory_size(text: str) -> str:
 def model_name(text: str) -> str:
     """An argparse type: a model name or path that is not empty."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("is empty; pass a hub name such as gpt2, a checkpoint "
-                                         "directory, or a bundled model (interp models)")
+        raise argparse.ArgumentTypeError(
+            "is empty; pass a hub name such as gpt2, a checkpoint "
+            "directory, or a bundled model (interp models)"
+        )
     return text
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:
     """``--model``, the same for every command: a hub name, a checkpoint directory or a
     bundled model, the bundled one by default."""
-    parser.add_argument("--model", type=model_name, default=DEFAULT_MODEL,
-                        help="hub name, checkpoint directory or bundled model "
-                             f"(default {DEFAULT_MODEL})")
+    parser.add_argument(
+        "--model",
+        type=model_name,
+        default=DEFAULT_MODEL,
+        help=f"hub name, checkpoint directory or bundled model (default {DEFAULT_MODEL})",
+    )
 
 
 def _available_devices() -> tuple[list[str], str]:
@@ -120,8 +137,11 @@ def _available_devices() -> tuple[list[str], str]:
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         kinds.append("mps")
-    return kinds, ("this torch build has no CUDA" if torch.version.cuda is None
-                   else "torch has CUDA but sees no GPU here")
+    return kinds, (
+        "this torch build has no CUDA"
+        if torch.version.cuda is None
+        else "torch has CUDA but sees no GPU here"
+    )
 
 
 def device(text: str) -> str:
@@ -133,8 +153,7 @@ def device(text: str) -> str:
     kind, _, index = name.partition(":")
     kinds, cuda_hint = _available_devices()
     if kind not in ("cuda", "mps") or (index and not index.isdigit()):
-        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use one of "
-                                         f"{', '.join(kinds)}")
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use one of {', '.join(kinds)}")
     if kind not in kinds:
         hint = cuda_hint if kind == "cuda" else "MPS (Apple GPU) is not available here"
         raise argparse.ArgumentTypeError(f"{hint}; use --device cpu")
@@ -143,13 +162,13 @@ def device(text: str) -> str:
 
         count = torch.cuda.device_count()
         if int(index) >= count:
-            raise argparse.ArgumentTypeError(f"there is no {name}: torch sees {count} GPU(s), "
-                                             f"cuda:0 to cuda:{count - 1}")
+            raise argparse.ArgumentTypeError(
+                f"there is no {name}: torch sees {count} GPU(s), cuda:0 to cuda:{count - 1}"
+            )
     return name
 
 
-def check_at_most(option: str, values: int | Iterable[int] | None, limit: int,
-                  why: str) -> None:
+def check_at_most(option: str, values: int | Iterable[int] | None, limit: int, why: str) -> None:
     """After the model loads: refuse option values above ``limit`` (exit code 2), e.g.
     ``check_at_most("--layers", args.layers, n_layers - 1, "the model has 2 layers")``."""
     if values is None:

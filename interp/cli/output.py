@@ -45,8 +45,16 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["UsageError", "OutputError", "Stage", "check_out_dir", "check_out_file",
-           "staged_output", "terminal_table", "write_file"]
+__all__ = [
+    "UsageError",
+    "OutputError",
+    "Stage",
+    "check_out_dir",
+    "check_out_file",
+    "staged_output",
+    "terminal_table",
+    "write_file",
+]
 
 _STAGE_PREFIX = ".interp-staging-"  # hidden, and recognisable if a crash ever leaves one
 
@@ -88,13 +96,16 @@ def _probe(home: Path, shown: Path) -> None:
     """Make and remove an empty folder in ``home``: the only check that also catches
     read-only mounts, ACLs and quotas as the user running the command sees them."""
     if not home.is_dir():
-        raise UsageError(f"--out {shown}: {home} is not a directory; pass a path whose "
-                         "parent is a directory")
+        raise UsageError(
+            f"--out {shown}: {home} is not a directory; pass a path whose parent is a directory"
+        )
     try:
         probe = tempfile.mkdtemp(prefix=_STAGE_PREFIX, dir=home)
     except OSError as exc:
-        raise UsageError(f"--out {shown}: cannot write in {home} ({_reason(exc)}); pass "
-                         "a --out in a folder you can write to") from None
+        raise UsageError(
+            f"--out {shown}: cannot write in {home} ({_reason(exc)}); pass "
+            "a --out in a folder you can write to"
+        ) from None
     os.rmdir(probe)
 
 
@@ -121,8 +132,9 @@ def check_out_file(out: str | os.PathLike, *, suffix: str | None = ".html") -> P
     if str(out) == "" or path.name in ("", ".", ".."):
         raise UsageError(f"--out {str(out)!r} is not a file name; pass e.g. page{suffix or ''}")
     if path.is_dir():
-        raise UsageError(f"--out {path} is a folder; pass a file name such as "
-                         f"{path / ('page' + (suffix or ''))}")
+        raise UsageError(
+            f"--out {path} is a folder; pass a file name such as {path / ('page' + (suffix or ''))}"
+        )
     if suffix is not None and path.suffix.lower() != suffix:
         raise UsageError(f"--out {path} should end in {suffix} (it is written as {suffix[1:]})")
     blocker = next((p for p in path.absolute().parents if p.exists() and not p.is_dir()), None)
@@ -174,8 +186,9 @@ class Stage:
         try:
             html.write_text_atomic(self.path / name, text)
         except OSError as exc:
-            raise OutputError(f"could not write {self.out / name}: {_reason(exc)}; "
-                              f"{self.out} was left as it was") from None
+            raise OutputError(
+                f"could not write {self.out / name}: {_reason(exc)}; {self.out} was left as it was"
+            ) from None
 
 
 def _commit(stage: Stage, owns: Iterable[str]) -> list[Path]:
@@ -226,8 +239,10 @@ def staged_output(out: str | os.PathLike, *, owns: Iterable[str] = ()) -> Iterat
             try:
                 stage.written = _commit(stage, owns)
             except OSError as exc:
-                raise OutputError(f"could not move the new files into {out}: "
-                                  f"{_reason(exc)}; {out} was left as it was") from None
+                raise OutputError(
+                    f"could not move the new files into {out}: "
+                    f"{_reason(exc)}; {out} was left as it was"
+                ) from None
     finally:
         if stage_path.exists():
             shutil.rmtree(stage_path, ignore_errors=True)
@@ -242,8 +257,9 @@ def write_file(out: str | os.PathLike, text: str) -> Path:
     try:
         return html.write_text_atomic(out, text)
     except OSError as exc:
-        raise OutputError(f"could not write {out}: {_reason(exc)}; "
-                          f"{out} was left as it was") from None
+        raise OutputError(
+            f"could not write {out}: {_reason(exc)}; {out} was left as it was"
+        ) from None
 
 
 def _cell(value, decimals: int) -> str:
@@ -268,6 +284,8 @@ def terminal_table(frame, *, decimals: int = 4) -> str:
     ``-`` where a value is missing or undefined (never ``<NA>`` or ``nan``)."""
     import pandas as pd
 
-    shown = pd.DataFrame({column: [_cell(v, decimals) for v in frame[column].tolist()]
-                          for column in frame.columns}, columns=frame.columns)
+    shown = pd.DataFrame(
+        {column: [_cell(v, decimals) for v in frame[column].tolist()] for column in frame.columns},
+        columns=frame.columns,
+    )
     return shown.to_string(index=False)

@@ -46,28 +46,38 @@ def bundled_models() -> list[str]:
 def _check_directory(directory: Path) -> None:
     """``interp.loading.check_checkpoint_dir`` with ``allow_pickle=False`` (the commands')."""
     if not directory.is_dir():
-        raise ModelSourceError(f"{directory} is not a directory; pass a checkpoint directory "
-                               "written by save_pretrained, a hub name, or a bundled model "
-                               f"({', '.join(bundled_models()) or 'none installed'})")
+        raise ModelSourceError(
+            f"{directory} is not a directory; pass a checkpoint directory "
+            "written by save_pretrained, a hub name, or a bundled model "
+            f"({', '.join(bundled_models()) or 'none installed'})"
+        )
     if not (directory / "config.json").is_file():
-        raise ModelSourceError(f"{directory} is not a model checkpoint: it has no config.json. "
-                               "Write one with model.save_pretrained(directory).")
+        raise ModelSourceError(
+            f"{directory} is not a model checkpoint: it has no config.json. "
+            "Write one with model.save_pretrained(directory)."
+        )
     has_safe = any((directory / f).is_file() for f in SAFE_WEIGHTS)
     has_pickle = any((directory / f).is_file() for f in PICKLED_WEIGHTS)
     if not has_safe and not has_pickle:
-        raise ModelSourceError(f"{directory} has a config.json but no weights (expected "
-                               f"{' or '.join(SAFE_WEIGHTS)}). Write them with "
-                               "model.save_pretrained(directory).")
+        raise ModelSourceError(
+            f"{directory} has a config.json but no weights (expected "
+            f"{' or '.join(SAFE_WEIGHTS)}). Write them with "
+            "model.save_pretrained(directory)."
+        )
     if not has_safe:
-        raise ModelSourceError(f"{directory} holds only pickled weights (pytorch_model.bin), "
-                               "and unpickling can run arbitrary code. Convert them with "
-                               "model.save_pretrained(directory, safe_serialization=True), or "
-                               "pass allow_pickle=True if you trust the file.")
+        raise ModelSourceError(
+            f"{directory} holds only pickled weights (pytorch_model.bin), "
+            "and unpickling can run arbitrary code. Convert them with "
+            "model.save_pretrained(directory, safe_serialization=True), or "
+            "pass allow_pickle=True if you trust the file."
+        )
     if not any(all((directory / f).is_file() for f in files) for files in TOKENIZER_FILE_SETS):
-        raise ModelSourceError(f"{directory} has no tokenizer files (expected tokenizer.json, "
-                               "or vocab.json + merges.txt, or tokenizer.model). Save one there "
-                               "with tokenizer.save_pretrained(directory); TransformerLens would "
-                               "otherwise build a useless 1-token tokenizer.")
+        raise ModelSourceError(
+            f"{directory} has no tokenizer files (expected tokenizer.json, "
+            "or vocab.json + merges.txt, or tokenizer.model). Save one there "
+            "with tokenizer.save_pretrained(directory); TransformerLens would "
+            "otherwise build a useless 1-token tokenizer."
+        )
 
 
 def check_source(name: str | os.PathLike) -> None:
@@ -85,8 +95,13 @@ def check_source(name: str | os.PathLike) -> None:
         raise ModelSourceError(f"no such directory: {text}")
 
 
-def load_model(name: str | os.PathLike, *, device: str | None = None, device_map: str | None = None,
-               max_memory: dict[str | int, str] | None = None):
+def load_model(
+    name: str | os.PathLike,
+    *,
+    device: str | None = None,
+    device_map: str | None = None,
+    max_memory: dict[str | int, str] | None = None,
+):
     """:func:`check_source`, then ``interp.loading.load_model`` (looked up when called: tests
     replace it) with the keywords that were given."""
     check_source(name)
