@@ -22,15 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformer_lens", "transformers", "pandas", "plotly", "numpy")
 
 # runs each command line in turn; after each, the heavy modules (and interp modules outside
-# the command line, but the torch-free interp.sizes it checks --max-bytes with) imported so far
+# the command line, but the torch-free interp.sizes and interp.sources it checks with) imported
 PROBE = """
 import contextlib, io, json, sys
 from interp.cli import main
 
 heavy = tuple(json.loads(sys.argv[1]))
+allowed = ("interp.cli", "interp.sizes", "interp.sources")  # torch-free
 def loaded():
     return sorted(m for m in sys.modules if m.split(".")[0] in heavy
-                  or (m.startswith("interp.") and not m.startswith(("interp.cli", "interp.sizes"))))
+                  or (m.startswith("interp.") and not m.startswith(allowed)))
 report = []
 for argv in json.loads(sys.argv[2]):
     err = io.StringIO()
