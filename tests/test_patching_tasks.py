@@ -39,8 +39,12 @@ def _records(lengths, *, seed=0, vocab=300, changed=2):
         corrupted[:changed] = torch.randint(1, vocab, (changed,), generator=gen)
         answer, wrong = torch.randperm(vocab - 1, generator=gen)[:2] + 1
         rows.append(
-            {"clean": clean.tolist(), "corrupted": corrupted.tolist(),
-             "answer": int(answer), "wrong": int(wrong)}
+            {
+                "clean": clean.tolist(),
+                "corrupted": corrupted.tolist(),
+                "answer": int(answer),
+                "wrong": int(wrong),
+            }
         )
     return rows
 
@@ -69,8 +73,9 @@ def test_a_task_of_one_row_is_the_single_pair_grid(bundled):
     theirs = _alone(bundled, record, **kwargs)
     pd.testing.assert_frame_equal(ours[KEYS], theirs[KEYS])
     torch.testing.assert_close(_column(ours), _column(theirs), atol=1e-6, rtol=0)
-    torch.testing.assert_close(_column(ours, "recovered"), _column(theirs, "recovered"),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        _column(ours, "recovered"), _column(theirs, "recovered"), atol=1e-6, rtol=0
+    )
     assert ours["recovered_sem"].isna().all()  # one row: no spread to estimate
     for key in ("clean_metric", "corrupted_metric"):
         assert ours.attrs[key] == pytest.approx(theirs.attrs[key], abs=1e-6), key
@@ -85,8 +90,9 @@ def test_n_identical_rows_are_one_row(gpt2_model):
     one = patch_activations(gpt2_model, Task.from_records([record]), **kwargs)
     four = patch_activations(gpt2_model, Task.from_records([record] * 4), **kwargs)
     torch.testing.assert_close(_column(four), _column(one), atol=ATOL, rtol=0)
-    torch.testing.assert_close(_column(four, "recovered"), _column(one, "recovered"),
-                               atol=_recovered_atol(one), rtol=0)
+    torch.testing.assert_close(
+        _column(four, "recovered"), _column(one, "recovered"), atol=_recovered_atol(one), rtol=0
+    )
     assert float(four["recovered_sem"].abs().max()) < 1e-5  # no spread between copies
 
 
@@ -97,16 +103,18 @@ def test_the_task_mean_is_the_mean_of_single_pair_runs(bundled):
     singles = []
     for row in task:
         clean, corrupted = (torch.tensor([list(p)]) for p in (row.clean, row.corrupted))
-        singles.append(patch_activations(bundled, clean, corrupted, logit_diff(row.answer),
-                                         **kwargs))
+        singles.append(
+            patch_activations(bundled, clean, corrupted, logit_diff(row.answer), **kwargs)
+        )
     values = torch.stack([_column(s) for s in singles], dim=1)  # [site rows]
     c = sum(s.attrs["clean_metric"] for s in singles) / len(singles)
     k = sum(s.attrs["corrupted_metric"] for s in singles) / len(singles)
     assert frame.attrs["clean_metric"] == pytest.approx(c, abs=ATOL)
     assert frame.attrs["corrupted_metric"] == pytest.approx(k, abs=ATOL)
     torch.testing.assert_close(_column(frame), values.mean(dim=1), atol=ATOL, rtol=0)
-    torch.testing.assert_close(_column(frame, "recovered"), (values.mean(dim=1) - k) / (c - k),
-                               atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        _column(frame, "recovered"), (values.mean(dim=1) - k) / (c - k), atol=ATOL, rtol=0
+    )
     sem = values.std(dim=1) / math.sqrt(len(singles)) / abs(c - k)
     torch.testing.assert_close(_column(frame, "recovered_sem"), sem, atol=ATOL, rtol=0)
     assert frame.attrs["metric_name"] == "answer_logit" and frame.attrs["n_rows"] == 5
@@ -125,8 +133,12 @@ def test_padded_rows_give_each_row_alone(name, request):
         alone = _alone(model, record, **kwargs)
         mine = rows[rows["row"] == i]
         torch.testing.assert_close(_column(mine), _column(alone), atol=ATOL, rtol=0)
-        torch.testing.assert_close(_column(mine, "recovered"), _column(alone, "recovered"),
-                                   atol=_recovered_atol(alone), rtol=0)
+        torch.testing.assert_close(
+            _column(mine, "recovered"),
+            _column(alone, "recovered"),
+            atol=_recovered_atol(alone),
+            rtol=0,
+        )
     # attribution over the padded task: the mean of each row's own estimate
     estimate = patch_activations(model, task, method="attribution", **kwargs)
     singles = [_alone(model, r, method="attribution", **kwargs) for r in records]
@@ -141,13 +153,15 @@ def test_a_split_under_a_small_budget_is_one_pass(gpt2_model):
     n_rows, n_pos = len(task), 8
     names = sorted({f"blocks.{layer}.attn.hook_{h}" for layer in range(2) for h in "zv"})
     held = estimate_cache_bytes(gpt2_model, (n_rows, n_pos), hooks=names, keep_logits=True)
-    per_run = max(estimate_forward_bytes(gpt2_model, (1, n_pos)),
-                  estimate_loss_bytes(gpt2_model, (1, n_pos)))
+    per_run = max(
+        estimate_forward_bytes(gpt2_model, (1, n_pos)), estimate_loss_bytes(gpt2_model, (1, n_pos))
+    )
     passes = []
     gpt2_model.add_hook("blocks.0.hook_resid_pre", lambda act, hook: passes.append(act.shape[0]))
     try:
-        budgeted = patch_activations(gpt2_model, task, max_bytes=held + int(3 * per_run / 0.9),
-                                     **kwargs)
+        budgeted = patch_activations(
+            gpt2_model, task, max_bytes=held + int(3 * per_run / 0.9), **kwargs
+        )
         counted = len(passes)
         rows_split = patch_activations(gpt2_model, task, max_rows=2, **kwargs)
     finally:
@@ -158,8 +172,9 @@ def test_a_split_under_a_small_budget_is_one_pass(gpt2_model):
         pd.testing.assert_frame_equal(split[KEYS], one[KEYS])
         torch.testing.assert_close(_column(split), _column(one), atol=ATOL, rtol=0)
         for column in ("recovered", "recovered_sem"):
-            torch.testing.assert_close(_column(split, column), _column(one, column),
-                                       atol=_recovered_atol(one), rtol=0)
+            torch.testing.assert_close(
+                _column(split, column), _column(one, column), atol=_recovered_atol(one), rtol=0
+            )
 
 
 def test_per_row_tables_average_back_to_the_means(bundled):
@@ -167,8 +182,7 @@ def test_per_row_tables_average_back_to_the_means(bundled):
     kwargs = dict(sites=["resid_pre", "heads"], direction="noising")
     means = patch_activations(bundled, task, metric="prob_diff", **kwargs)
     rows = patch_activations(bundled, task, metric="prob_diff", per_row=True, **kwargs)
-    assert list(rows.columns) == ["site", "layer", "head", "pos", "row", "method", "metric",
-                                  "recovered"]
+    assert list(rows.columns) == [*KEYS[:4], "row", "method", "metric", "recovered"]
     assert sorted(set(rows["row"])) == [0, 1, 2, 3] and len(rows) == 4 * len(means)
     averaged = rows.groupby(KEYS, dropna=False, sort=False)["metric"].mean().reset_index()
     pd.testing.assert_frame_equal(averaged[KEYS], means[KEYS])
@@ -176,18 +190,19 @@ def test_per_row_tables_average_back_to_the_means(bundled):
     for key in ("clean", "corrupted"):
         per = rows.attrs[f"{key}_metric_rows"]
         assert sum(per) / len(per) == pytest.approx(means.attrs[f"{key}_metric"], abs=1e-12)
-    own = (rows["metric"] - rows["row"].map(dict(enumerate(rows.attrs["corrupted_metric_rows"]))))
-    span = [c - k for c, k in zip(rows.attrs["clean_metric_rows"],
-                                  rows.attrs["corrupted_metric_rows"], strict=True)]
-    torch.testing.assert_close(_column(rows, "recovered"),
-                               torch.tensor((own / rows["row"].map(dict(enumerate(span)))).to_numpy()),
-                               atol=1e-9, rtol=0)
+    index = torch.tensor(rows["row"].tolist())
+    clean, corrupted = (
+        torch.tensor(rows.attrs[f"{key}_metric_rows"], dtype=torch.float64)[index]
+        for key in ("clean", "corrupted")
+    )
+    own = (_column(rows) - corrupted) / (clean - corrupted)  # each row's own recovered
+    torch.testing.assert_close(_column(rows, "recovered"), own, atol=1e-9, rtol=0)
 
 
 def test_refusals_are_one_line(gpt2_model):
     task = Task.from_records(_records([4, 6]))
     cases = [
-        (dict(sites=["resid_pre"]), "positions named per row come in a later version"),
+        (dict(sites=["resid_pre"]), "rows of one length, .*positions named per row"),
         (dict(sites=["heads"], per_row=True, method="both"), "per_row=True needs method='exact'"),
         (dict(sites=["heads"], metric=logit_diff(1, 2)), "over a task, metric is one of"),
         (dict(sites=["heads"], metric="loss"), "over a task, metric is one of"),

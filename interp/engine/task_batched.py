@@ -32,6 +32,7 @@ from interp.engine.sites import Intervention
 
 __all__ = ["run_patched_task", "task_blocks", "RowMetricFn", "TASK_KINDS"]
 
+# a row metric: (logits, the task row of each batch row) -> one value per batch row
 RowMetricFn = Callable[
     [Float[Tensor, "batch pos d_vocab"], Int[Tensor, " batch"]], Float[Tensor, " batch"]
 ]

@@ -88,8 +88,9 @@ def _check(batch: TaskTokens, grids: Sequence[str], method: str, per_row: bool) 
         raise ValueError(
             f"sites {', '.join(by_pos)} patch one position at a time, but the task's rows have "
             f"{int(lengths.min())} to {int(lengths.max())} tokens, so position p is a "
-            "different token in each row; use rows of one length, or sites over all positions "
-            "(heads, q, k, v, pattern) (positions named per row come in a later version)"
+            "different token in each row; use rows of one length, or sites over all positions: "
+            "heads, q, k, v, pattern (positions named per row, such as IO or S2, come in a "
+            "later version)"
         )
     if per_row and method != "exact":
         raise ValueError(
