@@ -15,7 +15,15 @@ import pytest
 import torch
 
 from interp import load_model
-from interp.engine import estimate_cache_bytes, estimate_forward_bytes, estimate_loss_bytes
+from interp.engine import (
+    Intervention,
+    MemoryBudgetError,
+    Site,
+    estimate_cache_bytes,
+    estimate_forward_bytes,
+    estimate_loss_bytes,
+    run_patched_task,
+)
 from interp.interventions import logit_diff, patch_activations
 from interp.tasks import Task, induction
 
@@ -218,3 +226,11 @@ def test_refusals_are_one_line(gpt2_model):
     pair = (torch.tensor([[1, 2, 3]]), torch.tensor([[4, 2, 3]]), logit_diff(1, 2))
     with pytest.raises(ValueError, match="per_row=True is for a task"):
         patch_activations(gpt2_model, *pair, per_row=True)
+    with pytest.raises(MemoryBudgetError, match="source run's cache of the 2 patched hooks over 2"):
+        patch_activations(gpt2_model, task, sites=["heads"], max_bytes="1KB")
+    with pytest.raises(MemoryBudgetError, match="over all 2 rows .* cannot be split yet"):
+        patch_activations(gpt2_model, task, sites=["heads"], method="both", max_bytes="100KB")
+    batch = task.tokens(gpt2_model)
+    mean = [[Intervention(Site("head", 0, head=0), "mean")]]
+    with pytest.raises(ValueError, match="would mix the rows of a pass"):
+        run_patched_task(gpt2_model, batch.clean, mean, lambda logits, rows: logits[:, -1, 0])

@@ -62,6 +62,7 @@ __all__ = ["patch_task", "is_task", "TASK_METRICS", "TASK_COLUMNS", "ROW_COLUMNS
 TASK_METRICS = ("logit_diff", "prob_diff")  # TaskTokens.metric kinds
 TASK_COLUMNS = [*COLUMNS, "recovered_sem"]  # dataset means
 ROW_COLUMNS = [*COLUMNS[:4], "row", *COLUMNS[4:]]  # per_row=True
+_HELD = "the source run's cache of the {} patched hooks over {} rows"  # named in refusals
 
 
 def is_task(value) -> bool:
@@ -125,9 +126,6 @@ def _budget(model, batch, names, n_runs, method, max_rows, max_bytes) -> int:
         held_what=_HELD.format(len(names), n_rows),
     )
     return held
-
-
-_HELD = "the source run's cache of the {} patched hooks over {} rows"
 
 
 def _mean_frame(sites, method: str, values: Tensor, clean: Tensor, corrupted: Tensor):
