@@ -7,13 +7,15 @@ budget" and get results back:
 - :func:`run_cached` (:mod:`~.cache`): one pass, keeping chosen activations, under ``max_bytes``;
 - :func:`run_patched` (:mod:`~.batched`): many patched runs of a prompt in batched passes,
   under ``max_bytes`` less what the caller holds (:func:`rows_per_pass`);
+- :func:`run_patched_task` (:mod:`~.task_batched`): the same for every row of a task at once,
+  each patched run a block of rows (:func:`task_blocks` plans runs x rows per pass);
 - :func:`row_chunks` (:mod:`~.plan`): the row slices an analysis that reduces as it goes
   (the induction scan, batched attribution) runs one pass each;
 - :func:`compile_hooks` / :func:`intervene` (:mod:`~.hooks`): :class:`Intervention` objects
   (:mod:`~.sites`) as forward hooks; :func:`forward` (:mod:`~.passes`): the one call of the model.
 
 Modules, bottom to top: ``allocator``, ``estimates``, ``plan``, ``tokens``, ``sites``,
-``passes``, ``hooks``, ``cache``, ``batched`` (docs/architecture.md).
+``passes``, ``hooks``, ``cache``, ``batched``, ``task_batched`` (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from interp.engine.hooks import compile_hooks, intervene
 from interp.engine.passes import HookFn, forward, store_hook
 from interp.engine.plan import MemoryBudgetError, check_budget, row_chunks, rows_per_chunk
 from interp.engine.sites import ABLATIONS, HEAD_KINDS, SITE_KINDS, Intervention, Site
+from interp.engine.task_batched import RowMetricFn, run_patched_task, task_blocks
 from interp.engine.tokens import (
     RESID_KINDS,
     Prompt,
@@ -63,6 +66,9 @@ __all__ = [
     "CachedRun",
     "run_patched",
     "rows_per_pass",
+    "run_patched_task",
+    "task_blocks",
+    "RowMetricFn",
     "row_chunks",
     "rows_per_chunk",
     "check_budget",

@@ -52,6 +52,8 @@ def attribution_deltas(
 ) -> tuple[Float[Tensor, " site"], float]:
     """Estimated metric change of patching each site from ``source`` into ``tokens``, and
     the base run's metric. ``source`` must hold every site's hook (``run_cached(hooks=...)``).
+    With several rows (a task, row ``i`` patched from ``source`` row ``i``) both are of the
+    metric's mean over rows: the gradient of the mean, summed over rows.
 
     Weights get no gradient (``torch.autograd.grad`` on the activations only), so the model's
     ``.grad`` fields are left as they were.
@@ -78,7 +80,7 @@ def attribution_deltas(
         grad=True,
     )
     with torch.enable_grad():
-        value = per_row(metric, logits)[0]
+        value = per_row(metric, logits).mean()  # one prompt: its value; a task: the mean
         grads = torch.autograd.grad(value, [stored[name] for name in names], allow_unused=True)
     with torch.no_grad():
         reduced = {}

@@ -14,7 +14,6 @@ NaN, and ``frame.attrs["recovered_undefined"]`` is True.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import pandas as pd
@@ -35,7 +34,18 @@ from interp.engine import (
     run_cached,
     run_patched,
 )
-from interp.interventions.metrics import MetricFn, metric_name, per_row
+from interp.interventions.grids import (
+    COLUMNS,
+    DIRECTIONS,
+    GRIDS,
+    METHODS,
+    grid_sites,
+    recovered,
+    site_frame,
+)
+from interp.interventions.metrics import MetricFn, metric_name
+from interp.interventions.metrics import per_row as metric_rows
+from interp.interventions.task_patching import TASK_METRICS, is_task, patch_task
 
 __all__ = [
     "run_patched",
@@ -49,88 +59,25 @@ __all__ = [
     "method_errors",
 ]
 
-COLUMNS = ["site", "layer", "head", "pos", "method", "metric", "recovered"]  # result table
-DIRECTIONS = ("denoising", "noising")  # base run corrupted (denoising) or clean (noising)
-METHODS = ("exact", "attribution", "both")  # forward passes, a gradient estimate, or both
-# grid name -> (site kind, per head, per position)
-GRIDS = {
-    "resid_pre": ("resid_pre", False, True),
-    "resid_mid": ("resid_mid", False, True),
-    "resid_post": ("resid_post", False, True),
-    "attn_out": ("attn_out", False, True),
-    "mlp_out": ("mlp_out", False, True),
-    "heads": ("head", True, False),
-    "heads_pos": ("head", True, True),
-    "q": ("q", True, False),
-    "k": ("k", True, False),
-    "v": ("v", True, False),
-    "pattern": ("pattern", True, False),
-    "q_pos": ("q", True, True),
-    "k_pos": ("k", True, True),
-    "v_pos": ("v", True, True),
-    "pattern_pos": ("pattern", True, True),  # per query (destination) position
-}
-# float32 metrics closer than this (relative) are "numerically equal": recovered is undefined
-EQUAL_RTOL = 1e-6
-
-
-def grid_sites(
-    model, grids: Sequence[str], n_pos: int, *, layers: Sequence[int] | None = None
-) -> list[Site]:
-    """Every site of the named grids (``GRIDS``), layer-major."""
-    unknown = [g for g in grids if g not in GRIDS]
-    if unknown:
-        raise ValueError(f"unknown sites {unknown}; choose from {', '.join(GRIDS)}")
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    chosen = range(n_layers) if layers is None else [int(layer) for layer in layers]
-    hook_names = set(model.hook_dict)
-    sites = []
-    for grid in grids:
-        kind, per_head, per_pos = GRIDS[grid]
-        for layer in chosen:
-            Site(kind, layer, head=0 if per_head else None).check(model, hook_names)
-            sites += [
-                Site(kind, layer, head=head, pos=pos)
-                for head in (range(n_heads) if per_head else [None])
-                for pos in (range(n_pos) if per_pos else [None])
-            ]
-    return sites
-
-
-def _recovered(values: Tensor, clean: float, corrupted: float) -> tuple[list[float], bool]:
-    denominator = clean - corrupted
-    if abs(denominator) <= EQUAL_RTOL * max(1.0, abs(clean), abs(corrupted)):
-        return [math.nan] * len(values), True
-    return ((values - corrupted) / denominator).tolist(), False
-
 
 def _frame(
     sites: Sequence[Site], method: str, values: Tensor, clean: float, corrupted: float
 ) -> tuple[pd.DataFrame, bool]:
-    recovered, undefined = _recovered(values.double(), clean, corrupted)
-    frame = pd.DataFrame(
-        {
-            "site": [s.kind for s in sites],
-            "layer": [s.layer for s in sites],
-            "head": pd.array([s.head for s in sites], dtype="Int64"),
-            "pos": pd.array([s.pos for s in sites], dtype="Int64"),
-            "method": method,
-            "metric": values.double().numpy(),
-            "recovered": recovered,
-        }
-    )
+    frame = site_frame(sites, method, values)
+    frame["recovered"], undefined = recovered(values.double(), clean, corrupted)
     return frame, undefined
 
 
 def patch_activations(
     model,
     clean,
-    corrupted,
-    metric: MetricFn,
+    corrupted=None,
+    metric: MetricFn | str | None = None,
     *,
     sites: Sequence[str] = ("resid_pre",),
     direction: str = "denoising",
     method: str = "exact",
+    per_row: bool = False,
     layers: Sequence[int] | None = None,
     max_rows: int | None = None,
     max_bytes: int | str | None = None,
@@ -139,6 +86,12 @@ def patch_activations(
     corruption: Sequence[Intervention | tuple[str, HookFn]] = (),
 ) -> pd.DataFrame:
     """Patch every site of the requested grids and measure ``metric``; a tidy DataFrame.
+
+    ``patch_activations(model, clean, corrupted, metric, ...)`` patches one prompt pair;
+    ``patch_activations(model, task, metric="logit_diff", ...)`` patches every row of an
+    :class:`interp.Task` (or its ``task.tokens(model)``) at once, each row read with its own
+    answer at its own last real token, and adds ``recovered_sem`` (or, with ``per_row=True``,
+    one table row per site and task row): see :func:`interp.interventions.task_patching.patch_task`.
 
     Args:
         sites: grid names from ``GRIDS``: ``resid_pre|mid|post``, ``attn_out``, ``mlp_out``
@@ -150,6 +103,7 @@ def patch_activations(
         method: ``exact`` (a patched forward pass per cell, batched), ``attribution`` (the
             gradient approximation, one forward and one backward for the whole grid) or
             ``both`` (rows for each; compare them with :func:`method_errors`).
+        per_row: over a task only: one table row per site and task row (column ``row``).
         max_rows: patched runs per forward pass (bounds memory); default: as many as keep
             the float32 logits under 256 MiB (rows of one pass always start at one layer).
         max_bytes: a memory budget instead (bytes or text such as ``"500MB"``; not with
@@ -169,6 +123,44 @@ def patch_activations(
     """
     from interp.interventions.attribution import attribution_deltas
 
+    if is_task(clean):
+        if corrupted is not None:
+            raise ValueError(
+                "a task carries each row's corrupted prompt: call "
+                "patch_activations(model, task, metric=..., sites=...) without corrupted, "
+                f"got {type(corrupted).__name__} {corrupted!r:.60}"
+            )
+        kind = "logit_diff" if metric is None else metric
+        if not isinstance(kind, str):
+            raise ValueError(
+                f"over a task, metric is one of {', '.join(TASK_METRICS)} (each row's own "
+                f"answer and wrong at its last real token), got {metric_name(kind)}"
+            )
+        return patch_task(
+            model,
+            clean,
+            metric=kind,
+            sites=sites,
+            direction=direction,
+            method=method,
+            per_row=per_row,
+            layers=layers,
+            max_rows=max_rows,
+            max_bytes=max_bytes,
+            progress=progress,
+            interventions=interventions,
+            corruption=corruption,
+        )
+    if corrupted is None or metric is None:
+        raise TypeError(
+            "patch_activations needs clean, corrupted and metric (one prompt pair), "
+            "or a Task as its second argument"
+        )
+    if per_row:
+        raise ValueError(
+            "per_row=True is for a task (one table row per task row); a prompt "
+            "pair has one row: pass a Task, or leave per_row out"
+        )
     check_eval(model)
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
@@ -194,7 +186,7 @@ def patch_activations(
         (on_corrupted, interventions) if denoising else (interventions, on_corrupted)
     )
     source = run_cached(model, source_tokens, hooks=names, interventions=source_fixed)
-    source_metric = float(per_row(metric, source.logits)[0])
+    source_metric = float(metric_rows(metric, source.logits)[0])
     parts, base_metric = [], None
     if method in ("attribution", "both"):
         deltas, base_metric = attribution_deltas(
@@ -202,7 +194,7 @@ def patch_activations(
         )
     if base_metric is None:
         base = run_cached(model, base_tokens, interventions=base_fixed)
-        base_metric = float(per_row(metric, base.logits)[0])
+        base_metric = float(metric_rows(metric, base.logits)[0])
     clean_metric, corrupted_metric = (
         (source_metric, base_metric) if denoising else (base_metric, source_metric)
     )
