@@ -81,3 +81,23 @@ def make_checkpoint(directory: Path, *, arch: str = "gpt2", seed: int = 0, n_lay
     if with_tokenizer:
         tokenizer.save_pretrained(directory)
     return directory
+
+
+def make_parallel_neox(directory: Path) -> Path:
+    """Pythia's layout: parallel attention and MLP, partial rotary, random LayerNorms."""
+    torch.manual_seed(1)
+    tokenizer = make_tokenizer()
+    config = GPTNeoXConfig(vocab_size=len(tokenizer), max_position_embeddings=64, hidden_size=64,
+                           num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+                           rotary_pct=0.25, use_parallel_residual=True, bos_token_id=0,
+                           eos_token_id=0, tie_word_embeddings=False)
+    model = GPTNeoXForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                param.copy_(1 + 0.3 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.1 * torch.randn_like(param))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

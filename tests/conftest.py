@@ -1,7 +1,10 @@
-"""Session-scoped, seeded, offline fixtures: tiny checkpoints written to temp dirs.
+"""Session-scoped, seeded, offline fixtures: tiny checkpoints written to temp dirs, each
+written and loaded once per test run, and one headless browser.
 
 Fixtures return loaded models that tests must not modify: transforms (folding) return new
-models. Build variants with ``tests.checkpoints.make_checkpoint`` in your own test module.
+models. A test that changes a model (``enable_compatibility_mode``, a config setting) loads
+its own copy from the fixture's directory. Build variants with
+``tests.checkpoints.make_checkpoint`` in your own test module. docs/testing.md has the rules.
 """
 
 from __future__ import annotations
@@ -10,14 +13,21 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One thread: these models are tiny, and on a 2-core machine shared with other jobs OpenMP's
+# second thread mostly spins (measured: the zoo's analyses took 8 s on one thread, 65-80 s on
+# two, eigvals of a 300 x 300 matrix 0.03 s against 0.2-0.8 s). Subprocesses (commands, doc
+# examples) inherit it. Set INTERP_TEST_THREADS to try more.
+THREADS = int(os.environ.get("INTERP_TEST_THREADS", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from interp import load_model  # noqa: E402
-from tests.checkpoints import make_checkpoint  # noqa: E402
+from tests.checkpoints import make_checkpoint, make_parallel_neox  # noqa: E402
+from tests.zoo import Zoo  # noqa: E402
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(THREADS)
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +62,48 @@ def gpt2_small_shaped_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def gpt2_small_shaped_model(gpt2_small_shaped_dir):
     return load_model(gpt2_small_shaped_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gpt2_compat_model(gpt2_dir):
+    """The tiny GPT-2 processed by TransformerLens itself (``enable_compatibility_mode``: its
+    LayerNorms folded, in place, so a copy of its own rather than ``gpt2_model``)."""
+    model = load_model(gpt2_dir, device="cpu")
+    model.enable_compatibility_mode()
+    return model
+
+
+@pytest.fixture(scope="session")
+def neox_parallel_model(tmp_path_factory):
+    """Pythia's layout: parallel attention and MLP, partial rotary, random LayerNorms."""
+    return load_model(make_parallel_neox(tmp_path_factory.mktemp("neox-parallel")), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory) -> Zoo:
+    """The zoo's checkpoints (tests/zoo.py), each written, loaded and opened in transformers
+    once for all the test files that use it: ``zoo.model("llama")``, ``zoo.hf("llama")``."""
+    return Zoo(tmp_path_factory.mktemp("zoo"))
+
+
+@pytest.fixture(scope="session")
+def bundled_model():
+    """The bundled ``tiny-induction`` model, loaded as ``load_model("tiny-induction")``."""
+    return load_model("tiny-induction")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium (tests/browser.py) for every browser test of the run: a test skips
+    without one, or fails where INTERP_REQUIRE_BROWSER is set (CI). Each page opens in its own
+    target, so pages share nothing but the process."""
+    from tests.browser import Chromium, find_chromium
+
+    executable = find_chromium()
+    if executable is None:
+        message = "headless Chromium not found: run .ci/install_chromium.sh or set INTERP_CHROMIUM"
+        if os.environ.get("INTERP_REQUIRE_BROWSER"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with Chromium(executable) as chromium:
+        yield chromium

@@ -18,19 +18,13 @@ import re
 import tempfile
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from tests.zoo import (
-    TOY_KINDS,
-    ZOO_ARCHS,
-    attn_only_model,
-    make_toy_checkpoint,
-    make_zoo_checkpoint,
-)
+from tests.zoo import TOY_KINDS, ZOO_ARCHS, Zoo, attn_only_model
 
 __all__ = ["Case", "Outcome", "ANALYSES", "CASES", "build_case", "check_all", "render_table"]
 
@@ -78,6 +72,8 @@ class Case:
     model: object
     directory: Path | None
     hf: object | None  # transformers model (eager attention), None without a checkpoint
+    # copying_scores_dense(model), computed once: four checks compare against it
+    dense_copying: pd.DataFrame | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -89,28 +85,22 @@ class Outcome:
         return self.status if not self.reason else f"{self.status}: {self.reason}"
 
 
-def build_case(name: str, root: Path) -> Case:
-    from transformers import AutoModelForCausalLM
-
+def build_case(name: str, root: Path, *, zoo: Zoo | None = None) -> Case:
+    """The case ``name`` of ``CASES``, its checkpoint written under ``root``, or taken from
+    ``zoo`` (shared with other tests; checks must leave the models as they found them)."""
     from interp import load_model
 
     if name == "toy_attn_only":
         return Case(name, attn_only_model(), None, None)
     if name == "toy_attn_only_no_norm":
         return Case(name, attn_only_model(normalization_type=None), None, None)
-    directory = root / name
+    zoo = zoo if zoo is not None else Zoo(root)
     if name == "toy_no_bos_prefix":
-        make_toy_checkpoint(directory, **TOY_KINDS["toy_no_bos"])
-    elif name in TOY_KINDS:
-        make_toy_checkpoint(directory, **TOY_KINDS[name])
-    else:
-        make_zoo_checkpoint(directory, name)
-    hf = AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
-    model = load_model(directory, device="cpu")
-    if name == "toy_no_bos_prefix":
+        # its own model: the setting below would change the shared "toy_no_bos" model too
+        model = load_model(zoo.directory("toy_no_bos"), device="cpu")
         model.cfg.default_prepend_bos = False  # prompts and induction rows start with no BOS
-        return Case(name, model, None, hf)  # a command would load the default back
-    return Case(name, model, directory, hf)
+        return Case(name, model, None, zoo.hf("toy_no_bos"))  # a command would load the default
+    return Case(name, zoo.model(name), zoo.directory(name), zoo.hf(name))
 
 
 def _tokens(case: Case, n: int = 12) -> torch.Tensor:
@@ -238,7 +228,9 @@ def check_detect_induction_heads(case: Case) -> None:
 def copying_scores_agree(table: pd.DataFrame, case: Case) -> None:
     from interp.circuits import copying_scores_dense
 
-    dense = copying_scores_dense(case.model).set_index(["layer", "head"]).sort_index()
+    if case.dense_copying is None:
+        case.dense_copying = copying_scores_dense(case.model)
+    dense = case.dense_copying.set_index(["layer", "head"]).sort_index()
     got = table.set_index(["layer", "head"]).sort_index()["copying_score"]
     both = got.notna() == dense["copying_score"].notna()
     if not both.all():

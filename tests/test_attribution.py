@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from interp import load_model, run_cached
+from interp import run_cached
 from interp.attribution import (
     AttributionError,
     TokenError,
@@ -18,7 +18,6 @@ from interp.attribution import (
     top_contributors,
 )
 from interp.layernorm import fold_layernorm
-from tests.test_layernorm import make_parallel_neox
 
 # the rows (float64 sums of float32 activations) against a float32 forward pass (the brief's bar)
 IDENTITY_ATOL = 1e-4
@@ -28,11 +27,6 @@ AGREE_ATOL = 1e-5
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 ANSWER, WRONG = " Mary", " John"
 ARCHS = ["gpt2_model", "neox_model"]
-
-
-@pytest.fixture(scope="module")
-def parallel_model(tmp_path_factory):
-    return load_model(make_parallel_neox(tmp_path_factory.mktemp("neox-parallel")), device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +54,7 @@ def check_sums(frame):
     return total
 
 
-@pytest.mark.parametrize("arch", ARCHS + ["parallel_model"])
+@pytest.mark.parametrize("arch", ARCHS + ["neox_parallel_model"])
 @pytest.mark.parametrize("pos", [-1, 3])
 def test_rows_add_up_to_the_original_logit(arch, pos, request):
     model = request.getfixturevalue(arch)
@@ -77,7 +71,7 @@ def test_rows_add_up_to_the_original_logit(arch, pos, request):
     assert ("pos_embed" in counts) == (arch == "gpt2_model")  # rotary models have none
 
 
-@pytest.mark.parametrize("arch", ARCHS + ["parallel_model"])
+@pytest.mark.parametrize("arch", ARCHS + ["neox_parallel_model"])
 def test_rows_add_up_to_the_original_logit_difference(arch, request):
     model = request.getfixturevalue(arch)
     logits = real_logits(model)
@@ -255,7 +249,7 @@ def test_top_contributors_and_heads_table(gpt2_model):
 # ---------------------------------------------------------------- logit lens
 
 
-@pytest.mark.parametrize("arch", ARCHS + ["parallel_model"])
+@pytest.mark.parametrize("arch", ARCHS + ["neox_parallel_model"])
 def test_logit_lens_last_row_is_the_model_output(arch, request):
     model = request.getfixturevalue(arch)
     logits = real_logits(model)

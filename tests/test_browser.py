@@ -3,7 +3,8 @@ no script error, no request leaves the page, hostile text never runs. Screenshot
 under test-artifacts/ (or $INTERP_TEST_ARTIFACTS).
 
 Chromium comes from .ci/install_chromium.sh; without it these tests skip, unless
-INTERP_REQUIRE_BROWSER=1 (CI sets it), where a missing browser fails them.
+INTERP_REQUIRE_BROWSER=1 (CI sets it), where a missing browser fails them. One browser serves
+the whole run: the ``browser`` fixture in conftest.py.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from interp.plotting import (
     logit_lens_lines,
     loss_by_position,
 )
-from tests.browser import Chromium, find_chromium
+from tests.browser import Chromium
 
 pytestmark = pytest.mark.browser
 
@@ -77,18 +78,6 @@ CHECKS = {
     "tokens": "[...document.querySelectorAll('script[data-interp-kind=attention]')]"
               ".map(s => JSON.parse(s.textContent).tokens)",
 }
-
-
-@pytest.fixture(scope="module")
-def browser():
-    executable = find_chromium()
-    if executable is None:
-        message = "headless Chromium not found: run .ci/install_chromium.sh or set INTERP_CHROMIUM"
-        if os.environ.get("INTERP_REQUIRE_BROWSER"):
-            pytest.fail(message)
-        pytest.skip(message)
-    with Chromium(executable) as chromium:
-        yield chromium
 
 
 def open_page(browser: Chromium, path: Path, name: str, **kwargs):

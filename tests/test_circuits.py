@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformer_lens.FactoredMatrix import FactoredMatrix
 
-from interp import load_model, run_cached
+from interp import run_cached
 from interp.circuits import (
     CircuitWeights,
     MatrixTooLargeError,
@@ -98,11 +98,10 @@ def test_rotary_qk_holds_only_on_the_diagonal(neox_model):
         assert diff[..., strictly_lower].abs().max() > 100 * FAITHFUL_ATOL
 
 
-def test_folded_weights_equal_transformer_lens_folding(gpt2_dir, gpt2_model):
+def test_folded_weights_equal_transformer_lens_folding(gpt2_model, gpt2_compat_model):
     """Our LayerNorm folding against TransformerLens's own (enable_compatibility_mode)."""
     ours = circuit_weights(gpt2_model)
-    compat = load_model(gpt2_dir, device="cpu")  # a private copy: folding rewrites it in place
-    compat.enable_compatibility_mode()
+    compat = gpt2_compat_model
     for name in ("W_Q", "W_K", "W_V", "b_Q", "b_K"):
         assert torch.allclose(getattr(ours, name), getattr(compat, name), atol=TL_ATOL), name
     assert torch.allclose(ours.unembed_cols(), compat.W_U, atol=TL_ATOL)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from interp import detect_induction_heads, load_model, run_cached
+from interp import detect_induction_heads, run_cached
 from interp.circuits import (
     attention_scores_from_weights,
     circuit_weights,
@@ -20,16 +19,13 @@ from interp.circuits import (
     copying_scores,
     head_outputs_from_weights,
 )
-from tests.zoo import make_zoo_checkpoint
 
 ATOL = 1e-4  # float32 products over d_model 64
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "gemma2", "mistral"])
-def gqa(request, tmp_path_factory):
-    directory = make_zoo_checkpoint(tmp_path_factory.mktemp(request.param), request.param)
-    hf = AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
-    return load_model(directory, device="cpu"), hf
+def gqa(request, zoo):
+    return zoo.model(request.param), zoo.hf(request.param)
 
 
 def _tokens(model):

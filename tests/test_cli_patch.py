@@ -8,7 +8,6 @@ import pandas as pd
 import pytest
 
 import interp.loading
-from interp import load_model
 from interp.cli import main
 from interp.interventions import COLUMNS, logit_diff, patch_activations
 
@@ -39,8 +38,8 @@ def test_writes_csv_summary_and_report(out):
                                                      "summary.json"]
 
 
-def test_numbers_equal_the_library(out):
-    model = load_model("tiny-induction")
+def test_numbers_equal_the_library(out, bundled_model):
+    model = bundled_model
     answer, wrong = (int(model.to_tokens(t, prepend_bos=False)[0, 0]) for t in (")", ","))
     frame = patch_activations(model, CLEAN, CORRUPTED, logit_diff(answer, wrong),
                               sites=["resid_pre", "heads"], method="both")

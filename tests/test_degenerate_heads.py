@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 import torch
 
-from interp import load_model
 from interp.circuits import (
     circuit_weights,
     composition_scores,
@@ -22,16 +21,13 @@ from interp.circuits import (
 )
 from interp.circuits import copying as copying_module
 from interp.induction import detect_induction_heads
-from tests.zoo import TOY_KINDS, make_toy_checkpoint
 
 ZERO_OV = {(0, 1), (1, 2)}
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    directory = make_toy_checkpoint(tmp_path_factory.mktemp("zero-heads"),
-                                    **TOY_KINDS["toy_zero_heads"])
-    return load_model(directory, device="cpu")
+def toy(zoo):
+    return zoo.model("toy_zero_heads")
 
 
 def _flagged(df: pd.DataFrame) -> set[tuple[int, int]]:

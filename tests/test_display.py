@@ -13,7 +13,6 @@ from interp import run_cached, run_induction_scan
 from interp.display import grouped_names, page_iframe, summary_html, table_html
 from interp.html import Report
 from interp.memory import estimate_cache_bytes
-from tests.test_browser import browser  # noqa: F401  (the headless Chromium fixture)
 
 HOSTILE = ["</script><script>alert(1)</script>", "<img src=x onerror=alert(1)>",
            "\"'&amp;", "<b>bold</b>"]
@@ -226,11 +225,10 @@ def test_page_iframe_escapes_quotes():
     assert dict(markup.attrs)["srcdoc"] == '<p title="x">"\'</p>'
 
 
-def test_bundled_model_scan_names_its_induction_heads():
-    from interp import load_model
+def test_bundled_model_scan_names_its_induction_heads(bundled_model):
     from interp.display import head_names
 
-    result = run_induction_scan(load_model("tiny-induction"))
+    result = run_induction_scan(bundled_model)
     heads = head_names(result.table[result.table["is_induction"]])
     assert heads, "the bundled model has induction heads"
     assert f"{len(heads)} of 8 heads are induction heads: {', '.join(heads)}" in repr(result)

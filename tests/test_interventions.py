@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp import load_model, run_cached
+from interp import run_cached
 from interp.induction import ordinary_token_ids, repeated_tokens
 from interp.induction.scores import ablated_repeated_loss, next_token_loss
 from interp.interventions import SITE_KINDS, Intervention, Site, intervene
@@ -168,8 +168,8 @@ def _old_ablated_repeated_loss(model, batch, layer, head):
     return float(loss[batch.loss_positions("repeated")].mean())
 
 
-def test_induction_mean_ablation_gives_the_same_numbers():
-    model = load_model("tiny-induction")
+def test_induction_mean_ablation_gives_the_same_numbers(bundled_model):
+    model = bundled_model
     vocab = ordinary_token_ids(model.tokenizer, 500)
     batch = repeated_tokens(vocab, seq_lens=[8, 12], batch_size=2,
                             bos_id=model.tokenizer.bos_token_id, seed=0)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-from interp import load_model
 from interp.layernorm import (
     FoldError,
     check_foldable,
@@ -17,7 +14,6 @@ from interp.layernorm import (
     fold_layernorm,
     is_folded,
 )
-from tests.checkpoints import make_tokenizer
 
 # float32 forward passes of a 2-layer model agree to ~1e-6 after exact refactoring of weights
 LOGPROB_ATOL = 1e-5
@@ -25,31 +21,6 @@ LOGPROB_ATOL = 1e-5
 CENTRED_ATOL = 1e-6
 
 ARCHS = ["gpt2_model", "neox_model"]
-
-
-def make_parallel_neox(directory: Path) -> Path:
-    """Pythia's layout: parallel attention and MLP, partial rotary, random LayerNorms."""
-    torch.manual_seed(1)
-    tokenizer = make_tokenizer()
-    config = GPTNeoXConfig(vocab_size=len(tokenizer), max_position_embeddings=64, hidden_size=64,
-                           num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
-                           rotary_pct=0.25, use_parallel_residual=True, bos_token_id=0,
-                           eos_token_id=0, tie_word_embeddings=False)
-    model = GPTNeoXForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                param.copy_(1 + 0.3 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.1 * torch.randn_like(param))
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def parallel_model(tmp_path_factory):
-    return load_model(make_parallel_neox(tmp_path_factory.mktemp("neox-parallel")), device="cpu")
 
 
 def random_prompts(model, seed: int = 0) -> list[torch.Tensor]:
@@ -71,7 +42,7 @@ def ln_params(model) -> list[torch.Tensor]:
     return params
 
 
-@pytest.mark.parametrize("arch", ARCHS + ["parallel_model"])
+@pytest.mark.parametrize("arch", ARCHS + ["neox_parallel_model"])
 def test_fold_keeps_log_probs(arch, request):
     model = request.getfixturevalue(arch)
     # the fold is only exercised if the LayerNorms are not the identity to begin with

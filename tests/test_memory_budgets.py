@@ -200,8 +200,8 @@ def test_batched_attribution_refuses_clearly(gpt2_model):
 
 # ---- the logit lens on an offloaded model ----
 
-def test_logit_lens_on_an_offloaded_model_matches():
-    in_memory = load_model("tiny-induction")
+def test_logit_lens_on_an_offloaded_model_matches(bundled_model):
+    in_memory = bundled_model
     offloaded = load_model("tiny-induction", device_map="auto", max_memory={"cpu": "1.3MB"})
     assert is_offloaded(offloaded)
     device_map = offloaded.original_model.hf_device_map

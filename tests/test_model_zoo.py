@@ -1,6 +1,7 @@
 """Every analysis and command on every architecture of the zoo, checked against transformers.
 
-Each tiny checkpoint (tests/zoo.py) is written and loaded once per module. What each check
+Each tiny checkpoint (tests/zoo.py) is written and loaded once per test run (the ``zoo``
+fixture, shared with tests/test_rmsnorm.py and tests/test_circuits_gqa.py). What each check
 does, and its identity against plain ``transformers``, is in tests/support.py. The expected
 outcome of every (model, analysis) cell comes from docs/support.md, which
 ``experiments/support_table.py`` writes from running the same checks: a cell that says
@@ -23,9 +24,8 @@ ATOL_LOGITS = 2e-5  # float32, 2 layers, logits of a few units: observed <= 6e-6
 
 
 @pytest.fixture(scope="module")
-def cases(tmp_path_factory):
-    root = tmp_path_factory.mktemp("zoo")
-    return {name: build_case(name, root) for name in CASES}
+def cases(zoo):
+    return {name: build_case(name, zoo.root, zoo=zoo) for name in CASES}
 
 
 @pytest.fixture(scope="module")

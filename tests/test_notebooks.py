@@ -126,20 +126,15 @@ def test_tour_page_loads_nothing_from_the_network(tour):
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_tour_page_renders_in_a_browser(tour):
-    from tests.browser import Chromium, find_chromium
-
-    executable = find_chromium()
-    if executable is None:
-        message = "headless Chromium not found: run .ci/install_chromium.sh or set INTERP_CHROMIUM"
-        if os.environ.get("INTERP_REQUIRE_BROWSER"):
-            pytest.fail(message)
-        pytest.skip(message)
+def test_tour_page_renders_in_a_browser(tour, browser):
     _, page = tour
-    with Chromium(executable, timeout_s=90) as browser:
+    default, browser.timeout_s = browser.timeout_s, 90  # five frames of plotly and CircuitsVis
+    try:
         top, frames = browser.open_frames(page, ready_js=FRAME_READY, checks=FRAME_CHECKS,
                                           top_checks=PAGE_CHECKS, n_frames=len(TITLES),
                                           settle_s=1.0)
+    finally:
+        browser.timeout_s = default
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "tour-result.json").write_text(json.dumps(
         {"top": top.values, "frames": [f.values for f in frames]}, indent=1))

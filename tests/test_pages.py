@@ -15,7 +15,6 @@ import interp.html as ih
 import interp.page_assets as page_assets
 from interp.cli import main
 from interp.html import Report
-from tests.test_browser import browser  # noqa: F401  (the Chromium fixture, shared)
 from tests.test_html import data_blocks, executable, parse
 
 MAX_INDUCTION_PAGE = 2_500_000  # bytes: the limit (it was 6.2 MB with the full bundle)

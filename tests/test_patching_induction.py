@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp import detect_induction_heads, load_model, run_cached
+from interp import detect_induction_heads, run_cached
 from interp.induction import ordinary_token_ids
 from interp.interventions import Intervention, Site, answer_loss, patch_activations, run_patched
 
@@ -14,8 +14,8 @@ RESTORES = 0.1  # a head "restores" the prediction when patching it recovers 10%
 
 
 @pytest.fixture(scope="module")
-def setup():
-    model = load_model("tiny-induction")
+def setup(bundled_model):
+    model = bundled_model
     vocab = ordinary_token_ids(model.tokenizer, 2000)
     gen = torch.Generator().manual_seed(0)
     a, b = (vocab[torch.randint(len(vocab), (12,), generator=gen)] for _ in range(2))

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from interp import load_model
 from interp.caching import PromptError, run_cached
 from interp.induction.batches import ordinary_token_ids, repeated_tokens
 from interp.interventions.paths import (
@@ -194,8 +193,8 @@ L = 12
 
 
 @pytest.fixture(scope="module")
-def induction_pair():
-    model = load_model("tiny-induction")
+def induction_pair(bundled_model):
+    model = bundled_model
     vocab = ordinary_token_ids(model.tokenizer, int(model.cfg.d_vocab))
     rows = repeated_tokens(vocab, seq_lens=[2 * L], batch_size=8, bos_id=0, seed=0).tokens
     a, b = rows[:, 1:L + 1], rows[:, L + 1:2 * L + 1]  # 2L distinct tokens per row

@@ -29,7 +29,7 @@ def case(request):
     if request.param == "gpt2":
         model = request.getfixturevalue("gpt2_model")
         return model, "When Mary and John went to the store, John gave a drink to", " Mary", " John"
-    return interp.load_model("tiny-induction"), PROMPT, " os", " sys"
+    return request.getfixturevalue("bundled_model"), PROMPT, " os", " sys"
 
 
 @pytest.fixture(scope="module")

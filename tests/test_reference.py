@@ -199,9 +199,14 @@ def untied_dir(tmp_path_factory):
     return directory
 
 
-def test_untied_unembedding_is_read_from_lm_head(untied_dir):
-    model = load_model(untied_dir, device="cpu")
-    ref = GPT2.from_pretrained_dir(untied_dir)
+@pytest.fixture(scope="module")
+def untied_pair(untied_dir):
+    """(hooked model, reference read from the directory) of the untied GPT-2."""
+    return load_model(untied_dir, device="cpu"), GPT2.from_pretrained_dir(untied_dir)
+
+
+def test_untied_unembedding_is_read_from_lm_head(untied_pair):
+    model, ref = untied_pair
     assert (ref.unembed.W_U - ref.embed.W_E.T).abs().max() > 0.01  # really untied
     tokens = random_tokens(model.cfg.d_vocab, 2, 20)
     assert (ref(tokens) - model(tokens)).abs().max() <= LOGITS_ATOL
@@ -210,9 +215,8 @@ def test_untied_unembedding_is_read_from_lm_head(untied_dir):
         assert torch.equal(value, from_hooked[name]), name
 
 
-def test_a_folded_hooked_model_is_reproduced_too(gpt2_dir):
-    model = load_model(gpt2_dir, device="cpu")  # our own copy: folding rewrites it in place
-    model.enable_compatibility_mode()
+def test_a_folded_hooked_model_is_reproduced_too(gpt2_compat_model):
+    model = gpt2_compat_model
     ref = GPT2.from_hooked(model)
     assert torch.equal(ref.blocks[0].ln1.w, torch.ones(64))  # the LN weights moved into W_Q...
     tokens = random_tokens(model.cfg.d_vocab, 2, 20)
@@ -244,9 +248,8 @@ def test_greedy_generation_matches_the_hooked_model(request, fixture, n):
     assert torch.equal(ref.generate_greedy(prompt, n), expected)
 
 
-def test_greedy_generation_over_varied_tokens_matches_the_hooked_model(untied_dir):
-    model = load_model(untied_dir, device="cpu")
-    ref = GPT2.from_pretrained_dir(untied_dir)
+def test_greedy_generation_over_varied_tokens_matches_the_hooked_model(untied_pair):
+    model, ref = untied_pair
     prompt = random_tokens(model.cfg.d_vocab, 2, 8, seed=5)
     expected, min_gap = _hooked_greedy(model, prompt, 16)
     assert min_gap > 10 * LOGITS_ATOL, "near-tie in the hooked model's argmax: pick another seed"

@@ -20,7 +20,7 @@ from interp.attribution import AttributionError, logit_attribution, logit_lens
 from interp.layernorm import FoldError, fold_info, fold_layernorm
 from interp.norms import effective_bias, effective_weight
 from tests.checkpoints import make_tokenizer
-from tests.zoo import RMSNORM_ARCHS, _randomise, make_zoo_checkpoint
+from tests.zoo import RMSNORM_ARCHS, _randomise
 
 # float64 sums of float32 activations against a float32 HF forward pass (the issue's bar)
 IDENTITY_ATOL = 1e-4
@@ -55,24 +55,25 @@ def make_gemma(directory):
     return directory
 
 
-def build(name: str, directory):
-    if name == "gemma":
-        return make_gemma(directory)
-    if name == "gemma2_capped":
-        return make_zoo_checkpoint(directory, "gemma2", final_logit_softcapping=SMALL_CAP)
-    if name == "qwen2_tied":
-        return make_zoo_checkpoint(directory, "qwen2", tie_word_embeddings=True)
-    return make_zoo_checkpoint(directory, name)
+# the zoo's checkpoint (shared with the other zoo tests) behind each name but "gemma"
+ZOO_VARIANTS = {"gemma2_capped": ("gemma2", {"final_logit_softcapping": SMALL_CAP}),
+                "qwen2_tied": ("qwen2", {"tie_word_embeddings": True})}
+
+
+def zoo_spec(name: str) -> tuple[str, dict]:
+    return ZOO_VARIANTS.get(name, (name, {}))
 
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return {name: build(name, tmp_path_factory.mktemp(name)) for name in ARCHS}
+def dirs(zoo, tmp_path_factory):
+    return {name: make_gemma(tmp_path_factory.mktemp(name)) if name == "gemma"
+            else zoo.directory(zoo_spec(name)[0], **zoo_spec(name)[1]) for name in ARCHS}
 
 
 @pytest.fixture(scope="module")
-def models(dirs):
-    return {name: load_model(directory, device="cpu") for name, directory in dirs.items()}
+def models(zoo, dirs):
+    return {name: load_model(dirs[name], device="cpu") if name == "gemma"
+            else zoo.model(zoo_spec(name)[0], **zoo_spec(name)[1]) for name in ARCHS}
 
 
 @pytest.fixture(scope="module")
@@ -80,19 +81,29 @@ def folded(models):
     return {name: fold_layernorm(model) for name, model in models.items()}
 
 
+def soft_caps(directory) -> bool:
+    config = AutoConfig.from_pretrained(directory)
+    return getattr(config, "final_logit_softcapping", None) is not None
+
+
 def hf_model(directory, *, capped: bool = True):
     """The plain transformers model; ``capped=False`` turns Gemma 2's logit soft-cap off."""
-    config = AutoConfig.from_pretrained(directory)
-    capping = getattr(config, "final_logit_softcapping", None) is not None
-    kwargs = {"final_logit_softcapping": None} if capping and not capped else {}
+    kwargs = {"final_logit_softcapping": None} if soft_caps(directory) and not capped else {}
     return AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager",
                                                 **kwargs).eval()
 
 
 @pytest.fixture(scope="module")
-def hf(dirs):
-    """Logits before any soft-cap (what attribution decomposes) and the models' outputs."""
-    return {name: (hf_model(d, capped=False), hf_model(d)) for name, d in dirs.items()}
+def hf(zoo, dirs):
+    """Logits before any soft-cap (what attribution decomposes) and the models' outputs (the
+    same model where there is no cap to turn off)."""
+    pairs = {}
+    for name, directory in dirs.items():
+        output = (hf_model(directory) if name == "gemma"
+                  else zoo.hf(zoo_spec(name)[0], **zoo_spec(name)[1]))
+        raw = hf_model(directory, capped=False) if soft_caps(directory) else output
+        pairs[name] = (raw, output)
+    return pairs
 
 
 def tokens_for(model, n: int = 14, seed: int = 0) -> torch.Tensor:

@@ -8,6 +8,9 @@ that forgets a norm weight or a bias fails its identity test instead of passing 
 
 Toy models (``make_toy_checkpoint``, ``attn_only_model``) are GPT-2 checkpoints with weights set
 by hand: exactly-zero heads, a vocabulary of a few dozen tokens, no BOS token, tied embeddings.
+
+``Zoo(root)`` writes each of these checkpoints once and loads it once (``interp.load_model`` and
+plain ``transformers``); the session fixture ``zoo`` in conftest.py shares one across test files.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from transformers import (
 from tests.checkpoints import make_tokenizer
 
 __all__ = ["ZOO_ARCHS", "RMSNORM_ARCHS", "GQA_ARCHS", "PARALLEL_ARCHS", "make_zoo_checkpoint",
-           "make_toy_checkpoint", "zero_heads", "toy_tokenizer", "attn_only_model", "TOY_KINDS"]
+           "make_toy_checkpoint", "zero_heads", "toy_tokenizer", "attn_only_model", "TOY_KINDS",
+           "Zoo"]
 
 D_MODEL, N_HEADS, N_LAYERS, N_CTX = 64, 4, 2, 64
 NORM_SPREAD = 0.5  # norm weights 1 + 0.5 N(0,1): far from 1, rarely near 0
@@ -258,3 +262,58 @@ def attn_only_model(*, seed: int = 0, n_layers: int = N_LAYERS, bos: bool = True
     _randomise(bridge)
     bridge.eval()
     return bridge
+
+
+# ---------------------------------------------------------------- written and loaded once
+
+
+class Zoo:
+    """Zoo and toy checkpoints, each written, loaded and opened in transformers at most once.
+
+    ``name`` is one of ``ZOO_ARCHS`` (``overrides`` go to its config, as in
+    :func:`make_zoo_checkpoint`) or of ``TOY_KINDS`` (``overrides`` add keyword arguments of
+    :func:`make_toy_checkpoint`). Equal ``(name, overrides)`` give the same directory, the same
+    loaded model and the same transformers model: shared, so callers must not modify them
+    (hooks removed before returning are fine). A test that mutates a model loads its own from
+    :meth:`directory`.
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._directories: dict[tuple, Path] = {}
+        self._models: dict[tuple, object] = {}
+        self._hf: dict[tuple, torch.nn.Module] = {}
+
+    @staticmethod
+    def _key(name: str, overrides: dict) -> tuple:
+        return (name, *sorted(overrides.items()))
+
+    def directory(self, name: str, **overrides) -> Path:
+        key = self._key(name, overrides)
+        if key not in self._directories:
+            folder = self.root / "-".join([name, *(f"{k}={v}" for k, v in key[1:])])
+            if name in TOY_KINDS:
+                make_toy_checkpoint(folder, **TOY_KINDS[name], **overrides)
+            else:
+                make_zoo_checkpoint(folder, name, **overrides)
+            self._directories[key] = folder
+        return self._directories[key]
+
+    def model(self, name: str, **overrides):
+        """``interp.load_model`` of the checkpoint, on the CPU."""
+        from interp import load_model
+
+        key = self._key(name, overrides)
+        if key not in self._models:
+            self._models[key] = load_model(self.directory(name, **overrides), device="cpu")
+        return self._models[key]
+
+    def hf(self, name: str, **overrides) -> torch.nn.Module:
+        """Plain transformers (``AutoModelForCausalLM``, eager attention, eval mode)."""
+        from transformers import AutoModelForCausalLM
+
+        key = self._key(name, overrides)
+        if key not in self._hf:
+            self._hf[key] = AutoModelForCausalLM.from_pretrained(
+                self.directory(name, **overrides), attn_implementation="eager").eval()
+        return self._hf[key]
