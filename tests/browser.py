@@ -24,20 +24,37 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "chromium", "chromium-browser",
-                       "google-chrome", "google-chrome-stable")
+CHROMIUM_CANDIDATES = (
+    "/usr/lib/chromium/chromium",
+    "chromium",
+    "chromium-browser",
+    "google-chrome",
+    "google-chrome-stable",
+)
 FLAGS = (
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-    "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--disable-quic", "--mute-audio", "--hide-scrollbars",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-extensions",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-quic",
+    "--mute-audio",
+    "--hide-scrollbars",
     "--disable-features=Translate,MediaRouter,OptimizationHints",
     # a second wall besides the emulated offline network: nothing resolves, no proxy answers
-    "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+    "--proxy-server=127.0.0.1:9",
+    "--proxy-bypass-list=<-loopback>",
     "--host-resolver-rules=MAP * ~NOTFOUND",
     # pages opened over the protocol count as background tabs: keep their timers and
     # animation frames running (chart.js draws CircuitsVis's zoomed view in one)
-    "--disable-background-timer-throttling", "--disable-renderer-backgrounding",
+    "--disable-background-timer-throttling",
+    "--disable-renderer-backgrounding",
     "--disable-backgrounding-occluded-windows",
     # software canvases, so that screenshots include large <canvas> elements
     "--disable-accelerated-2d-canvas",
@@ -50,8 +67,9 @@ def find_chromium() -> str | None:
     if explicit:
         return explicit
     for name in CHROMIUM_CANDIDATES:
-        found = shutil.which(name) if "/" not in name else (name if os.access(name, os.X_OK)
-                                                             else None)
+        found = (
+            shutil.which(name) if "/" not in name else (name if os.access(name, os.X_OK) else None)
+        )
         if found:
             return found
     return None
@@ -64,6 +82,7 @@ MAX_SHOT_HEIGHT = 8000  # px; longer pages are cut in the screenshot, not in the
 # run on the previous about:blank document, where every "all views drawn" check is vacuously
 # true (seen under load: a page reported ready with 0 of 5 figures)
 LOADED_JS = "(location.protocol === 'file:' && document.readyState === 'complete')"
+
 
 class BrowserError(RuntimeError):
     pass
@@ -83,8 +102,7 @@ class PageResult:
 
     def network_requests(self) -> list[str]:
         """Requests that would leave the machine (anything but the file itself and data:)."""
-        return [u for u in self.requests if not u.startswith(("file:", "data:", "blob:",
-                                                               "about:"))]
+        return [u for u in self.requests if not u.startswith(("file:", "data:", "blob:", "about:"))]
 
 
 class Chromium:
@@ -103,15 +121,29 @@ class Chromium:
         for fd in (to_child_r, from_child_w):
             os.close(fd)
         to_child_r, from_child_w = r, w
-        trampoline = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4);"
-                      " os.close(int(sys.argv[1])); os.close(int(sys.argv[2]));"
-                      " os.execv(sys.argv[3], sys.argv[3:])")
+        trampoline = (
+            "import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4);"
+            " os.close(int(sys.argv[1])); os.close(int(sys.argv[2]));"
+            " os.execv(sys.argv[3], sys.argv[3:])"
+        )
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", trampoline, str(r), str(w), executable, *FLAGS,
-             f"--user-data-dir={self._profile.name}", "about:blank"],
+            [
+                sys.executable,
+                "-c",
+                trampoline,
+                str(r),
+                str(w),
+                executable,
+                *FLAGS,
+                f"--user-data-dir={self._profile.name}",
+                "about:blank",
+            ],
             # a file, not a pipe: Chromium logs a lot (D-Bus) and a full pipe would stall it
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
-            pass_fds=(r, w), start_new_session=True,  # its own group, to end it cleanly
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            pass_fds=(r, w),
+            start_new_session=True,  # its own group, to end it cleanly
         )
         os.close(to_child_r)
         os.close(from_child_w)
@@ -146,8 +178,14 @@ class Chromium:
         raw, self._buffer = self._buffer.split(b"\0", 1)
         return json.loads(raw)
 
-    def call(self, method: str, params: dict | None = None, *, session: str | None = None,
-             timeout_s: float | None = None) -> dict:
+    def call(
+        self,
+        method: str,
+        params: dict | None = None,
+        *,
+        session: str | None = None,
+        timeout_s: float | None = None,
+    ) -> dict:
         self._next_id += 1
         message_id = self._next_id
         message = {"id": message_id, "method": method, "params": params or {}}
@@ -170,8 +208,14 @@ class Chromium:
         if message.get("method") == "Page.javascriptDialogOpening":
             # an open alert() blocks the page and every evaluate: dismiss it now, unawaited
             self._next_id += 1
-            self._send({"id": self._next_id, "method": "Page.handleJavaScriptDialog",
-                        "params": {"accept": False}, "sessionId": message.get("sessionId")})
+            self._send(
+                {
+                    "id": self._next_id,
+                    "method": "Page.handleJavaScriptDialog",
+                    "params": {"accept": False},
+                    "sessionId": message.get("sessionId"),
+                }
+            )
 
     def _drain(self, wait_s: float = 0.0) -> None:
         deadline = time.monotonic() + wait_s
@@ -188,25 +232,38 @@ class Chromium:
         return log.decode(errors="replace")[-2000:]
 
     # -- pages --------------------------------------------------------------------------
-    def open(self, path: Path, *, ready_js: str, checks: dict[str, str] | None = None,
-             screenshot: Path | None = None, bypass_csp: bool = False,
-             width: int = 1200, settle_s: float = 0.3) -> PageResult:
+    def open(
+        self,
+        path: Path,
+        *,
+        ready_js: str,
+        checks: dict[str, str] | None = None,
+        screenshot: Path | None = None,
+        bypass_csp: bool = False,
+        width: int = 1200,
+        settle_s: float = 0.3,
+    ) -> PageResult:
         """Load ``path``, wait until ``ready_js`` is true (or time out), evaluate ``checks``
         (name -> JS expression returning JSON-able data), and record what the page did."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = self.call("Target.attachToTarget",
-                            {"targetId": target, "flatten": True})["sessionId"]
+        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
         url = Path(path).resolve().as_uri()
         result = PageResult(url=url)
         try:
             for method in ("Runtime.enable", "Log.enable", "Network.enable", "Page.enable"):
                 self.call(method, session=session)
-            self.call("Network.emulateNetworkConditions",
-                      {"offline": True, "latency": 0, "downloadThroughput": -1,
-                       "uploadThroughput": -1}, session=session)
-            self.call("Emulation.setDeviceMetricsOverride",
-                      {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
-                      session=session)
+            self.call(
+                "Network.emulateNetworkConditions",
+                {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+                session=session,
+            )
+            self.call(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+                session=session,
+            )
             self.call("Page.bringToFront", session=session)
             if bypass_csp:
                 self.call("Page.setBypassCSP", {"enabled": True}, session=session)
@@ -217,10 +274,11 @@ class Chromium:
             ready = False
             while time.monotonic() < deadline:
                 self._drain(0.05)
-                value = self.call("Runtime.evaluate",
-                                  {"expression": f"Boolean({LOADED_JS} && ({ready_js}))",
-                                   "returnByValue": True},
-                                  session=session)
+                value = self.call(
+                    "Runtime.evaluate",
+                    {"expression": f"Boolean({LOADED_JS} && ({ready_js}))", "returnByValue": True},
+                    session=session,
+                )
                 if value.get("result", {}).get("value") is True:
                     ready = True
                     break
@@ -228,9 +286,11 @@ class Chromium:
             self._drain(settle_s)  # late errors and requests
             result.values["ready"] = ready
             for name, expression in (checks or {}).items():
-                value = self.call("Runtime.evaluate",
-                                  {"expression": f"JSON.stringify({expression})",
-                                   "returnByValue": True}, session=session)
+                value = self.call(
+                    "Runtime.evaluate",
+                    {"expression": f"JSON.stringify({expression})", "returnByValue": True},
+                    session=session,
+                )
                 if "exceptionDetails" in value:
                     result.values[name] = {"error": value["exceptionDetails"].get("text")}
                 else:
@@ -245,8 +305,11 @@ class Chromium:
         return result
 
     def _evaluate(self, session: str, expression: str):
-        value = self.call("Runtime.evaluate", {"expression": f"JSON.stringify({expression})",
-                                               "returnByValue": True}, session=session)
+        value = self.call(
+            "Runtime.evaluate",
+            {"expression": f"JSON.stringify({expression})", "returnByValue": True},
+            session=session,
+        )
         if "exceptionDetails" in value:
             return {"error": value["exceptionDetails"].get("text")}
         raw = value.get("result", {}).get("value")
@@ -256,32 +319,47 @@ class Chromium:
         """Record what a page or frame does, offline, from its first script on."""
         for method in ("Runtime.enable", "Log.enable", "Network.enable", "Page.enable"):
             self.call(method, session=session)
-        self.call("Network.emulateNetworkConditions",
-                  {"offline": True, "latency": 0, "downloadThroughput": -1,
-                   "uploadThroughput": -1}, session=session)
-        self.call("Target.setAutoAttach", {"autoAttach": True, "waitForDebuggerOnStart": True,
-                                           "flatten": True}, session=session)
+        self.call(
+            "Network.emulateNetworkConditions",
+            {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+            session=session,
+        )
+        self.call(
+            "Target.setAutoAttach",
+            {"autoAttach": True, "waitForDebuggerOnStart": True, "flatten": True},
+            session=session,
+        )
 
-    def open_frames(self, path: Path, *, ready_js: str, checks: dict[str, str] | None = None,
-                    top_checks: dict[str, str] | None = None, n_frames: int = 1,
-                    width: int = 1200, settle_s: float = 0.3
-                    ) -> tuple[PageResult, list[PageResult]]:
+    def open_frames(
+        self,
+        path: Path,
+        *,
+        ready_js: str,
+        checks: dict[str, str] | None = None,
+        top_checks: dict[str, str] | None = None,
+        n_frames: int = 1,
+        width: int = 1200,
+        settle_s: float = 0.3,
+    ) -> tuple[PageResult, list[PageResult]]:
         """Load ``path`` and watch each iframe that runs in a process of its own (a sandboxed
         ``srcdoc`` frame, as a notebook shows a Report) as its own page: wait until
         ``ready_js`` is true in ``n_frames`` frames, evaluate ``checks`` in each frame and
         ``top_checks`` in the page. Frames are paused on creation until they are watched, so
         their first errors and requests are recorded too."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = self.call("Target.attachToTarget",
-                            {"targetId": target, "flatten": True})["sessionId"]
+        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
         url = Path(path).resolve().as_uri()
         top = PageResult(url=url)
         frames: dict[str, PageResult] = {}
         try:
             self._watch(session)
-            self.call("Emulation.setDeviceMetricsOverride",
-                      {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
-                      session=session)
+            self.call(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+                session=session,
+            )
             self._events.clear()
             start = time.monotonic()
             self.call("Page.navigate", {"url": url}, session=session)
@@ -298,9 +376,13 @@ class Chromium:
                         self._watch(child)
                         self.call("Runtime.runIfWaitingForDebugger", session=child)
                 loaded = self._evaluate(session, LOADED_JS) is True
-                done = [self._evaluate(child, f"document.readyState === 'complete' && "
-                                              f"Boolean({ready_js})") is True
-                        for child in frames]
+                done = [
+                    self._evaluate(
+                        child, f"document.readyState === 'complete' && Boolean({ready_js})"
+                    )
+                    is True
+                    for child in frames
+                ]
                 ready = loaded and len(frames) >= n_frames and all(done)
             top.load_s = time.monotonic() - start
             self._drain(settle_s)
@@ -323,12 +405,21 @@ class Chromium:
         """Grow the viewport to the page, let it redraw, and capture it. (Capturing beyond
         the viewport resizes the page during the capture; chart.js then clears its canvas
         and redraws too late for the picture.)"""
-        height = self.call("Runtime.evaluate",
-                           {"expression": "document.documentElement.scrollHeight",
-                            "returnByValue": True}, session=session)["result"]["value"]
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": int(min(max(height, 200), MAX_SHOT_HEIGHT)),
-                   "deviceScaleFactor": 1, "mobile": False}, session=session)
+        height = self.call(
+            "Runtime.evaluate",
+            {"expression": "document.documentElement.scrollHeight", "returnByValue": True},
+            session=session,
+        )["result"]["value"]
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {
+                "width": width,
+                "height": int(min(max(height, 200), MAX_SHOT_HEIGHT)),
+                "deviceScaleFactor": 1,
+                "mobile": False,
+            },
+            session=session,
+        )
         self._drain(0.5)
         shot = self.call("Page.captureScreenshot", {"format": "png"}, session=session)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -345,14 +436,17 @@ class Chromium:
                 details = params.get("exceptionDetails", {})
                 text = details.get("exception", {}).get("description") or details.get("text")
                 result.exceptions.append(str(text))
-            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error",
-                                                                                  "assert"):
-                result.errors.append(" ".join(str(a.get("value", a.get("description")))
-                                              for a in params.get("args", [])))
+            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                result.errors.append(
+                    " ".join(
+                        str(a.get("value", a.get("description"))) for a in params.get("args", [])
+                    )
+                )
             elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
                 entry = params["entry"]
-                result.errors.append(f"{entry.get('source')}: {entry.get('text')} "
-                                     f"{entry.get('url', '')}".strip())
+                result.errors.append(
+                    f"{entry.get('source')}: {entry.get('text')} {entry.get('url', '')}".strip()
+                )
             elif method == "Network.requestWillBeSent":
                 result.requests.append(params.get("request", {}).get("url", ""))
             elif method == "Page.javascriptDialogOpening":

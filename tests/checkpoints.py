@@ -28,22 +28,39 @@ CORPUS = [
 ]
 
 
-def make_tokenizer(vocab_size: int = 400, corpus: list[str] | None = None) -> PreTrainedTokenizerFast:
+def make_tokenizer(
+    vocab_size: int = 400, corpus: list[str] | None = None
+) -> PreTrainedTokenizerFast:
     """A byte-level BPE (any string tokenises) with ``<|endoftext|>`` as id 0."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[SPECIAL],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[SPECIAL],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator((corpus or CORPUS) * 20, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL, eos_token=SPECIAL,
-                                   unk_token=SPECIAL)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=SPECIAL, eos_token=SPECIAL, unk_token=SPECIAL
+    )
 
 
-def make_checkpoint(directory: Path, *, arch: str = "gpt2", seed: int = 0, n_layers: int = 2,
-                    n_heads: int = 4, d_model: int = 64, n_ctx: int = 64, vocab_size: int = 400,
-                    randomize_ln: bool = True, with_tokenizer: bool = True,
-                    corpus: list[str] | None = None, d_vocab: int | None = None) -> Path:
+def make_checkpoint(
+    directory: Path,
+    *,
+    arch: str = "gpt2",
+    seed: int = 0,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    d_model: int = 64,
+    n_ctx: int = 64,
+    vocab_size: int = 400,
+    randomize_ln: bool = True,
+    with_tokenizer: bool = True,
+    corpus: list[str] | None = None,
+    d_vocab: int | None = None,
+) -> Path:
     """Write a random checkpoint to ``directory`` and return it.
 
     ``corpus`` trains the tokenizer (default: a few mixed sentences). ``randomize_ln`` draws
@@ -55,16 +72,33 @@ def make_checkpoint(directory: Path, *, arch: str = "gpt2", seed: int = 0, n_lay
     tokenizer = make_tokenizer(vocab_size, corpus)
     vocab = max(len(tokenizer), d_vocab or 0)
     if arch == "gpt2":
-        config = GPT2Config(vocab_size=vocab, n_positions=n_ctx, n_embd=d_model, n_layer=n_layers,
-                            n_head=n_heads, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0,
-                            embd_pdrop=0.0, attn_pdrop=0.0)
+        config = GPT2Config(
+            vocab_size=vocab,
+            n_positions=n_ctx,
+            n_embd=d_model,
+            n_layer=n_layers,
+            n_head=n_heads,
+            bos_token_id=0,
+            eos_token_id=0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         model = GPT2LMHeadModel(config)
     elif arch == "neox":
-        config = GPTNeoXConfig(vocab_size=vocab, max_position_embeddings=n_ctx,
-                               hidden_size=d_model, num_hidden_layers=n_layers,
-                               num_attention_heads=n_heads, intermediate_size=4 * d_model,
-                               rotary_pct=1.0, use_parallel_residual=False, bos_token_id=0,
-                               eos_token_id=0, tie_word_embeddings=False)
+        config = GPTNeoXConfig(
+            vocab_size=vocab,
+            max_position_embeddings=n_ctx,
+            hidden_size=d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            intermediate_size=4 * d_model,
+            rotary_pct=1.0,
+            use_parallel_residual=False,
+            bos_token_id=0,
+            eos_token_id=0,
+            tie_word_embeddings=False,
+        )
         model = GPTNeoXForCausalLM(config)
     else:
         raise ValueError(f"arch must be 'gpt2' or 'neox', got {arch!r}")
@@ -87,10 +121,19 @@ def make_parallel_neox(directory: Path) -> Path:
     """Pythia's layout: parallel attention and MLP, partial rotary, random LayerNorms."""
     torch.manual_seed(1)
     tokenizer = make_tokenizer()
-    config = GPTNeoXConfig(vocab_size=len(tokenizer), max_position_embeddings=64, hidden_size=64,
-                           num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
-                           rotary_pct=0.25, use_parallel_residual=True, bos_token_id=0,
-                           eos_token_id=0, tie_word_embeddings=False)
+    config = GPTNeoXConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=64,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=False,
+    )
     model = GPTNeoXForCausalLM(config)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -55,8 +55,15 @@ def neox_model(neox_dir):
 @pytest.fixture(scope="session")
 def gpt2_small_shaped_dir(tmp_path_factory):
     """GPT-2-small's shape (12 layers, 12 heads, d_model 768) with a small vocabulary."""
-    return make_checkpoint(tmp_path_factory.mktemp("gpt2-small-shaped"), arch="gpt2",
-                           n_layers=12, n_heads=12, d_model=768, n_ctx=128, vocab_size=1000)
+    return make_checkpoint(
+        tmp_path_factory.mktemp("gpt2-small-shaped"),
+        arch="gpt2",
+        n_layers=12,
+        n_heads=12,
+        d_model=768,
+        n_ctx=128,
+        vocab_size=1000,
+    )
 
 
 @pytest.fixture(scope="session")

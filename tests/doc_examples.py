@@ -113,7 +113,7 @@ def extract(path: Path) -> list[Step]:
         if end == len(lines):
             raise ValueError(f"{path.name}:{i + 1}: fenced block is never closed")
         # a block indented inside a list item: its code starts at the fence's indentation
-        body = textwrap.dedent("\n".join(lines[i + 1:end])).split("\n")
+        body = textwrap.dedent("\n".join(lines[i + 1 : end])).split("\n")
         first = i + 2
         mark = _mark_before(lines, i)
         skip = needs = None
@@ -124,14 +124,20 @@ def extract(path: Path) -> list[Step]:
                 pass  # an ordinary comment, not a mark
             elif found[1] == "needs":
                 if found[2] not in KNOWN_NEEDS:
-                    raise ValueError(f"{path.name}:{i}: unknown mark {mark!r}; known: "
-                                     f"{sorted(KNOWN_NEEDS)}")
+                    raise ValueError(
+                        f"{path.name}:{i}: unknown mark {mark!r}; known: {sorted(KNOWN_NEEDS)}"
+                    )
                 needs, skip = found[2], f"needs: {found[2]}"
             else:
                 skip = f"not-run: {found[2]}"
-        after_python = (lang == "" and steps and steps[-1].kind == "python"
-                        and steps[-1].output is None and last_python_end is not None
-                        and all(not line.strip() for line in lines[last_python_end + 1:i]))
+        after_python = (
+            lang == ""
+            and steps
+            and steps[-1].kind == "python"
+            and steps[-1].output is None
+            and last_python_end is not None
+            and all(not line.strip() for line in lines[last_python_end + 1 : i])
+        )
         if lang == "python":
             steps.append(Step("python", "\n".join(body) + "\n", first, skip, needs))
             last_python_end = end
@@ -140,8 +146,14 @@ def extract(path: Path) -> list[Step]:
         elif lang in SHELL_LANGS:
             for line, command in _shell_commands(body, first):
                 if set_up:
-                    steps.append(Step("shell", command, line,
-                                      skip="not-run: set-up (a venv and pip; CI runs it)"))
+                    steps.append(
+                        Step(
+                            "shell",
+                            command,
+                            line,
+                            skip="not-run: set-up (a venv and pip; CI runs it)",
+                        )
+                    )
                     command = _set_up_interp_parts(command)
                     if command is None:
                         continue
@@ -177,12 +189,15 @@ def run_steps(steps: list[dict], doc: str) -> int:
                 return 1
             _say(printed.getvalue().rstrip())
             if step["output"] is not None and _lines(printed.getvalue()) != _lines(step["output"]):
-                _say(f"FAILED: the Python block at {where} printed the above; the document "
-                     f"shows:\n{step['output']}")
+                _say(
+                    f"FAILED: the Python block at {where} printed the above; the document "
+                    f"shows:\n{step['output']}"
+                )
                 return 1
         else:
-            done = subprocess.run(["bash", "-c", "set -e -o pipefail\n" + step["code"]],
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                ["bash", "-c", "set -e -o pipefail\n" + step["code"]], stdin=subprocess.DEVNULL
+            )
             if done.returncode != 0:
                 _say(f"FAILED: `{step['code']}` at {where} exited with {done.returncode}")
                 return 1

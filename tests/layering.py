@@ -33,7 +33,7 @@ def _owner(name: str, mods: dict[str, Path]) -> str | None:
 
 
 def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (``from pkg import sub`` counts as ``pkg.sub``)."""
+    """Module -> the package's modules it imports (``from pkg import sub`` is ``pkg.sub``)."""
     top = next(iter(mods)).split(".")[0]
     edges: dict[str, set[str]] = {}
     for name, path in mods.items():
@@ -47,8 +47,9 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
                 if node.level:
                     parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(parts + ([base] if base else []))
-                wanted = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
-                          for a in node.names]
+                wanted = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names
+                ]
             else:
                 continue
             for target in wanted:
@@ -122,8 +123,9 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def violations(edges: dict[str, set[str]], layers: list[tuple[str, list[str]]],
-               island: str = "reference") -> list[str]:
+def violations(
+    edges: dict[str, set[str]], layers: list[tuple[str, list[str]]], island: str = "reference"
+) -> list[str]:
     """One line per module without a layer and per import that points up a layer (or into or
     out of the island), naming both modules and their layers."""
     problems = []
@@ -138,6 +140,8 @@ def violations(edges: dict[str, set[str]], layers: list[tuple[str, list[str]]],
                 continue
             crossing = (own[1] == island) != (other[1] == island)
             if crossing or (own[1] != island and other[0] > own[0]):
-                problems.append(f"{module} ({own[1]}) imports {target} ({other[1]}): imports "
-                                "point down the layers")
+                problems.append(
+                    f"{module} ({own[1]}) imports {target} ({other[1]}): imports "
+                    "point down the layers"
+                )
     return problems

@@ -63,8 +63,12 @@ def execute(path: Path, *, timeout_s: int = 300) -> nbformat.NotebookNode:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
-    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout_s,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     # the kernel inherits the environment given here (and jupyter_client starts "python" in
     # the kernel spec as sys.executable, this interpreter)
     client.execute(env=env)

@@ -33,8 +33,13 @@ ATOL_PATTERN = 1e-5  # softmax outputs in [0, 1]
 ATOL_SCORE = 1e-4  # scores in [-1, 1] from float32 factored vs float64 dense products
 ATOL_LOGPROB = 1e-4  # fold_layernorm's own VERIFY_ATOL for float32
 
-CASES: tuple[str, ...] = (*ZOO_ARCHS, *TOY_KINDS, "toy_no_bos_prefix", "toy_attn_only",
-                          "toy_attn_only_no_norm")
+CASES: tuple[str, ...] = (
+    *ZOO_ARCHS,
+    *TOY_KINDS,
+    "toy_no_bos_prefix",
+    "toy_attn_only",
+    "toy_attn_only_no_norm",
+)
 DESCRIPTIONS = {
     "gpt2": "GPT-2 (LayerNorm, learned positions)",
     "gpt_neox": "Pythia / GPT-NeoX, sequential residual",
@@ -48,14 +53,14 @@ DESCRIPTIONS = {
     "phi": "Phi (parallel residual, partial rotary)",
     "toy_small_vocab": "GPT-2 toy, 40-token vocabulary",
     "toy_no_bos": "GPT-2 toy, 40 tokens, no BOS token in config or tokenizer (TransformerLens "
-                  "then prepends EOS in its place)",
+    "then prepends EOS in its place)",
     "toy_no_bos_prefix": "the same toy run with nothing prepended (cfg.default_prepend_bos "
-                         "False); commands load afresh, so they do not apply",
+    "False); commands load afresh, so they do not apply",
     "toy_tied": "GPT-2 toy, 40 tokens, tied embeddings",
     "toy_zero_heads": "GPT-2 toy, 40 tokens, exactly-zero W_O / W_V / W_Q+W_K heads",
     "toy_attn_only": "attention-only (TransformerLens boot_native), 40 tokens, no checkpoint",
     "toy_attn_only_no_norm": "the same without any LayerNorm (normalization_type None), as "
-                             "hand-set and compiled circuits often are",
+    "hand-set and compiled circuits often are",
 }
 REFUSALS: tuple[type[BaseException], ...] = (ValueError, KeyError, RuntimeError)
 
@@ -126,7 +131,8 @@ def _precap_logits(case: Case, tokens: torch.Tensor) -> torch.Tensor | None:
         return None
     out: dict[str, torch.Tensor] = {}
     handle = case.hf.get_output_embeddings().register_forward_hook(
-        lambda _m, _i, logits: out.__setitem__("raw", logits.detach()))
+        lambda _m, _i, logits: out.__setitem__("raw", logits.detach())
+    )
     try:
         with torch.no_grad():
             case.hf(tokens)
@@ -135,8 +141,9 @@ def _precap_logits(case: Case, tokens: torch.Tensor) -> torch.Tensor | None:
     return out["raw"]
 
 
-def _logit_diff_matches(case: Case, tokens: torch.Tensor, got: float, answer: int,
-                        wrong: int | None, what: str) -> None:
+def _logit_diff_matches(
+    case: Case, tokens: torch.Tensor, got: float, answer: int, wrong: int | None, what: str
+) -> None:
     refs = [_reference_logits(case, tokens)]
     precap = _precap_logits(case, tokens)
     if precap is not None:
@@ -144,8 +151,9 @@ def _logit_diff_matches(case: Case, tokens: torch.Tensor, got: float, answer: in
     wants = [float(r[0, -1, answer] - (0.0 if wrong is None else r[0, -1, wrong])) for r in refs]
     if not any(abs(got - want) <= 1e-4 for want in wants):
         names = " or ".join(f"{w:.6g}" for w in wants)
-        raise AssertionError(f"{what} gives {got:.6g} but transformers' logit (difference) is "
-                             f"{names}")
+        raise AssertionError(
+            f"{what} gives {got:.6g} but transformers' logit (difference) is {names}"
+        )
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> None:
@@ -155,6 +163,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> Non
 
 
 # ---------------------------------------------------------------------------- the analyses
+
 
 def check_load(case: Case) -> None:
     tokens = _tokens(case)
@@ -166,12 +175,16 @@ def check_load(case: Case) -> None:
 def _hf_attention_outputs(hf, tokens: torch.Tensor) -> tuple[list[torch.Tensor], tuple]:
     """Each layer's attention module output in plain transformers (before any post-norm)."""
     pattern = re.compile(r"\.(\d+)\.(self_attn|attn|attention)$")
-    modules = {int(m.group(1)): mod for name, mod in hf.named_modules()
-               if (m := pattern.search(name))}
+    modules = {
+        int(m.group(1)): mod for name, mod in hf.named_modules() if (m := pattern.search(name))
+    }
     outs: dict[int, torch.Tensor] = {}
-    handles = [mod.register_forward_hook(
-        lambda _m, _i, out, layer=layer: outs.__setitem__(layer, out[0].detach()))
-        for layer, mod in modules.items()]
+    handles = [
+        mod.register_forward_hook(
+            lambda _m, _i, out, layer=layer: outs.__setitem__(layer, out[0].detach())
+        )
+        for layer, mod in modules.items()
+    ]
     try:
         with torch.no_grad():
             attentions = hf(tokens, output_attentions=True).attentions
@@ -187,8 +200,9 @@ def check_run_cached(case: Case) -> None:
     tokens = _tokens(case)
     n_layers = int(case.model.cfg.n_layers)
     outs = [f"blocks.{layer}.attn.hook_out" for layer in range(n_layers)]
-    run = run_cached(case.model, tokens, resid=("pre", "post"), patterns=True,
-                     head_outputs=True, hooks=outs)
+    run = run_cached(
+        case.model, tokens, resid=("pre", "post"), patterns=True, head_outputs=True, hooks=outs
+    )
     _close(run.logits, _reference_logits(case, tokens), ATOL_LOGITS, "run_cached logits")
     if case.hf is not None:
         attn_out, attentions = _hf_attention_outputs(case.hf, tokens)
@@ -201,8 +215,12 @@ def check_run_cached(case: Case) -> None:
             total = total + b_O[layer]
         _close(total, attn_out[layer], 1e-4, f"L{layer} sum of head outputs vs attention output")
         if attentions is not None:
-            _close(run.patterns()[layer], attentions[layer], ATOL_PATTERN,
-                   f"L{layer} attention pattern")
+            _close(
+                run.patterns()[layer],
+                attentions[layer],
+                ATOL_PATTERN,
+                f"L{layer} attention pattern",
+            )
 
 
 def check_detect_induction_heads(case: Case) -> None:
@@ -220,8 +238,9 @@ def check_detect_induction_heads(case: Case) -> None:
 
         patterns = run_cached(case.model, tokens, patterns=True).patterns()
     expected = scores_from_patterns(patterns, result.batch)["induction"].flatten()
-    _close(torch.tensor(table["induction_score"].values), expected, ATOL_PATTERN,
-           "induction scores")
+    _close(
+        torch.tensor(table["induction_score"].values), expected, ATOL_PATTERN, "induction scores"
+    )
     copying_scores_agree(table.reset_index(), case)
 
 
@@ -279,8 +298,9 @@ def check_logit_lens(case: Case) -> None:
 
     tokens = _tokens(case)
     frame = logit_lens(case.model, tokens, 5, wrong=6)
-    _logit_diff_matches(case, tokens, float(frame["logit_diff"].iloc[-1]), 5, 6,
-                        "the lens's last row")
+    _logit_diff_matches(
+        case, tokens, float(frame["logit_diff"].iloc[-1]), 5, 6, "the lens's last row"
+    )
 
 
 def check_fold_layernorm(case: Case) -> None:
@@ -299,8 +319,9 @@ def _cli(case: Case, argv: list[str]) -> None:
     from interp.cli import main
 
     if case.directory is None:
-        raise NotApplicable("commands load a checkpoint directory afresh; this model's setup "
-                            "exists only in memory")
+        raise NotApplicable(
+            "commands load a checkpoint directory afresh; this model's setup exists only in memory"
+        )
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = main(argv)
@@ -312,8 +333,20 @@ def _cli(case: Case, argv: list[str]) -> None:
 
 def check_cli_induction(case: Case) -> None:
     with tempfile.TemporaryDirectory() as out:
-        _cli(case, ["induction", "--model", str(case.directory), "--out", out,
-                    "--batch-size", "2", "--ablate-top", "1"])
+        _cli(
+            case,
+            [
+                "induction",
+                "--model",
+                str(case.directory),
+                "--out",
+                out,
+                "--batch-size",
+                "2",
+                "--ablate-top",
+                "1",
+            ],
+        )
         table = pd.read_csv(Path(out) / "head_scores.csv")
     copying_scores_agree(table, case)
 
@@ -325,19 +358,43 @@ def check_cli_attribute(case: Case) -> None:
     text = case.model.tokenizer.decode(_tokens(case)[0])
     answer = case.model.tokenizer.decode([5])
     with tempfile.TemporaryDirectory() as out:
-        _cli(case, ["attribute", "--model", str(case.directory), "--prompt", text,
-                    "--answer", answer, "--out", out])
+        _cli(
+            case,
+            [
+                "attribute",
+                "--model",
+                str(case.directory),
+                "--prompt",
+                text,
+                "--answer",
+                answer,
+                "--out",
+                out,
+            ],
+        )
         frame = pd.read_csv(Path(out) / "attribution.csv")
     tokens = to_tokens(case.model, text)  # as the command tokenises the prompt
     parts = float(frame.loc[frame["component"] != "total", "contribution"].sum())
-    _logit_diff_matches(case, tokens, parts, resolve_token(case.model, answer), None,
-                        "attribution.csv")
+    _logit_diff_matches(
+        case, tokens, parts, resolve_token(case.model, answer), None, "attribution.csv"
+    )
 
 
 def check_cli_circuits(case: Case) -> None:
     with tempfile.TemporaryDirectory() as out:
-        _cli(case, ["circuits", "--model", str(case.directory), "--out", out,
-                    "--baseline-samples", "20", "--no-report"])
+        _cli(
+            case,
+            [
+                "circuits",
+                "--model",
+                str(case.directory),
+                "--out",
+                out,
+                "--baseline-samples",
+                "20",
+                "--no-report",
+            ],
+        )
         table = pd.read_csv(Path(out) / "copying_scores.csv")
     copying_scores_agree(table, case)
 
@@ -346,8 +403,10 @@ def check_cli_attention(case: Case) -> None:
     text = case.model.tokenizer.decode(_tokens(case)[0])
     with tempfile.TemporaryDirectory() as out:
         page = Path(out) / "attention.html"
-        _cli(case, ["attention", "--model", str(case.directory), "--prompt", text,
-                    "--out", str(page)])
+        _cli(
+            case,
+            ["attention", "--model", str(case.directory), "--prompt", text, "--out", str(page)],
+        )
         if not page.stat().st_size:
             raise AssertionError("the attention page is empty")
 

@@ -39,8 +39,7 @@ def _pair(case: Case, n: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
     return clean, corrupted
 
 
-def _hf_metric(case: Case, tokens: torch.Tensor, answer: int = ANSWER,
-               wrong: int = WRONG) -> float:
+def _hf_metric(case: Case, tokens: torch.Tensor, answer: int = ANSWER, wrong: int = WRONG) -> float:
     """The logit difference at the last position from plain transformers' logits."""
     logits = _reference_logits(case, tokens)
     return float(logits[0, -1, answer] - logits[0, -1, wrong])
@@ -51,8 +50,9 @@ def _near(got: float, want: float, atol: float, what: str) -> None:
         raise AssertionError(f"{what} is {got:.6g} but should be {want:.6g} (> {atol:g} apart)")
 
 
-def _head_patched_metric(case: Case, base: torch.Tensor, source: torch.Tensor, layer: int,
-                         head: int, metric) -> float:
+def _head_patched_metric(
+    case: Case, base: torch.Tensor, source: torch.Tensor, layer: int, head: int, metric
+) -> float:
     """Patch one head's output (its slice of ``hook_z``) with a plain hook: the reference."""
     from interp import run_cached
 
@@ -63,6 +63,7 @@ def _head_patched_metric(case: Case, base: torch.Tensor, source: torch.Tensor, l
         act = act.clone()
         act[:, :, head] = src[:, :, head]
         return act
+
     return float(metric(run_cached(case.model, base, interventions=[(name, hook)]).logits)[0])
 
 
@@ -77,10 +78,15 @@ def check_patch_activations(case: Case) -> None:
     _near(clean_m, _hf_metric(case, clean), ATOL_PATCH, "the clean metric")
     _near(corrupted_m, _hf_metric(case, corrupted), ATOL_PATCH, "the corrupted metric")
     name = "blocks.0.hook_resid_pre"  # denoising the whole residual stream at layer 0 = clean
-    whole = Intervention(Site("resid_pre", 0), "patch",
-                         source=run_cached(case.model, clean, hooks=[name])[name])
-    _near(float(run_patched(case.model, corrupted, [[whole]], metric)[0]), clean_m, ATOL_PATCH,
-          "resid_pre L0 patched at every position")
+    whole = Intervention(
+        Site("resid_pre", 0), "patch", source=run_cached(case.model, clean, hooks=[name])[name]
+    )
+    _near(
+        float(run_patched(case.model, corrupted, [[whole]], metric)[0]),
+        clean_m,
+        ATOL_PATCH,
+        "resid_pre L0 patched at every position",
+    )
     heads = frame[frame["site"] == "head"]  # the "heads" grid's cells are head sites
     if len(heads) != int(case.model.cfg.n_layers) * int(case.model.cfg.n_heads):
         raise AssertionError(f"the heads grid has {len(heads)} rows, not layers x query heads")
@@ -90,8 +96,12 @@ def check_patch_activations(case: Case) -> None:
     if not (nan | heads["recovered"].map(lambda v: abs(v) < float("inf"))).all():
         raise AssertionError("recovered is infinite in the heads grid")
     first = heads[(heads["layer"] == 0) & (heads["head"] == 0)]["metric"].item()
-    _near(first, _head_patched_metric(case, corrupted, clean, 0, 0, metric), ATOL_PATH,
-          "the heads grid's L0H0 cell against a plain hook_z patch")
+    _near(
+        first,
+        _head_patched_metric(case, corrupted, clean, 0, 0, metric),
+        ATOL_PATH,
+        "the heads grid's L0H0 cell against a plain hook_z patch",
+    )
 
 
 def check_path_patch(case: Case) -> None:
@@ -101,21 +111,35 @@ def check_path_patch(case: Case) -> None:
     metric = logit_diff(ANSWER, WRONG)
     corrupted_m = _hf_metric(case, corrupted)
     # the layer-0 head whose output matters most, so that the identity is not 0 == 0
-    patched = [_head_patched_metric(case, corrupted, clean, 0, h, metric)
-               for h in range(int(case.model.cfg.n_heads))]
+    patched = [
+        _head_patched_metric(case, corrupted, clean, 0, h, metric)
+        for h in range(int(case.model.cfg.n_heads))
+    ]
     head = max(range(len(patched)), key=lambda h: abs(patched[h] - corrupted_m))
     if not abs(patched[head] - corrupted_m) > 10 * ATOL_PATH:
-        raise AssertionError("patching any layer-0 head changes nothing: the identity would be "
-                             "0 == 0")
+        raise AssertionError(
+            "patching any layer-0 head changes nothing: the identity would be 0 == 0"
+        )
     sender = ("head", 0, head)
     receivers = complete_receivers(case.model, sender, mlps="freeze")
     try:
-        result = path_patch(case.model, clean, corrupted, sender=sender, receivers=receivers,
-                            metric=metric, mlps="freeze")
+        result = path_patch(
+            case.model,
+            clean,
+            corrupted,
+            sender=sender,
+            receivers=receivers,
+            metric=metric,
+            mlps="freeze",
+        )
     except KeyError as exc:  # a hook it made up itself from its own receivers: a bug
         raise AssertionError(f"path_patch used a hook this model lacks: {exc.args[0]}") from exc
-    _near(float(result.table["metric"].item()), patched[head], ATOL_PATH,
-          f"head 0.{head} into every receiver (MLPs frozen) against patching its output")
+    _near(
+        float(result.table["metric"].item()),
+        patched[head],
+        ATOL_PATH,
+        f"head 0.{head} into every receiver (MLPs frozen) against patching its output",
+    )
     _near(result.corrupted_metric, corrupted_m, ATOL_PATCH, "path patching's corrupted metric")
 
 
@@ -128,8 +152,9 @@ def _hf_out_projection(hf, layer: int) -> torch.nn.Module:
     return found[0]
 
 
-def _hf_ablated_logits(case: Case, tokens: torch.Tensor, layer: int, head: int,
-                       kind: str) -> torch.Tensor:
+def _hf_ablated_logits(
+    case: Case, tokens: torch.Tensor, layer: int, head: int, kind: str
+) -> torch.Tensor:
     """transformers' logits with head ``head``'s input slice of the output projection zeroed or
     set to its mean over the batch and positions (an independent ablation)."""
     d_head = int(case.model.cfg.d_head)
@@ -139,6 +164,7 @@ def _hf_ablated_logits(case: Case, tokens: torch.Tensor, layer: int, head: int,
         x = args[0].clone()
         x[..., cols] = 0 if kind == "zero" else x[..., cols].mean(dim=(0, 1))
         return (x, *args[1:])
+
     handle = _hf_out_projection(case.hf, layer).register_forward_pre_hook(pre)
     try:
         with torch.no_grad():
@@ -157,21 +183,37 @@ def check_ablation(case: Case) -> None:
     out = f"blocks.{layer}.attn.hook_out"  # before any post-attention norm (Gemma 2)
     plain = run_cached(case.model, tokens, head_outputs=True, hooks=[out])
     for kind in ("zero", "mean"):
-        run = run_cached(case.model, tokens, hooks=[out],
-                         interventions=[Intervention(Site("head", layer, head=head), kind)])
+        run = run_cached(
+            case.model,
+            tokens,
+            hooks=[out],
+            interventions=[Intervention(Site("head", layer, head=head), kind)],
+        )
         if kind == "zero":  # the attention output loses exactly that head's output
-            _close(run[out], plain[out] - plain.head_outputs()[layer][:, :, head], ATOL_PATH,
-                   f"L{layer} attention output with head {head} zero-ablated")
+            _close(
+                run[out],
+                plain[out] - plain.head_outputs()[layer][:, :, head],
+                ATOL_PATH,
+                f"L{layer} attention output with head {head} zero-ablated",
+            )
         if case.hf is not None:
-            _close(run.logits, _hf_ablated_logits(case, tokens, layer, head, kind),
-                   ATOL_LOGITS, f"logits with head {layer}.{head} {kind}-ablated")
+            _close(
+                run.logits,
+                _hf_ablated_logits(case, tokens, layer, head, kind),
+                ATOL_LOGITS,
+                f"logits with head {layer}.{head} {kind}-ablated",
+            )
     if float((run.logits - plain.logits).abs().max()) <= 10 * ATOL_LOGITS:
         raise AssertionError("ablating the head changed nothing: the identity would be trivial")
 
 
 CLI_TEXTS = (  # (clean, corrupted, answer, wrong): the first whose pieces are single tokens
-    ("When Mary and John went to the store, John gave a drink to",
-     "When Mary and John went to the store, Mary gave a drink to", " Mary", " John"),
+    (
+        "When Mary and John went to the store, John gave a drink to",
+        "When Mary and John went to the store, Mary gave a drink to",
+        " Mary",
+        " John",
+    ),
     ("w1 w2 w3 w4 w5 w2", "w1 w6 w3 w4 w5 w6", "w3", "w7"),
 )
 
@@ -194,13 +236,31 @@ def check_cli_patch(case: Case) -> None:
     from interp.caching import to_tokens
 
     if case.directory is None:
-        raise NotApplicable("commands load a checkpoint directory afresh; this model's setup "
-                            "exists only in memory")
+        raise NotApplicable(
+            "commands load a checkpoint directory afresh; this model's setup exists only in memory"
+        )
     clean, corrupted, answer, wrong = _cli_texts(case)
     with tempfile.TemporaryDirectory() as out:
-        _cli(case, ["patch", "--model", str(case.directory), "--clean", clean, "--corrupted",
-                    corrupted, "--answer", answer, "--wrong", wrong, "--sites", "resid_pre",
-                    "--out", out])
+        _cli(
+            case,
+            [
+                "patch",
+                "--model",
+                str(case.directory),
+                "--clean",
+                clean,
+                "--corrupted",
+                corrupted,
+                "--answer",
+                answer,
+                "--wrong",
+                wrong,
+                "--sites",
+                "resid_pre",
+                "--out",
+                out,
+            ],
+        )
         frame = pd.read_csv(Path(out) / "patching.csv")
         summary = json.loads((Path(out) / "summary.json").read_text(encoding="utf-8"))
     columns = ["site", "layer", "head", "pos", "method", "metric", "recovered"]
@@ -210,4 +270,3 @@ def check_cli_patch(case: Case) -> None:
     for role, text in (("clean", clean), ("corrupted", corrupted)):
         want = _hf_metric(case, to_tokens(case.model, text), *ids)  # as the command tokenises
         _near(summary[f"{role}_metric"], want, ATOL_PATCH, f"summary.json's {role}_metric")
-

@@ -25,7 +25,8 @@ BARE_KWARGS_ELSEWHERE: dict[str, str] = {}
 
 def _writer():
     spec = importlib.util.spec_from_file_location(
-        "write_api_reference", ROOT / "experiments" / "write_api_reference.py")
+        "write_api_reference", ROOT / "experiments" / "write_api_reference.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -48,7 +49,8 @@ def public(writer):
 
 def test_api_reference_is_current(writer):
     assert API.read_text(encoding="utf-8") == writer.render(), (
-        "docs/api.md is out of date: run python experiments/write_api_reference.py")
+        "docs/api.md is out of date: run python experiments/write_api_reference.py"
+    )
 
 
 def test_every_module_is_found(writer):
@@ -75,7 +77,8 @@ def test_every_public_name_is_in_its_section(writer):
         assert module.__name__ in sections, f"no section for {module.__name__} in docs/api.md"
         assert sections[module.__name__] == set(module.__all__), (
             f"{module.__name__}: docs/api.md lists {sorted(sections[module.__name__])}, "
-            f"__all__ is {sorted(module.__all__)}")
+            f"__all__ is {sorted(module.__all__)}"
+        )
     import interp
 
     assert {"bundled_models", "ReferenceGPT2"} <= sections["interp"]
@@ -94,15 +97,17 @@ def test_every_public_name_has_a_docstring_or_comment(writer, public):
             missing.add(qualified)
     assert missing <= set(UNDOCUMENTED_ELSEWHERE), (
         f"public names with no docstring (constants: no comment beside them): "
-        f"{sorted(missing - set(UNDOCUMENTED_ELSEWHERE))}")
+        f"{sorted(missing - set(UNDOCUMENTED_ELSEWHERE))}"
+    )
     assert missing >= set(UNDOCUMENTED_ELSEWHERE), (
         f"now documented, remove from UNDOCUMENTED_ELSEWHERE: "
-        f"{sorted(set(UNDOCUMENTED_ELSEWHERE) - missing)}")
+        f"{sorted(set(UNDOCUMENTED_ELSEWHERE) - missing)}"
+    )
 
 
 def test_public_signatures_spell_out_their_keywords(public):
     bare = set()
-    for qualified, _, _, obj in public:
+    for _qualified, _, _, obj in public:
         if not (inspect.isfunction(obj) or inspect.isclass(obj)):
             continue
         try:
@@ -115,16 +120,23 @@ def test_public_signatures_spell_out_their_keywords(public):
             bare.add(f"{obj.__module__}.{obj.__qualname__}")
     assert bare == set(BARE_KWARGS_ELSEWHERE), (
         f"public callables with a bare **kwargs: {sorted(bare)}; name the keyword arguments "
-        f"(and remove fixed ones from BARE_KWARGS_ELSEWHERE)")
+        f"(and remove fixed ones from BARE_KWARGS_ELSEWHERE)"
+    )
 
 
 def test_detect_induction_heads_takes_the_scan_keywords():
     from interp.induction import detect_induction_heads, run_induction_scan
 
     def keywords(fn):
-        return [(p.name, p.default, p.annotation) for p in
-                inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        return [
+            (p.name, p.default, p.annotation)
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind is p.KEYWORD_ONLY
+        ]
 
     assert keywords(detect_induction_heads) == keywords(run_induction_scan)
-    assert [p.name for p in inspect.signature(detect_induction_heads).parameters.values()
-            if p.kind is p.VAR_KEYWORD] == []
+    assert [
+        p.name
+        for p in inspect.signature(detect_induction_heads).parameters.values()
+        if p.kind is p.VAR_KEYWORD
+    ] == []

@@ -34,14 +34,20 @@ def test_imports_point_down_the_layers(graph, layers):
 
 
 def test_no_library_file_is_over_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "interp").rglob("*.py")
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / "interp").rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert not long, f"split these by concern: {long}"
 
 
 def test_the_reference_model_imports_nothing_of_interp(graph):
-    outside = {m: sorted(t for t in targets if not t.startswith("interp.reference"))
-               for m, targets in graph.items() if m.startswith("interp.reference")}
+    outside = {
+        m: sorted(t for t in targets if not t.startswith("interp.reference"))
+        for m, targets in graph.items()
+        if m.startswith("interp.reference")
+    }
     assert not any(outside.values()), outside
 
 
@@ -71,24 +77,32 @@ def _write(root: Path, files: dict[str, str]) -> dict[str, Path]:
 
 
 def test_a_planted_circle_is_found_even_inside_a_function(tmp_path):
-    mods = _write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/engine/__init__.py": "",
-        "pkg/engine/a.py": "from pkg.engine import b\n",
-        "pkg/engine/b.py": "def f():\n    from . import a\n",
-        "pkg/low.py": "",
-    })
+    mods = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/engine/__init__.py": "",
+            "pkg/engine/a.py": "from pkg.engine import b\n",
+            "pkg/engine/b.py": "def f():\n    from . import a\n",
+            "pkg/low.py": "",
+        },
+    )
     assert cycles(imports(mods)) == [["pkg.engine.a", "pkg.engine.b"]]
 
 
 def test_a_planted_upward_import_is_named_with_both_modules(tmp_path):
-    mods = _write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import top\n",
-        "pkg/top.py": "",
-        "pkg/ref.py": "from pkg.low import x\n",
-        "pkg/stray.py": "",
-    })
+    mods = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/low.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import top\n"
+            ),
+            "pkg/top.py": "",
+            "pkg/ref.py": "from pkg.low import x\n",
+            "pkg/stray.py": "",
+        },
+    )
     problems = violations(imports(mods), read_layers(LAYERS))
     assert problems == [
         "pkg.stray is in no layer of docs/architecture.md",

@@ -92,12 +92,14 @@ def test_agrees_with_transformer_lens_on_the_folded_model(arch, request, folded)
     tokens = run_cached(model, PROMPT).tokens
     _, cache = folded_model.run_with_cache(tokens)
     for wrong_tokens in (None, torch.tensor([wrong])):
-        ours = logit_attribution(folded_model, tokens, answer,
-                                 wrong=None if wrong_tokens is None else wrong)
+        ours = logit_attribution(
+            folded_model, tokens, answer, wrong=None if wrong_tokens is None else wrong
+        )
 
         def tl(stack, wrong_tokens=wrong_tokens):
-            return cache.logit_attrs(stack, tokens=torch.tensor([answer]),
-                                     incorrect_tokens=wrong_tokens, pos_slice=-1)[:, 0].double()
+            return cache.logit_attrs(
+                stack, tokens=torch.tensor([answer]), incorrect_tokens=wrong_tokens, pos_slice=-1
+            )[:, 0].double()
 
         heads = tl(cache.stack_head_results(layer=-1, pos_slice=-1))
         ours_heads = torch.tensor(ours[ours["component"] == "head"]["contribution"].to_numpy())
@@ -110,8 +112,9 @@ def test_agrees_with_transformer_lens_on_the_folded_model(arch, request, folded)
             assert row(ours, "pos_embed") == pytest.approx(theirs["pos_embed"], abs=AGREE_ATOL)
         n_layers = int(model.cfg.n_layers)
         for layer in range(n_layers):
-            assert row(ours, "mlp", layer) == pytest.approx(theirs[f"{layer}_mlp_out"],
-                                                           abs=AGREE_ATOL)
+            assert row(ours, "mlp", layer) == pytest.approx(
+                theirs[f"{layer}_mlp_out"], abs=AGREE_ATOL
+            )
             attn = float(ours_heads.view(n_layers, -1)[layer].sum()) + row(ours, "attn_bias", layer)
             assert attn == pytest.approx(theirs[f"{layer}_attn_out"], abs=AGREE_ATOL)
 
@@ -150,8 +153,10 @@ def test_neurons_split_the_mlp_rows_exactly(arch, request, folded):
         in_layer = by_neuron[by_neuron["layer"] == layer]
         neurons = in_layer[in_layer["component"] == "neuron"]
         assert list(neurons["neuron"]) == list(range(d_mlp))
-        split = neurons["contribution"].sum() + in_layer[in_layer["component"] == "mlp_bias"][
-            "contribution"].item()
+        split = (
+            neurons["contribution"].sum()
+            + in_layer[in_layer["component"] == "mlp_bias"]["contribution"].item()
+        )
         mlp = by_mlp[(by_mlp["component"] == "mlp") & (by_mlp["layer"] == layer)]
         assert split == pytest.approx(mlp["contribution"].item(), abs=AGREE_ATOL)
     # dense reference for one neuron: its activation times its output direction, through the
@@ -162,8 +167,11 @@ def test_neurons_split_the_mlp_rows_exactly(arch, request, folded):
     out = folded_model.W_out[1, 7].detach().double()
     direction = (folded_model.W_U[:, answer] - folded_model.W_U[:, wrong]).detach().double()
     expected = act * ((out - out.mean()) @ direction) / run["ln_final.hook_scale"][0, -1, 0]
-    row = by_neuron[(by_neuron["component"] == "neuron") & (by_neuron["layer"] == 1)
-                    & (by_neuron["neuron"] == 7)]
+    row = by_neuron[
+        (by_neuron["component"] == "neuron")
+        & (by_neuron["layer"] == 1)
+        & (by_neuron["neuron"] == 7)
+    ]
     assert row["contribution"].item() == pytest.approx(float(expected), abs=AGREE_ATOL)
 
 
@@ -171,8 +179,11 @@ def test_a_folded_model_gives_the_same_rows(gpt2_model, folded):
     a = logit_attribution(gpt2_model, PROMPT, ANSWER)
     b = logit_attribution(folded(gpt2_model), PROMPT, ANSWER)
     assert list(a["component"]) == list(b["component"])
-    assert torch.allclose(torch.tensor(a["contribution"].to_numpy()),
-                          torch.tensor(b["contribution"].to_numpy()), atol=AGREE_ATOL)
+    assert torch.allclose(
+        torch.tensor(a["contribution"].to_numpy()),
+        torch.tensor(b["contribution"].to_numpy()),
+        atol=AGREE_ATOL,
+    )
 
 
 def test_uncentred_fold_needs_no_mean_logit(gpt2_model):
@@ -213,18 +224,22 @@ def test_multi_token_answer_lists_its_tokens(gpt2_model):
     assert len(pieces) > 1
     with pytest.raises(TokenError) as error:
         logit_attribution(gpt2_model, PROMPT, " Paris")
-    assert str(error.value) == (f"' Paris' tokenises to {len(ids)} tokens {pieces}; "
-                                "pass a single-token answer")
+    assert str(error.value) == (
+        f"' Paris' tokenises to {len(ids)} tokens {pieces}; pass a single-token answer"
+    )
     with pytest.raises(TokenError, match="single-token wrong answer"):
         logit_attribution(gpt2_model, PROMPT, ANSWER, wrong=" Paris")
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), [
-    (dict(answer=" Mary", wrong=" Mary"), TokenError, "same token"),
-    (dict(answer=10**6), TokenError, "outside the vocabulary"),
-    (dict(answer=""), TokenError, "empty"),
-    (dict(answer=" Mary", pos=99), ValueError, "out of range"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(answer=" Mary", wrong=" Mary"), TokenError, "same token"),
+        (dict(answer=10**6), TokenError, "outside the vocabulary"),
+        (dict(answer=""), TokenError, "empty"),
+        (dict(answer=" Mary", pos=99), ValueError, "out of range"),
+    ],
+)
 def test_bad_arguments_are_refused(gpt2_model, kwargs, error, message):
     with pytest.raises(error, match=message):
         logit_attribution(gpt2_model, PROMPT, **kwargs)
@@ -276,8 +291,9 @@ def test_logit_lens_embed_row_by_hand(arch, request):
     run = run_cached(model, PROMPT, hooks=hooks)
     x = sum(run[name][0, -1] for name in hooks).double()
     ln = model.ln_final
-    normed = F.layer_norm(x, x.shape, ln.weight.detach().double(), ln.bias.detach().double(),
-                          eps=float(model.cfg.eps))
+    normed = F.layer_norm(
+        x, x.shape, ln.weight.detach().double(), ln.bias.detach().double(), eps=float(model.cfg.eps)
+    )
     expected = normed @ model.W_U.detach().double() + model.b_U.detach().double()
     lens = logit_lens(model, PROMPT, ANSWER, k=1)
     answer = resolve_token(model, ANSWER)
@@ -296,15 +312,26 @@ def test_logit_lens_agrees_with_transformer_lens(arch, request):
     ours = logit_lens(model, tokens, answer)
     # TL's stack: resid_pre of each layer, then the final resid_post (the same states as ours)
     assert len(theirs.labels) == len(ours)
-    assert torch.allclose(theirs.values.flatten().double(),
-                          torch.tensor(ours["answer_logit"].to_numpy()), atol=AGREE_ATOL)
+    assert torch.allclose(
+        theirs.values.flatten().double(),
+        torch.tensor(ours["answer_logit"].to_numpy()),
+        atol=AGREE_ATOL,
+    )
     assert theirs.rank_trajectory().flatten().tolist() == ours["answer_rank"].tolist()
 
 
 def test_logit_lens_without_answer_has_only_top_k(neox_model):
     lens = logit_lens(neox_model, PROMPT, k=2)
-    assert list(lens.columns) == ["layer", "label", "top1_token", "top1_id", "top1_prob",
-                                  "top2_token", "top2_id", "top2_prob"]
+    assert list(lens.columns) == [
+        "layer",
+        "label",
+        "top1_token",
+        "top1_id",
+        "top1_prob",
+        "top2_token",
+        "top2_id",
+        "top2_prob",
+    ]
     assert (lens["top1_prob"] >= lens["top2_prob"]).all()
     with pytest.raises(ValueError, match="needs an answer"):
         logit_lens(neox_model, PROMPT, wrong=WRONG)
@@ -321,8 +348,21 @@ def run_cli(*args: str) -> int:
 
 def test_cli_writes_csv_whose_total_is_the_logit_difference(gpt2_dir, gpt2_model, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run_cli("--model", str(gpt2_dir), "--prompt", PROMPT, "--answer", ANSWER,
-                   "--wrong", WRONG, "--out", str(out)) == 0
+    assert (
+        run_cli(
+            "--model",
+            str(gpt2_dir),
+            "--prompt",
+            PROMPT,
+            "--answer",
+            ANSWER,
+            "--wrong",
+            WRONG,
+            "--out",
+            str(out),
+        )
+        == 0
+    )
     frame = pd.read_csv(out / "attribution.csv")
     assert list(frame.columns) == ["component", "layer", "head", "contribution"]
     logits = real_logits(gpt2_model)
@@ -337,8 +377,10 @@ def test_cli_writes_csv_whose_total_is_the_logit_difference(gpt2_dir, gpt2_model
 
 def test_cli_single_logit_total(neox_dir, neox_model, tmp_path):
     out = tmp_path / "out"
-    assert run_cli("--model", str(neox_dir), "--prompt", PROMPT, "--answer", ANSWER,
-                   "--out", str(out)) == 0
+    assert (
+        run_cli("--model", str(neox_dir), "--prompt", PROMPT, "--answer", ANSWER, "--out", str(out))
+        == 0
+    )
     frame = pd.read_csv(out / "attribution.csv")
     total = frame[frame["component"] == "total"]["contribution"].item()
     answer = resolve_token(neox_model, ANSWER)
@@ -347,8 +389,12 @@ def test_cli_single_logit_total(neox_dir, neox_model, tmp_path):
 
 def test_cli_multi_token_answer_fails_and_writes_nothing(gpt2_dir, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run_cli("--model", str(gpt2_dir), "--prompt", PROMPT, "--answer", " Paris",
-                   "--out", str(out)) == 2
+    assert (
+        run_cli(
+            "--model", str(gpt2_dir), "--prompt", PROMPT, "--answer", " Paris", "--out", str(out)
+        )
+        == 2
+    )
     error = capsys.readouterr().err
     assert "interp attribute: error: ' Paris' tokenises to" in error
     assert "pass a single-token answer" in error
@@ -363,8 +409,10 @@ def test_cli_failure_while_reporting_leaves_nothing(gpt2_dir, tmp_path, monkeypa
 
     monkeypatch.setattr(command, "build_report", broken)
     out = tmp_path / "out"
-    assert run_cli("--model", str(gpt2_dir), "--prompt", PROMPT, "--answer", ANSWER,
-                   "--out", str(out)) == 1
+    assert (
+        run_cli("--model", str(gpt2_dir), "--prompt", PROMPT, "--answer", ANSWER, "--out", str(out))
+        == 1
+    )
     assert not out.exists()
 
 
@@ -380,8 +428,10 @@ def test_cli_failure_on_the_second_file_removes_the_first(gpt2_dir, tmp_path, mo
 
     monkeypatch.setattr(html, "write_text_atomic", fail_on_report)
     out = tmp_path / "out"
-    assert run_cli("--model", str(gpt2_dir), "--prompt", PROMPT, "--answer", ANSWER,
-                   "--out", str(out)) == 1
+    assert (
+        run_cli("--model", str(gpt2_dir), "--prompt", PROMPT, "--answer", ANSWER, "--out", str(out))
+        == 1
+    )
     assert not out.exists()
 
 
@@ -401,8 +451,10 @@ def test_cli_failure_keeps_the_previous_outputs(gpt2_dir, tmp_path, monkeypatch)
         return real(path, text)
 
     monkeypatch.setattr(html, "write_text_atomic", fail_on_report)
-    assert run_cli("--model", str(gpt2_dir), "--prompt", PROMPT, "--answer", ANSWER,
-                   "--out", str(out)) == 1
+    assert (
+        run_cli("--model", str(gpt2_dir), "--prompt", PROMPT, "--answer", ANSWER, "--out", str(out))
+        == 1
+    )
     assert sorted(p.name for p in out.iterdir()) == ["attribution.csv", "report.html"]
     assert (out / "attribution.csv").read_text() == "old csv"
     assert (out / "report.html").read_text() == "old report"

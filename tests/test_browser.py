@@ -31,15 +31,18 @@ from tests.browser import Chromium
 
 pytestmark = pytest.mark.browser
 
-ARTIFACTS = Path(os.environ.get("INTERP_TEST_ARTIFACTS",
-                                Path(__file__).resolve().parents[1] / "test-artifacts"))
+ARTIFACTS = Path(
+    os.environ.get("INTERP_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts")
+)
 
 # set by the injected payloads if any of them ever runs
-PWNED = ["</script><script>window.__pwned=1;document.title='pwned';alert(1)</script>",
-         "<img src=x onerror=\"window.__pwned=2;alert(2)\">",
-         "<svg onload=\"window.__pwned=3\"></svg>",
-         "\"'&amp;",
-         "line\u2028sep\u2029end"]
+PWNED = [
+    "</script><script>window.__pwned=1;document.title='pwned';alert(1)</script>",
+    '<img src=x onerror="window.__pwned=2;alert(2)">',
+    '<svg onload="window.__pwned=3"></svg>',
+    "\"'&amp;",
+    "line\u2028sep\u2029end",
+]
 
 # every figure plotted (axes with ticks, data drawn: traces or heatmap images) and every
 # attention view drawn (head thumbnails and the zoomed heatmap are canvases)
@@ -52,9 +55,9 @@ READY = """
 
 CHECKS = {
     "figures": "[...document.querySelectorAll('.interp-figure.js-plotly-plot')]"
-               ".filter(d => d.querySelector('.xtick') && d.querySelector('.trace, .hm')).length",
+    ".filter(d => d.querySelector('.xtick') && d.querySelector('.trace, .hm')).length",
     "views": "[...document.querySelectorAll('.interp-attention')]"
-             ".filter(d => d.querySelectorAll('canvas').length > 1).length",
+    ".filter(d => d.querySelectorAll('canvas').length > 1).length",
     # the zoomed heatmap of each view really has coloured pixels
     "drawn": """[...document.querySelectorAll('.interp-attention')].map(d => {
         const c = [...d.querySelectorAll('canvas')].at(-1);
@@ -71,18 +74,19 @@ CHECKS = {
     # elements no report makes itself (plotly draws svg in its plot divs and measures text
     # in one hidden svg of its own)
     "foreign": "[...document.querySelectorAll('img, iframe, object, embed, svg, a, form')]"
-               ".filter(e => !e.closest('.js-plotly-plot, #js-plotly-tester')).length",
+    ".filter(e => !e.closest('.js-plotly-plot, #js-plotly-tester')).length",
     "on_attributes": "[...document.querySelectorAll('*')].filter(e => [...e.attributes]"
-                     ".some(a => a.name.startsWith('on'))).map(e => e.outerHTML.slice(0, 80))",
+    ".some(a => a.name.startsWith('on'))).map(e => e.outerHTML.slice(0, 80))",
     "svg_text": "[...document.querySelectorAll('.main-svg text')].map(t => t.textContent)",
     "tokens": "[...document.querySelectorAll('script[data-interp-kind=attention]')]"
-              ".map(s => JSON.parse(s.textContent).tokens)",
+    ".map(s => JSON.parse(s.textContent).tokens)",
 }
 
 
 def open_page(browser: Chromium, path: Path, name: str, **kwargs):
-    result = browser.open(path, ready_js=READY, checks=CHECKS,
-                          screenshot=ARTIFACTS / f"{name}.png", **kwargs)
+    result = browser.open(
+        path, ready_js=READY, checks=CHECKS, screenshot=ARTIFACTS / f"{name}.png", **kwargs
+    )
     shutil.copyfile(path, ARTIFACTS / f"{name}.html")
     return result
 
@@ -106,17 +110,27 @@ def pattern(n_heads: int, n: int, seed: int) -> torch.Tensor:
 
 
 def test_full_report_renders_offline(browser, tmp_path):
-    scores = pd.DataFrame([(layer, head, (layer - head) / 3) for layer in range(4)
-                           for head in range(4)], columns=["layer", "head", "score"])
+    scores = pd.DataFrame(
+        [(layer, head, (layer - head) / 3) for layer in range(4) for head in range(4)],
+        columns=["layer", "head", "score"],
+    )
     tokens = ["<|endoftext|>", " When", " Mary", " and", " John", " went", " Mary", "\n"]
     report = Report("Everything on one page")
     report.add_text("All figure kinds, a table and two attention views.")
     report.add_figure(head_heatmap(scores, "score", title="scores"), caption="heatmap")
     report.add_figure(loss_by_position(torch.rand(3, 8), tokens=tokens, marks={4: "half"}))
     report.add_figure(attribution_bars(scores.assign(attribution=scores.score), top_k=6))
-    report.add_figure(logit_lens_lines(pd.DataFrame({"layer": [0, 1, 2] * 2,
-                                                     "token": [" Mary"] * 3 + [" John"] * 3,
-                                                     "logit": [1, 2, 4, 1, 1, 0.5]})))
+    report.add_figure(
+        logit_lens_lines(
+            pd.DataFrame(
+                {
+                    "layer": [0, 1, 2] * 2,
+                    "token": [" Mary"] * 3 + [" John"] * 3,
+                    "logit": [1, 2, 4, 1, 1, 0.5],
+                }
+            )
+        )
+    )
     report.add_figure(attention_heatmap(pattern(1, 8, 0)[0], tokens))
     report.add_table(scores, caption="scores", max_rows=5)
     report.add_attention(tokens, pattern(4, 8, 1), head_names=[f"L0H{h}" for h in range(4)])
@@ -167,8 +181,9 @@ def hostile_checkpoint(directory: Path) -> Path:
     vocab = {SPECIAL: 0} | {text: i + 1 for i, text in enumerate(PWNED)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("\n"), behavior="removed")
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=SPECIAL, eos_token=SPECIAL,
-                            unk_token=SPECIAL).save_pretrained(directory)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=SPECIAL, eos_token=SPECIAL, unk_token=SPECIAL
+    ).save_pretrained(directory)
     return directory
 
 
@@ -178,8 +193,9 @@ def test_attention_command_with_a_hostile_tokenizer(browser, tmp_path):
     model_dir = hostile_checkpoint(tmp_path / "hostile-model")
     out = tmp_path / "attention.html"
     prompt = "\n".join(PWNED + PWNED[:2])
-    assert main(["attention", "--model", str(model_dir), "--prompt", prompt,
-                 "--out", str(out)]) == 0
+    assert (
+        main(["attention", "--model", str(model_dir), "--prompt", prompt, "--out", str(out)]) == 0
+    )
     result = open_page(browser, out, "attention-command")
     assert_clean(result)
     assert result.values["views"] == 2  # one per layer
@@ -196,7 +212,9 @@ def test_the_harness_sees_requests_errors_and_dialogs(browser, tmp_path):
         "<div class='interp-figure'><i class='xtick'></i><i class='trace'></i></div><img src='http://example.invalid/pixel.png'>"
         "<script>window.__pwned = 1; fetch('https://example.invalid/x').catch(() => {});"
         "alert('hi'); console.error('logged'); throw new Error('boom');</script>"
-        "</body></html>", encoding="utf-8")
+        "</body></html>",
+        encoding="utf-8",
+    )
     result = browser.open(page, ready_js=READY, checks=CHECKS)
     assert any("example.invalid/pixel.png" in u for u in result.network_requests())
     assert any("example.invalid/x" in u for u in result.network_requests())

@@ -14,14 +14,20 @@ ATOL = 1e-5  # float32, a few d_model=64 matmuls
 @pytest.fixture(scope="module")
 def tokens(gpt2_model):
     text = to_tokens(gpt2_model, "The cat sat on the mat.")
-    noise = torch.randint(1, gpt2_model.cfg.d_vocab, text.shape, generator=torch.Generator().manual_seed(0))
+    noise = torch.randint(
+        1, gpt2_model.cfg.d_vocab, text.shape, generator=torch.Generator().manual_seed(0)
+    )
     return torch.cat([text, noise])
 
 
 def test_head_outputs_sum_to_attention_output(gpt2_model, tokens):
     layers = range(gpt2_model.cfg.n_layers)
-    run = run_cached(gpt2_model, tokens, head_outputs=True,
-                     hooks=[f"blocks.{layer}.hook_attn_out" for layer in layers])
+    run = run_cached(
+        gpt2_model,
+        tokens,
+        head_outputs=True,
+        hooks=[f"blocks.{layer}.hook_attn_out" for layer in layers],
+    )
     per_head = run.head_outputs()  # [layer batch pos head d_model]
     for layer in layers:
         summed = per_head[layer].sum(dim=2) + gpt2_model.b_O[layer]
@@ -77,16 +83,24 @@ def test_only_what_was_asked_is_kept(gpt2_model, tokens):
 
 
 def test_rotary_model_caches_too(neox_model):
-    run = run_cached(neox_model, "The cat sat", patterns=True, head_outputs=True,
-                     hooks=["blocks.0.hook_attn_out"])
+    run = run_cached(
+        neox_model,
+        "The cat sat",
+        patterns=True,
+        head_outputs=True,
+        hooks=["blocks.0.hook_attn_out"],
+    )
     summed = run.head_outputs()[0].sum(2) + neox_model.b_O[0]
     assert torch.allclose(summed, run["blocks.0.hook_attn_out"], atol=ATOL)
 
 
-@pytest.mark.parametrize("name, match", [
-    ("blocks.0.attn.hook_patern", "unknown hook name.*hook_pattern"),
-    ("blocks.0.attn.hook_result", "does not fire.*head_outputs=True"),
-])
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("blocks.0.attn.hook_patern", "unknown hook name.*hook_pattern"),
+        ("blocks.0.attn.hook_result", "does not fire.*head_outputs=True"),
+    ],
+)
 def test_bad_hook_names_are_errors(gpt2_model, name, match):
     with pytest.raises(KeyError, match=match):
         run_cached(gpt2_model, "hi", hooks=[name])
@@ -99,16 +113,19 @@ def test_bad_layers_and_kinds(gpt2_model):
         run_cached(gpt2_model, "hi", resid=("middle",))
 
 
-@pytest.mark.parametrize("prompt, match", [
-    ("", "empty"),
-    ([], "empty"),
-    (torch.zeros(1, 0, dtype=torch.long), "empty"),
-    (torch.tensor([[1, 2, 100_000]]), r"\[0, \d+\].*100000"),
-    (torch.tensor([[-1, 2]]), "from -1"),
-    (torch.tensor([[1.0, 2.0]]), "integers"),
-    (["one two", "one two three four five six"], "different lengths"),
-    (3.5, "not float"),
-])
+@pytest.mark.parametrize(
+    "prompt, match",
+    [
+        ("", "empty"),
+        ([], "empty"),
+        (torch.zeros(1, 0, dtype=torch.long), "empty"),
+        (torch.tensor([[1, 2, 100_000]]), r"\[0, \d+\].*100000"),
+        (torch.tensor([[-1, 2]]), "from -1"),
+        (torch.tensor([[1.0, 2.0]]), "integers"),
+        (["one two", "one two three four five six"], "different lengths"),
+        (3.5, "not float"),
+    ],
+)
 def test_bad_prompts(gpt2_model, prompt, match):
     with pytest.raises(PromptError, match=match):
         run_cached(gpt2_model, prompt)
@@ -132,9 +149,15 @@ def test_hooks_are_removed_when_a_hook_raises(gpt2_model, tokens):
         return act * 0  # would change the logits if it leaked into the next run
 
     with pytest.raises(RuntimeError, match="hook failed"):
-        run_cached(gpt2_model, tokens, patterns=True,
-                   interventions=[("blocks.0.hook_resid_pre", scramble),
-                                  ("blocks.1.attn.hook_pattern", boom)])
+        run_cached(
+            gpt2_model,
+            tokens,
+            patterns=True,
+            interventions=[
+                ("blocks.0.hook_resid_pre", scramble),
+                ("blocks.1.attn.hook_pattern", boom),
+            ],
+        )
     assert all(not hp.fwd_hooks for hp in gpt2_model.hook_dict.values())
     assert torch.equal(gpt2_model(tokens), clean)
     assert torch.equal(run_cached(gpt2_model, tokens).logits, gpt2_model(tokens, use_cache=False))
@@ -142,7 +165,8 @@ def test_hooks_are_removed_when_a_hook_raises(gpt2_model, tokens):
 
 def test_interventions_apply_only_during_the_run(gpt2_model, tokens):
     clean = gpt2_model(tokens)
-    ablated = run_cached(gpt2_model, tokens,
-                         interventions=[("blocks.1.attn.hook_z", lambda z, hook: z * 0)])
+    ablated = run_cached(
+        gpt2_model, tokens, interventions=[("blocks.1.attn.hook_z", lambda z, hook: z * 0)]
+    )
     assert not torch.allclose(ablated.logits, clean)
     assert torch.equal(gpt2_model(tokens), clean)

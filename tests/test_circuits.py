@@ -54,6 +54,7 @@ def _reads(model, layer: int, fold_ln: bool):
 
 # ---- faithfulness: weight-level circuits reproduce the forward pass ----------------------------
 
+
 @pytest.mark.parametrize("fold_ln", [True, False])
 def test_qk_circuit_with_bias_reproduces_attention_scores(gpt2_model, fold_ln):
     for layer in range(gpt2_model.cfg.n_layers):
@@ -128,6 +129,7 @@ def test_ov_and_qk_circuits_are_the_products(gpt2_model):
 
 # ---- copying scores: factored == dense ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("arch", ["gpt2", "neox"])
 def test_copying_scores_factored_equal_dense(request, arch):
     model = request.getfixturevalue(f"{arch}_model")
@@ -182,14 +184,18 @@ def test_top_copied_tokens_match_dense(gpt2_model):
     dense = materialize(full_ov_circuit(gpt2_model, 1, 2))
     diag = dense.diagonal()
     assert df.token.tolist() == diag.topk(5).indices.tolist()
-    assert torch.allclose(torch.tensor(df.diagonal.values, dtype=torch.float32),
-                          diag.topk(5).values, atol=FACTORED_ATOL)
+    assert torch.allclose(
+        torch.tensor(df.diagonal.values, dtype=torch.float32),
+        diag.topk(5).values,
+        atol=FACTORED_ATOL,
+    )
     for token, rank in zip(df.token, df.row_rank, strict=True):
         assert rank == int((dense[token] > dense[token, token]).sum()) + 1
     assert all(isinstance(s, str) for s in df.token_str)
 
 
 # ---- full circuits, direct path, memory guard --------------------------------------------------
+
 
 def test_full_circuits_equal_products_of_the_weights(gpt2_model):
     w = circuit_weights(gpt2_model)
@@ -221,19 +227,30 @@ def test_direct_path_is_the_final_layernorm_applied_to_embeddings(gpt2_model):
     row = materialize(direct_path(gpt2_model), tokens)
     assert torch.allclose(row, logits * scale, atol=FACTORED_ATOL)
     top = direct_path_top_tokens(gpt2_model, tokens, k=3)
-    assert list(top.columns) == ["token", "token_str", "rank", "next_token", "next_token_str",
-                                 "logit"]
+    assert list(top.columns) == [
+        "token",
+        "token_str",
+        "rank",
+        "next_token",
+        "next_token_str",
+        "logit",
+    ]
     assert top[top.token == 42].next_token.tolist() == row[1].topk(3).indices.tolist()
 
 
 def test_materialize_refuses_what_does_not_fit():
     d_vocab, d_model, d_head = 50257, 8, 4  # GPT-2's vocabulary: 10.1 GB per full circuit
     w = CircuitWeights(
-        W_E=torch.randn(d_vocab, d_model), W_Q=torch.randn(1, 1, d_model, d_head),
-        W_K=torch.randn(1, 1, d_model, d_head), W_V=torch.randn(1, 1, d_model, d_head),
-        W_O=torch.randn(1, 1, d_head, d_model), b_Q=torch.zeros(1, 1, d_head),
-        b_K=torch.zeros(1, 1, d_head), b_V=torch.zeros(1, 1, d_head),
-        W_U=torch.randn(d_model, d_vocab))
+        W_E=torch.randn(d_vocab, d_model),
+        W_Q=torch.randn(1, 1, d_model, d_head),
+        W_K=torch.randn(1, 1, d_model, d_head),
+        W_V=torch.randn(1, 1, d_model, d_head),
+        W_O=torch.randn(1, 1, d_head, d_model),
+        b_Q=torch.zeros(1, 1, d_head),
+        b_K=torch.zeros(1, 1, d_head),
+        b_V=torch.zeros(1, 1, d_head),
+        W_U=torch.randn(d_model, d_vocab),
+    )
     ov = full_ov_circuit(w, 0, 0)
     assert 0 < default_max_bytes() <= 1024**3
     with pytest.raises(MatrixTooLargeError, match=r"10\.10 GB.*rows=/cols="):
@@ -258,12 +275,23 @@ def test_weights_reject_mismatched_shapes_and_fold_flags(gpt2_model):
 
 # ---- composition scores ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("arch", ["gpt2", "neox"])
 def test_composition_scores_factored_equal_dense(request, arch):
     model = request.getfixturevalue(f"{arch}_model")
     fast, dense = composition_scores(model, "QKV"), composition_scores_dense(model, "QKV")
-    assert list(fast.columns) == ["kind", "src_layer", "src_head", "dst_layer", "dst_head",
-                                  "score", "baseline", "undefined", "src_kv_head", "dst_kv_head"]
+    assert list(fast.columns) == [
+        "kind",
+        "src_layer",
+        "src_head",
+        "dst_layer",
+        "dst_head",
+        "score",
+        "baseline",
+        "undefined",
+        "src_kv_head",
+        "dst_kv_head",
+    ]
     assert not fast.undefined.any()
     assert len(fast) == 3 * 4 * 4  # 2 layers of 4 heads: 16 pairs per kind
     assert (fast.src_layer < fast.dst_layer).all()
@@ -276,8 +304,9 @@ def test_composition_scores_factored_equal_dense(request, arch):
 def test_composition_scores_equal_transformer_lens(gpt2_model, kind):
     ours = composition_scores(gpt2_model, kind, fold_ln=False)
     tl = gpt2_model.all_composition_scores(kind).scores.detach()
-    index = [torch.tensor(ours[c].to_numpy()) for c in ("src_layer", "src_head", "dst_layer",
-                                                        "dst_head")]
+    index = [
+        torch.tensor(ours[c].to_numpy()) for c in ("src_layer", "src_head", "dst_layer", "dst_head")
+    ]
     expected = tl[tuple(index)]
     assert (ours.score - expected.numpy()).abs().max() <= TL_ATOL
 
@@ -322,8 +351,13 @@ def test_scores_on_gpt2_small_shaped_model(gpt2_small_shaped_model):
         QK = w.W_Q[dl, dh].double() @ w.W_K[dl, dh].double().T
         B = {"Q": QK, "K": QK.T, "V": w.W_V[dl, dh].double() @ w.W_O[dl, dh].double()}[kind]
         expected = (A @ B).norm() / (A.norm() * B.norm())
-        row = comp[(comp.kind == kind) & (comp.src_layer == sl) & (comp.src_head == sh)
-                   & (comp.dst_layer == dl) & (comp.dst_head == dh)]
+        row = comp[
+            (comp.kind == kind)
+            & (comp.src_layer == sl)
+            & (comp.src_head == sh)
+            & (comp.dst_layer == dl)
+            & (comp.dst_head == dh)
+        ]
         assert abs(float(row.score.iloc[0]) - float(expected)) <= FACTORED_ATOL
     # and two heads' copying scores against the dense 1000 x 1000 eigenproblem
     for layer, head in [(0, 0), (11, 7)]:
@@ -336,19 +370,32 @@ def test_scores_on_gpt2_small_shaped_model(gpt2_small_shaped_model):
 
 # ---- command line ------------------------------------------------------------------------------
 
+
 def test_cli_writes_csvs_and_report(gpt2_dir, gpt2_model, tmp_path, capsys):
     out = tmp_path / "circuits"
     assert cli_main(["circuits", "--model", str(gpt2_dir), "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["composition_scores.csv",
-                                                     "copying_scores.csv", "report.html"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "composition_scores.csv",
+        "copying_scores.csv",
+        "report.html",
+    ]
     copying = pd.read_csv(out / "copying_scores.csv")
     assert list(copying.columns) == ["layer", "head", "copying_score", "undefined", "kv_head"]
     expected = copying_scores(gpt2_model)
     assert (copying.copying_score - expected.copying_score).abs().max() <= 1e-9
     comp = pd.read_csv(out / "composition_scores.csv")
-    assert list(comp.columns) == ["kind", "src_layer", "src_head", "dst_layer", "dst_head",
-                                  "score", "baseline", "undefined", "src_kv_head",
-                                  "dst_kv_head"]
+    assert list(comp.columns) == [
+        "kind",
+        "src_layer",
+        "src_head",
+        "dst_layer",
+        "dst_head",
+        "score",
+        "baseline",
+        "undefined",
+        "src_kv_head",
+        "dst_kv_head",
+    ]
     assert sorted(comp.kind.unique()) == ["K", "Q", "V"] and len(comp) == 48
     html = (out / "report.html").read_text()
     assert "QK/OV circuits of" in html and "K-composition" in html
@@ -357,10 +404,23 @@ def test_cli_writes_csvs_and_report(gpt2_dir, gpt2_model, tmp_path, capsys):
 
 def test_cli_kinds_and_no_report(gpt2_dir, tmp_path):
     out = tmp_path / "k-only"
-    assert cli_main(["circuits", "--model", str(gpt2_dir), "--out", str(out), "--kinds", "K",
-                     "--no-report", "--no-fold-ln"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["composition_scores.csv",
-                                                     "copying_scores.csv"]
+    assert (
+        cli_main(
+            [
+                "circuits",
+                "--model",
+                str(gpt2_dir),
+                "--out",
+                str(out),
+                "--kinds",
+                "K",
+                "--no-report",
+                "--no-fold-ln",
+            ]
+        )
+        == 0
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["composition_scores.csv", "copying_scores.csv"]
     assert set(pd.read_csv(out / "composition_scores.csv").kind) == {"K"}
 
 

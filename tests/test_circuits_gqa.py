@@ -56,22 +56,32 @@ def test_circuit_weights_expand_per_query_head(gqa):
 def test_query_head_scores_from_weights_match_model(gqa):
     model, _ = gqa
     tokens = _tokens(model)
-    run = run_cached(model, tokens, scores=True,
-                     hooks=[f"blocks.{layer}.ln1.hook_normalized" for layer in range(2)])
+    run = run_cached(
+        model,
+        tokens,
+        scores=True,
+        hooks=[f"blocks.{layer}.ln1.hook_normalized" for layer in range(2)],
+    )
     for layer in range(2):
         x = run[f"blocks.{layer}.ln1.hook_normalized"]
         got = attention_scores_from_weights(model, layer, x, ignore_rotary=True)
         # rotary rotates query and key by the same angle where q_pos == k_pos: equal there
         want = run.scores()[layer]
-        torch.testing.assert_close(got.diagonal(dim1=-2, dim2=-1),
-                                   want.diagonal(dim1=-2, dim2=-1), atol=ATOL, rtol=1e-4)
+        torch.testing.assert_close(
+            got.diagonal(dim1=-2, dim2=-1), want.diagonal(dim1=-2, dim2=-1), atol=ATOL, rtol=1e-4
+        )
 
 
 def test_query_head_outputs_from_weights_match_model_and_transformers(gqa):
     model, hf = gqa
     tokens = _tokens(model)
-    run = run_cached(model, tokens, patterns=True, head_outputs=True,
-                     hooks=[f"blocks.{layer}.ln1.hook_normalized" for layer in range(2)])
+    run = run_cached(
+        model,
+        tokens,
+        patterns=True,
+        head_outputs=True,
+        hooks=[f"blocks.{layer}.ln1.hook_normalized" for layer in range(2)],
+    )
     with torch.no_grad():
         attentions = hf(tokens, output_attentions=True).attentions
     for layer in range(2):

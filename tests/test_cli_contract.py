@@ -14,15 +14,28 @@ import interp.loading
 from interp.cli import main
 
 FOLDER_COMMANDS = {  # command -> (fast arguments, the files it owns)
-    "induction": (["--seq-lens", "4", "--batch-size", "2", "--no-ablation"],
-                  ["head_scores.csv", "head_scores.json", "report.html"]),
-    "attribute": (["--prompt", "a b c a b", "--answer", " c"],
-                  ["attribution.csv", "report.html"]),
-    "circuits": (["--baseline-samples", "4"],
-                 ["composition_scores.csv", "copying_scores.csv", "report.html"]),
-    "patch": (["--clean", "a b c a b", "--corrupted", "a c b a b", "--answer", " c",
-               "--sites", "resid_pre"],
-              ["patching.csv", "report.html", "summary.json"]),
+    "induction": (
+        ["--seq-lens", "4", "--batch-size", "2", "--no-ablation"],
+        ["head_scores.csv", "head_scores.json", "report.html"],
+    ),
+    "attribute": (["--prompt", "a b c a b", "--answer", " c"], ["attribution.csv", "report.html"]),
+    "circuits": (
+        ["--baseline-samples", "4"],
+        ["composition_scores.csv", "copying_scores.csv", "report.html"],
+    ),
+    "patch": (
+        [
+            "--clean",
+            "a b c a b",
+            "--corrupted",
+            "a c b a b",
+            "--answer",
+            " c",
+            "--sites",
+            "resid_pre",
+        ],
+        ["patching.csv", "report.html", "summary.json"],
+    ),
 }
 ATTENTION_ARGS = ["--prompt", "a b c a b"]
 
@@ -39,6 +52,7 @@ def staging_left(folder) -> list:
 @pytest.fixture
 def no_loading(monkeypatch):
     """Fails the test if any command loads a model."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
@@ -55,9 +69,9 @@ def old_state(out, names) -> dict[str, str]:
 
 # -- exit code 0, and a rerun over the old folder ---------------------------------------------
 
+
 @pytest.mark.parametrize("command", sorted(FOLDER_COMMANDS))
-def test_success_replaces_every_owned_file_and_keeps_others(command, gpt2_dir, tmp_path,
-                                                            capsys):
+def test_success_replaces_every_owned_file_and_keeps_others(command, gpt2_dir, tmp_path, capsys):
     out = tmp_path / "out"
     names = FOLDER_COMMANDS[command][1]
     before = old_state(out, names)
@@ -86,15 +100,20 @@ def test_circuits_no_report_removes_the_stale_report(gpt2_dir, tmp_path):
     out = tmp_path / "out"
     old_state(out, FOLDER_COMMANDS["circuits"][1])
     assert main(argv_for("circuits", gpt2_dir, out) + ["--no-report"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["composition_scores.csv",
-                                                     "copying_scores.csv", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "composition_scores.csv",
+        "copying_scores.csv",
+        "notes.txt",
+    ]
 
 
 # -- exit code 2, before any model loads ------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", [*sorted(FOLDER_COMMANDS), "attention"])
-def test_out_that_cannot_work_is_refused_before_loading(command, tmp_path, capsys,
-                                                        no_loading, monkeypatch):
+def test_out_that_cannot_work_is_refused_before_loading(
+    command, tmp_path, capsys, no_loading, monkeypatch
+):
     a_file, a_folder = tmp_path / "file.html", tmp_path / "folder.html"
     a_file.write_text("x")
     a_folder.mkdir()
@@ -102,6 +121,7 @@ def test_out_that_cannot_work_is_refused_before_loading(command, tmp_path, capsy
     assert main(argv_for(command, "tiny-induction", wrong)) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"interp {command}: error: --out {wrong} is a ")
+
     # a read-only place (simulated: the tests may run as root, who writes anywhere)
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
@@ -123,12 +143,16 @@ BAD_ARGUMENTS = [
     (["induction", "--seed", "-3"], "--seed: must be from 0 to"),
     (["induction", "--seed", "1.5"], "--seed: expected a whole number, got '1.5'"),
     (["induction", "--device", "gpu"], "unknown device 'gpu'"),
-    (["circuits", "--baseline-samples", "x"], "--baseline-samples: expected a whole number, "
-                                              "got 'x'"),
+    (
+        ["circuits", "--baseline-samples", "x"],
+        "--baseline-samples: expected a whole number, got 'x'",
+    ),
     (["circuits", "--baseline-samples", "1"], "must be from 2 to 100000, got 1"),
     (["circuits", "--kinds", "QX"], "expected some of Q, K, V"),
-    (["attribute", "--prompt", "a", "--answer", "b", "--top-k", "100000"],
-     "--top-k: must be from 1 to 100, got 100000"),
+    (
+        ["attribute", "--prompt", "a", "--answer", "b", "--top-k", "100000"],
+        "--top-k: must be from 1 to 100, got 100000",
+    ),
     (["attribute", "--prompt", "a", "--answer", "b", "--top-k", "0"], "must be from 1 to 100"),
     (["attention", "--prompt", "a", "--layers", "-1"], "--layers: must be at least 0, got -1"),
     (["induction", "--model", ""], "--model: is empty; pass a hub name"),
@@ -157,16 +181,16 @@ REFUSED_AFTER_PARSING = [
 
 
 @pytest.mark.parametrize(("argv", "message"), REFUSED_AFTER_PARSING)
-def test_empty_and_contradictory_input_exit_2_before_loading(argv, message, tmp_path, capsys,
-                                                             no_loading):
+def test_empty_and_contradictory_input_exit_2_before_loading(
+    argv, message, tmp_path, capsys, no_loading
+):
     out = tmp_path / ("o.html" if argv[0] == "attention" else "o")
     assert main([*argv, "--out", str(out)]) == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 
-def test_device_names_are_checked_against_this_torch(tmp_path, capsys, no_loading,
-                                                     monkeypatch):
+def test_device_names_are_checked_against_this_torch(tmp_path, capsys, no_loading, monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -195,18 +219,50 @@ def test_bounds_that_need_the_model_exit_2(argv, message, gpt2_dir, tmp_path, ca
 
 def test_duplicates_are_dropped(gpt2_dir, tmp_path):
     page = tmp_path / "page.html"
-    assert main(["attention", "--model", str(gpt2_dir), "--prompt", "a b", "--out", str(page),
-                 "--layers", "1", "0", "0"]) == 0
+    assert (
+        main(
+            [
+                "attention",
+                "--model",
+                str(gpt2_dir),
+                "--prompt",
+                "a b",
+                "--out",
+                str(page),
+                "--layers",
+                "1",
+                "0",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert page.read_text().count('data-interp-kind="attention"') == 2  # layers 0 and 1
     out = tmp_path / "scan"
-    assert main(["induction", "--model", str(gpt2_dir), "--out", str(out), "--seq-lens", "4,3,4",
-                 "--batch-size", "1", "--no-ablation"]) == 0
+    assert (
+        main(
+            [
+                "induction",
+                "--model",
+                str(gpt2_dir),
+                "--out",
+                str(out),
+                "--seq-lens",
+                "4,3,4",
+                "--batch-size",
+                "1",
+                "--no-ablation",
+            ]
+        )
+        == 0
+    )
     import json
 
     assert json.loads((out / "head_scores.json").read_text())["settings"]["seq_lens"] == [3, 4]
 
 
 # -- exit codes 1 and 130: the work failed or was interrupted; nothing changed ----------------
+
 
 @pytest.mark.parametrize("command", [*sorted(FOLDER_COMMANDS), "attention"])
 def test_missing_model_exits_1(command, tmp_path, capsys):
@@ -228,11 +284,15 @@ def test_interrupt_while_loading_exits_130(command, tmp_path, capsys, monkeypatc
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
-                                   KeyboardInterrupt()], ids=["disk-full", "ctrl-c"])
+@pytest.mark.parametrize(
+    "error",
+    [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()],
+    ids=["disk-full", "ctrl-c"],
+)
 @pytest.mark.parametrize("command", sorted(FOLDER_COMMANDS))
-def test_failure_on_the_last_file_keeps_the_old_folder(command, error, gpt2_dir, tmp_path,
-                                                       monkeypatch, capsys):
+def test_failure_on_the_last_file_keeps_the_old_folder(
+    command, error, gpt2_dir, tmp_path, monkeypatch, capsys
+):
     out = tmp_path / "out"
     names = FOLDER_COMMANDS[command][1]
     before = old_state(out, names)
@@ -255,8 +315,11 @@ def test_failure_on_the_last_file_keeps_the_old_folder(command, error, gpt2_dir,
         assert ".interp-staging-" not in err
 
 
-@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
-                                   KeyboardInterrupt()], ids=["disk-full", "ctrl-c"])
+@pytest.mark.parametrize(
+    "error",
+    [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()],
+    ids=["disk-full", "ctrl-c"],
+)
 def test_attention_failure_keeps_the_old_page(error, gpt2_dir, tmp_path, monkeypatch, capsys):
     page = tmp_path / "page.html"
     page.write_text("old page")
@@ -264,8 +327,10 @@ def test_attention_failure_keeps_the_old_page(error, gpt2_dir, tmp_path, monkeyp
 
     def broken(path, text):
         if isinstance(error, KeyboardInterrupt):  # interrupted mid-write: real() cleans up
+
             def stop(*args):
                 raise error
+
             monkeypatch.setattr(html.os, "fsync", stop)
             return real(path, text)
         raise error
@@ -312,8 +377,12 @@ def test_sigint_mid_write_exits_130_and_changes_nothing(fresh, gpt2_dir, tmp_pat
     root = Path(__file__).resolve().parents[1]
     process = subprocess.Popen(
         [sys.executable, "-c", SLOW_WRITER, str(marker), *argv_for("circuits", gpt2_dir, out)],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

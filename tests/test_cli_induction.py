@@ -14,8 +14,19 @@ from interp.induction.detect import COLUMNS
 @pytest.fixture(scope="module")
 def report_dir(gpt2_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("induction")
-    argv = ["induction", "--model", str(gpt2_dir), "--out", str(out), "--seed", "3",
-            "--seq-lens", "5,10", "--ablate-top", "2"]
+    argv = [
+        "induction",
+        "--model",
+        str(gpt2_dir),
+        "--out",
+        str(out),
+        "--seed",
+        "3",
+        "--seq-lens",
+        "5,10",
+        "--ablate-top",
+        "2",
+    ]
     assert main(argv) == 0
     return out, argv
 
@@ -55,8 +66,18 @@ def test_failure_while_rendering_leaves_no_files(gpt2_dir, tmp_path, monkeypatch
 
     monkeypatch.setattr(report, "build_report", broken)
     out = tmp_path / "out"
-    code = main(["induction", "--model", str(gpt2_dir), "--out", str(out), "--seq-lens", "5",
-                 "--no-ablation"])
+    code = main(
+        [
+            "induction",
+            "--model",
+            str(gpt2_dir),
+            "--out",
+            str(out),
+            "--seq-lens",
+            "5",
+            "--no-ablation",
+        ]
+    )
     assert code == 1 and "renderer broke" in capsys.readouterr().err
     assert not out.exists() or not any(out.iterdir())
 

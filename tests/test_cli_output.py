@@ -52,8 +52,10 @@ def test_existing_folder_is_replaced_file_by_file_and_keeps_other_files(tmp_path
     assert leftovers(tmp_path) == []
 
 
-@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
-                                   KeyboardInterrupt(), RuntimeError("boom")])
+@pytest.mark.parametrize(
+    "error",
+    [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt(), RuntimeError("boom")],
+)
 def test_failure_midway_keeps_the_old_state(tmp_path, monkeypatch, error):
     out = tmp_path / "out"
     out.mkdir()
@@ -109,7 +111,10 @@ def test_a_failed_commit_puts_every_old_file_back(tmp_path, monkeypatch):
                 (stage.path / name).write_text(f"new {name}")
             monkeypatch.setattr(os, "replace", third_move_fails)  # the commit's moves
     assert {p.name: p.read_text() for p in out.iterdir()} == {
-        "a": "old a", "b": "old b", "c": "old c"}
+        "a": "old a",
+        "b": "old b",
+        "c": "old c",
+    }
     assert leftovers(tmp_path) == []
 
 
@@ -127,8 +132,7 @@ def test_check_out_dir_refuses_at_once(tmp_path, monkeypatch):
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(tempfile, "mkdtemp", read_only)
-    with pytest.raises(UsageError, match=f"--out {tmp_path / 'out'}: cannot write in .*"
-                                         "read-only"):
+    with pytest.raises(UsageError, match=f"--out {tmp_path / 'out'}: cannot write in .*read-only"):
         check_out_dir(tmp_path / "out")
 
 

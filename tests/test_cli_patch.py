@@ -18,8 +18,23 @@ CORRUPTED = "def sub(x, y): return add(a, b)"
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
     out = tmp_path_factory.mktemp("patch") / "result"
-    argv = ["patch", "--clean", CLEAN, "--corrupted", CORRUPTED, "--answer", ")",
-            "--wrong", ",", "--sites", "resid_pre,heads", "--method", "both", "--out", str(out)]
+    argv = [
+        "patch",
+        "--clean",
+        CLEAN,
+        "--corrupted",
+        CORRUPTED,
+        "--answer",
+        ")",
+        "--wrong",
+        ",",
+        "--sites",
+        "resid_pre,heads",
+        "--method",
+        "both",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     return out
 
@@ -34,15 +49,20 @@ def test_writes_csv_summary_and_report(out):
     assert summary["sites"] == ["resid_pre", "heads"] and summary["direction"] == "denoising"
     page = (out / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "Activation patching" in page
-    assert sorted(p.name for p in out.iterdir()) == ["patching.csv", "report.html",
-                                                     "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["patching.csv", "report.html", "summary.json"]
 
 
 def test_numbers_equal_the_library(out, bundled_model):
     model = bundled_model
     answer, wrong = (int(model.to_tokens(t, prepend_bos=False)[0, 0]) for t in (")", ","))
-    frame = patch_activations(model, CLEAN, CORRUPTED, logit_diff(answer, wrong),
-                              sites=["resid_pre", "heads"], method="both")
+    frame = patch_activations(
+        model,
+        CLEAN,
+        CORRUPTED,
+        logit_diff(answer, wrong),
+        sites=["resid_pre", "heads"],
+        method="both",
+    )
     table = pd.read_csv(out / "patching.csv")
     assert (table["metric"] - frame["metric"]).abs().max() < 1e-9
     summary = json.loads((out / "summary.json").read_text())
@@ -51,13 +71,15 @@ def test_numbers_equal_the_library(out, bundled_model):
     assert heads["pos"].isna().all() and heads["head"].notna().all()
 
 
-@pytest.mark.parametrize(("argv", "match"), [
-    (["--corrupted", "def sub(x): return add(a, b)"], "same number of tokens"),
-    (["--answer", "return add"], "tokenises to"),
-    (["--wrong", ")"], "same token as --answer"),
-])
-def test_usage_errors_after_loading_are_one_line_and_write_nothing(tmp_path, capsys, argv,
-                                                                   match):
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--corrupted", "def sub(x): return add(a, b)"], "same number of tokens"),
+        (["--answer", "return add"], "tokenises to"),
+        (["--wrong", ")"], "same token as --answer"),
+    ],
+)
+def test_usage_errors_after_loading_are_one_line_and_write_nothing(tmp_path, capsys, argv, match):
     base = {"--clean": CLEAN, "--corrupted": CORRUPTED, "--answer": ")"}
     base.update(dict(zip(argv[::2], argv[1::2], strict=True)))
     out = tmp_path / "never"
@@ -76,11 +98,14 @@ def no_loading(monkeypatch):
     monkeypatch.setattr(interp.loading, "load_model", refuse)
 
 
-@pytest.mark.parametrize(("argv", "match"), [
-    (["--sites", "resid_pre,everything"], "unknown"),
-    (["--clean", ""], "--clean is empty"),
-    (["--wrong", ""], "--wrong is empty"),
-])
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--sites", "resid_pre,everything"], "unknown"),
+        (["--clean", ""], "--clean is empty"),
+        (["--wrong", ""], "--wrong is empty"),
+    ],
+)
 def test_bad_arguments_are_refused_before_loading(tmp_path, capsys, no_loading, argv, match):
     base = {"--clean": CLEAN, "--corrupted": CORRUPTED, "--answer": ")"}
     base.update(dict(zip(argv[::2], argv[1::2], strict=True)))
@@ -91,8 +116,17 @@ def test_bad_arguments_are_refused_before_loading(tmp_path, capsys, no_loading, 
 
 
 def test_the_length_error_shows_both_tokenisations(tmp_path, capsys):
-    args = ["patch", "--clean", CLEAN, "--corrupted", "def f(): pass", "--answer", ")",
-            "--out", str(tmp_path / "x")]
+    args = [
+        "patch",
+        "--clean",
+        CLEAN,
+        "--corrupted",
+        "def f(): pass",
+        "--answer",
+        ")",
+        "--out",
+        str(tmp_path / "x"),
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "clean has" in err and "corrupted has" in err and "'def'" in err and "pass" in err
@@ -101,8 +135,17 @@ def test_the_length_error_shows_both_tokenisations(tmp_path, capsys):
 def test_out_must_be_a_folder(tmp_path, no_loading):
     target = tmp_path / "file"
     target.write_text("keep me")
-    args = ["patch", "--clean", CLEAN, "--corrupted", CORRUPTED, "--answer", ")",
-            "--out", str(target)]
+    args = [
+        "patch",
+        "--clean",
+        CLEAN,
+        "--corrupted",
+        CORRUPTED,
+        "--answer",
+        ")",
+        "--out",
+        str(target),
+    ]
     assert main(args) == 2
     assert target.read_text() == "keep me"
 
@@ -112,9 +155,23 @@ def test_a_rerun_replaces_its_files_and_keeps_others(out, tmp_path):
     target.mkdir()
     for name in ("patching.csv", "summary.json", "report.html", "notes.txt"):
         (target / name).write_text(f"old {name}")
-    args = ["patch", "--clean", CLEAN, "--corrupted", CORRUPTED, "--answer", ")",
-            "--wrong", ",", "--sites", "resid_pre,heads", "--method", "both",
-            "--out", str(target)]
+    args = [
+        "patch",
+        "--clean",
+        CLEAN,
+        "--corrupted",
+        CORRUPTED,
+        "--answer",
+        ")",
+        "--wrong",
+        ",",
+        "--sites",
+        "resid_pre,heads",
+        "--method",
+        "both",
+        "--out",
+        str(target),
+    ]
     assert main(args) == 0
     assert (target / "notes.txt").read_text() == "old notes.txt"
     assert (target / "patching.csv").read_bytes() == (out / "patching.csv").read_bytes()

@@ -49,8 +49,13 @@ def probe(command_lines: list[list[str]]) -> list[dict]:
     """Run the command lines in one fresh interpreter, in order."""
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(HEAVY), json.dumps(command_lines)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-        check=False, timeout=300)
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -59,8 +64,7 @@ def assert_light(report: list[dict], expected_code: int) -> None:
     for case in report:
         assert case["code"] == expected_code, case
         # the first command line that imports one is named: the imports stay afterwards
-        heavy = sorted({m if m.startswith("interp.") else m.split(".")[0]
-                        for m in case["loaded"]})
+        heavy = sorted({m if m.startswith("interp.") else m.split(".")[0] for m in case["loaded"]})
         assert heavy == [], f"{case['argv']} imported {heavy}"
 
 
@@ -68,9 +72,14 @@ def assert_light(report: list[dict], expected_code: int) -> None:
 def places(tmp_path) -> dict[str, str]:
     (tmp_path / "a-file").write_text("not a folder")
     (tmp_path / "not-a-model").mkdir()
-    return {"out": str(tmp_path / "out"), "file": str(tmp_path / "a-file"),
-            "under_file": str(tmp_path / "a-file" / "out"), "page": str(tmp_path / "p.html"),
-            "missing": str(tmp_path / "no-such-model"), "empty": str(tmp_path / "not-a-model")}
+    return {
+        "out": str(tmp_path / "out"),
+        "file": str(tmp_path / "a-file"),
+        "under_file": str(tmp_path / "a-file" / "out"),
+        "page": str(tmp_path / "p.html"),
+        "missing": str(tmp_path / "no-such-model"),
+        "empty": str(tmp_path / "not-a-model"),
+    }
 
 
 def test_help_imports_nothing_heavy():
@@ -115,13 +124,19 @@ def test_refused_command_lines_import_nothing_heavy(places):
 
 def test_a_model_that_does_not_exist_fails_before_the_heavy_imports(places):
     """Exit code 1 (the model did not load), with the loader's own message."""
-    lines = [[name, "--model", model, "--out", places["out"], *extra]
-             for model in (places["missing"], places["empty"])
-             for name, extra in (("induction", []), ("circuits", []),
-                                 ("attribute", ["--prompt", "a", "--answer", " b"]),
-                                 ("patch", ["--clean", "a", "--corrupted", "b", "--answer", " c"]))]
-    lines.append(["attention", "--model", places["missing"], "--prompt", "a",
-                  "--out", places["page"]])
+    lines = [
+        [name, "--model", model, "--out", places["out"], *extra]
+        for model in (places["missing"], places["empty"])
+        for name, extra in (
+            ("induction", []),
+            ("circuits", []),
+            ("attribute", ["--prompt", "a", "--answer", " b"]),
+            ("patch", ["--clean", "a", "--corrupted", "b", "--answer", " c"]),
+        )
+    ]
+    lines.append(
+        ["attention", "--model", places["missing"], "--prompt", "a", "--out", places["page"]]
+    )
     report = probe(lines)
     assert_light(report, 1)
     for case in report:
@@ -132,8 +147,26 @@ def test_a_model_that_does_not_exist_fails_before_the_heavy_imports(places):
 
 # -- the command line's torch-free copies say what the library says ---------------------------
 
-SIZES = ["1", "1024", "500MB", "1GiB", "1.5 GB", " 2 kib ", ".5MB", "1.", "0", "0.1", "0MB",
-         "-1", "", "5XB", "1e9", "GB", "1 2MB", "2TiB"]
+SIZES = [
+    "1",
+    "1024",
+    "500MB",
+    "1GiB",
+    "1.5 GB",
+    " 2 kib ",
+    ".5MB",
+    "1.",
+    "0",
+    "0.1",
+    "0MB",
+    "-1",
+    "",
+    "5XB",
+    "1e9",
+    "GB",
+    "1 2MB",
+    "2TiB",
+]
 
 
 @pytest.mark.parametrize("text", SIZES)
@@ -194,13 +227,22 @@ def test_model_sources_are_refused_as_the_loader_refuses_them(tmp_path):
 
     (tmp_path / "a-file").write_text("")
     names = [
-        str(tmp_path / "missing"), "./missing", "~/interp-missing-model", "a/b/c",
-        str(tmp_path / "a-file"), folder("empty"), folder("config-only", "config.json"),
+        str(tmp_path / "missing"),
+        "./missing",
+        "~/interp-missing-model",
+        "a/b/c",
+        str(tmp_path / "a-file"),
+        folder("empty"),
+        folder("config-only", "config.json"),
         folder("pickled", "config.json", "pytorch_model.bin"),
         folder("no-tokenizer", "config.json", "model.safetensors"),
         folder("complete", "config.json", "model.safetensors", "vocab.json", "merges.txt"),
         folder("sharded", "config.json", "model.safetensors.index.json", "tokenizer.json"),
-        "gpt2", "org/model", "tiny-induction", tmp_path / "missing", Path("gpt2"),
+        "gpt2",
+        "org/model",
+        "tiny-induction",
+        tmp_path / "missing",
+        Path("gpt2"),
     ]
     for name in names:
         expected = _loader_refusal(name)

@@ -31,8 +31,7 @@ def toy(zoo):
 
 
 def _flagged(df: pd.DataFrame) -> set[tuple[int, int]]:
-    return set(zip(df.loc[df["undefined"], "layer"], df.loc[df["undefined"], "head"],
-                   strict=True))
+    return set(zip(df.loc[df["undefined"], "layer"], df.loc[df["undefined"], "head"], strict=True))
 
 
 @pytest.mark.parametrize("scores", [copying_scores, copying_scores_dense])
@@ -48,8 +47,10 @@ def test_composition_zero_sides_undefined(toy, scores):
     df = scores(toy, "QKV", baseline_samples=10)
     src = list(zip(df["src_layer"], df["src_head"], strict=True))
     dst = list(zip(df["dst_layer"], df["dst_head"], strict=True))
-    expected = [s == (0, 1) or (k in "QK" and d == (1, 3)) or (k == "V" and d == (1, 2))
-                for s, d, k in zip(src, dst, df["kind"], strict=True)]
+    expected = [
+        s == (0, 1) or (k in "QK" and d == (1, 3)) or (k == "V" and d == (1, 2))
+        for s, d, k in zip(src, dst, df["kind"], strict=True)
+    ]
     assert df["undefined"].tolist() == expected
     assert df["score"].isna().tolist() == expected
 

@@ -14,8 +14,12 @@ from interp.display import grouped_names, page_iframe, summary_html, table_html
 from interp.html import Report
 from interp.memory import estimate_cache_bytes
 
-HOSTILE = ["</script><script>alert(1)</script>", "<img src=x onerror=alert(1)>",
-           "\"'&amp;", "<b>bold</b>"]
+HOSTILE = [
+    "</script><script>alert(1)</script>",
+    "<img src=x onerror=alert(1)>",
+    "\"'&amp;",
+    "<b>bold</b>",
+]
 
 
 class Markup(HTMLParser):
@@ -103,8 +107,7 @@ def test_induction_result_shows_verdict_losses_settings_and_top_rows(scan):
     rows = Rows(page).rows
     assert len(rows) == len(top) and all(len(r) == len(scan.table.columns) for r in rows)
     assert [int(r[0]) for r in rows] == top["layer"].tolist()
-    assert [float(r[2]) for r in rows] == pytest.approx(top["induction_score"].tolist(),
-                                                        rel=1e-3)
+    assert [float(r[2]) for r in rows] == pytest.approx(top["induction_score"].tolist(), rel=1e-3)
     assert f"{len(scan.table)} rows" in page
 
 
@@ -120,8 +123,9 @@ def test_scan_parts_repr_without_values(scan):
     for text in (repr(scan.batch), repr(scan.scan), scan.scan._repr_html_()):
         assert_no_tensor_values(text)
         assert len(text) < 20_000
-    assert repr(scan.batch) == (f"RepeatedTokens(tokens {list(scan.batch.tokens.shape)}, "
-                                "seq_lens 4 x2, 8 x2, prefix 1)")
+    assert repr(scan.batch) == (
+        f"RepeatedTokens(tokens {list(scan.batch.tokens.shape)}, seq_lens 4 x2, 8 x2, prefix 1)"
+    )
     assert "float32 [2, 4]" in repr(scan.scan)
 
 
@@ -135,8 +139,10 @@ def test_cached_run_says_what_was_cached_with_shapes_and_memory(gpt2_model):
     expected_bytes += run.tokens.numel() * run.tokens.element_size()
     assert run.memory_bytes() == expected_bytes
     # the budget planner's estimate, from shapes alone, is what the run holds
-    assert estimate_cache_bytes(gpt2_model, tuple(run.tokens.shape), patterns=True,
-                                resid=("post",)) == expected_bytes
+    assert (
+        estimate_cache_bytes(gpt2_model, tuple(run.tokens.shape), patterns=True, resid=("post",))
+        == expected_bytes
+    )
     assert f"{expected_bytes / 1e6:.3g} MB" in text
     assert f"blocks.{{L}}.attn.hook_pattern x2 float32 [1, 4, {n}, {n}]" in text
     assert "blocks.{L}.hook_resid_post x2 float32" in text
@@ -150,11 +156,17 @@ def test_cached_run_says_what_was_cached_with_shapes_and_memory(gpt2_model):
 
 
 def test_grouped_names():
-    names = ["blocks.0.attn.hook_pattern", "blocks.1.attn.hook_pattern", "ln_final.hook_scale",
-             "blocks.10.hook_resid_post"]
-    assert grouped_names(names) == {"blocks.{L}.attn.hook_pattern": [0, 1],
-                                    "ln_final.hook_scale": [],
-                                    "blocks.{L}.hook_resid_post": [10]}
+    names = [
+        "blocks.0.attn.hook_pattern",
+        "blocks.1.attn.hook_pattern",
+        "ln_final.hook_scale",
+        "blocks.10.hook_resid_post",
+    ]
+    assert grouped_names(names) == {
+        "blocks.{L}.attn.hook_pattern": [0, 1],
+        "ln_final.hook_scale": [],
+        "blocks.{L}.hook_resid_post": [10],
+    }
 
 
 def test_other_results_repr_without_values(gpt2_model):
@@ -164,8 +176,11 @@ def test_other_results_repr_without_values(gpt2_model):
 
     folded = fold_layernorm(gpt2_model)
     tokens = run_cached(gpt2_model, "a b c").tokens
-    for obj in (fold_info(folded), circuit_weights(gpt2_model),
-                residual_parts(folded, tokens, 2, neurons=False)):
+    for obj in (
+        fold_info(folded),
+        circuit_weights(gpt2_model),
+        residual_parts(folded, tokens, 2, neurons=False),
+    ):
         text = repr(obj)
         assert_no_tensor_values(text)
         assert len(text) < 400, text
@@ -176,8 +191,9 @@ def test_path_patch_result_summary(gpt2_model):
 
     clean = torch.tensor([[0, 5, 6, 7, 8]])
     corrupted = torch.tensor([[0, 9, 10, 11, 8]])
-    result = path_patch_senders(gpt2_model, clean, corrupted, receivers=["logits"],
-                                metric=lambda logits: logits[:, -1, 3])
+    result = path_patch_senders(
+        gpt2_model, clean, corrupted, receivers=["logits"], metric=lambda logits: logits[:, -1, 3]
+    )
     text = repr(result)
     assert_no_tensor_values(text)
     best = result.table.loc[result.table["recovered"].abs().idxmax()]
@@ -193,8 +209,12 @@ def test_path_patch_result_summary(gpt2_model):
 
 def test_hostile_strings_stay_text():
     df = pd.DataFrame({HOSTILE[0]: HOSTILE, "value": range(len(HOSTILE))})
-    page = summary_html(HOSTILE[1], {HOSTILE[2]: HOSTILE[3], "prompt": HOSTILE[0]},
-                        table=table_html(df), table_title=HOSTILE[0])
+    page = summary_html(
+        HOSTILE[1],
+        {HOSTILE[2]: HOSTILE[3], "prompt": HOSTILE[0]},
+        table=table_html(df),
+        table_title=HOSTILE[0],
+    )
     markup = assert_inert(page)
     assert markup.tags.count("td") == 2 * len(HOSTILE) + 2
     for text in HOSTILE:
@@ -243,21 +263,29 @@ def test_reports_render_inline_in_their_frames(browser, tmp_path):
     from interp.plotting import head_heatmap
     from tests.test_browser import CHECKS, PWNED, READY, hostile_report, pattern
 
-    scores = pd.DataFrame([(layer, head, (layer - head) / 3) for layer in range(2)
-                           for head in range(4)], columns=["layer", "head", "score"])
+    scores = pd.DataFrame(
+        [(layer, head, (layer - head) / 3) for layer in range(2) for head in range(4)],
+        columns=["layer", "head", "score"],
+    )
     full = Report("inline report")
     full.add_figure(head_heatmap(scores, "score"))
     full.add_table(scores)
     full.add_attention([" a", " b", " c", " a"], pattern(4, 4, 0))
     # no charset: the frames must not depend on how the page around them is decoded
-    page = ("<!DOCTYPE html><html><head><title>notebook</title></head>"
-            f"<body><div class=\"output\">{full._repr_html_()}</div>"
-            f"<div class=\"output\">{hostile_report()._repr_html_()}</div></body></html>")
+    page = (
+        "<!DOCTYPE html><html><head><title>notebook</title></head>"
+        f'<body><div class="output">{full._repr_html_()}</div>'
+        f'<div class="output">{hostile_report()._repr_html_()}</div></body></html>'
+    )
     path = tmp_path / "notebook.html"
     path.write_text(page, encoding="ascii")
     top, frames = browser.open_frames(
-        path, ready_js=READY, checks=CHECKS, n_frames=2,
-        top_checks={"scripts": "document.scripts.length", "pwned": "typeof window.__pwned"})
+        path,
+        ready_js=READY,
+        checks=CHECKS,
+        n_frames=2,
+        top_checks={"scripts": "document.scripts.length", "pwned": "typeof window.__pwned"},
+    )
     assert top.values["ready"], [f.values for f in frames]
     assert top.values["scripts"] == 0 and top.values["pwned"] == "undefined"
     assert top.exceptions == top.errors == top.dialogs == [] and top.network_requests() == []

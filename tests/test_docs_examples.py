@@ -37,8 +37,15 @@ DRIVER = Path(__file__).resolve().parent / "doc_examples.py"
 TIMEOUT_S = 300
 
 # documents whose examples take more than 10 s together (measured; still run in CI)
-SLOW = {"README.md", "docs/attribution.md", "docs/circuits.md", "docs/induction.md",
-        "docs/interventions.md", "docs/path_patching.md", "docs/visualisation.md"}
+SLOW = {
+    "README.md",
+    "docs/attribution.md",
+    "docs/circuits.md",
+    "docs/induction.md",
+    "docs/interventions.md",
+    "docs/path_patching.md",
+    "docs/visualisation.md",
+}
 # documents whose examples are known to fail today, with why; strict: fixing them fails here
 KNOWN_FAILING: dict[str, str] = {}
 
@@ -66,15 +73,18 @@ def _doc_params():
 
 
 def _skipped_params():
-    return [pytest.param(path, step, id=f"{_name(path)}:{step.line}")
-            for path in DOCS for step in extract(path) if step.skip]
+    return [
+        pytest.param(path, step, id=f"{_name(path)}:{step.line}")
+        for path in DOCS
+        for step in extract(path)
+        if step.skip
+    ]
 
 
 def _interp_shim(folder: Path) -> Path:
     """A bin folder whose ``interp`` and ``python`` are this interpreter and this checkout."""
     folder.mkdir()
-    for name, args in (("interp", '-m interp.cli "$@"'), ("python", '"$@"'),
-                       ("python3", '"$@"')):
+    for name, args in (("interp", '-m interp.cli "$@"'), ("python", '"$@"'), ("python3", '"$@"')):
         script = folder / name
         script.write_text(f'#!/bin/sh\nexec "{sys.executable}" {args}\n', encoding="utf-8")
         script.chmod(0o755)
@@ -84,22 +94,32 @@ def _interp_shim(folder: Path) -> Path:
 @pytest.mark.parametrize("path", _doc_params())
 def test_examples_run_as_written(path: Path, tmp_path: Path):
     weights = _gpt2_cached()
-    steps = [s for s in extract(path)
-             if s.skip is None or (s.needs == "gpt2-weights" and weights)]
+    steps = [s for s in extract(path) if s.skip is None or (s.needs == "gpt2-weights" and weights)]
     if not steps:
         pytest.skip(f"{_name(path)} has no runnable examples")
     work = tmp_path / "work"
     work.mkdir()
     spec = tmp_path / "steps.json"
-    spec.write_text(json.dumps({"doc": _name(path), "steps": json.loads(to_json(steps))}),
-                    encoding="utf-8")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               PATH=os.pathsep.join([str(_interp_shim(tmp_path / "bin")),
-                                     os.environ.get("PATH", "")]))
-    done = subprocess.run([sys.executable, str(DRIVER), str(spec)], cwd=work, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=TIMEOUT_S)
+    spec.write_text(
+        json.dumps({"doc": _name(path), "steps": json.loads(to_json(steps))}), encoding="utf-8"
+    )
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        PATH=os.pathsep.join([str(_interp_shim(tmp_path / "bin")), os.environ.get("PATH", "")]),
+    )
+    done = subprocess.run(
+        [sys.executable, str(DRIVER), str(spec)],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert done.returncode == 0, f"an example of {_name(path)} failed:\n{done.stdout[-6000:]}"
 
 
@@ -112,25 +132,50 @@ def test_marked_examples_are_reported(path: Path, step):
 
 def test_extraction_finds_the_examples(tmp_path: Path):
     doc = tmp_path / "doc.md"
-    doc.write_text("\n".join([
-        "text", "```python", "x = 1", "```",
-        "```", "interp models", "output line", "$ python -c \\", "  'print(1)'", "```",
-        "<!-- needs: gpt2-weights -->", "", "```python", "y = 2", "```",
-        "<!-- test-command -->", "```bash", "python3 -m venv .venv && interp models", "```",
-        "```text", "interp not a command here", "```",
-    ]), encoding="utf-8")
+    doc.write_text(
+        "\n".join(
+            [
+                "text",
+                "```python",
+                "x = 1",
+                "```",
+                "```",
+                "interp models",
+                "output line",
+                "$ python -c \\",
+                "  'print(1)'",
+                "```",
+                "<!-- needs: gpt2-weights -->",
+                "",
+                "```python",
+                "y = 2",
+                "```",
+                "<!-- test-command -->",
+                "```bash",
+                "python3 -m venv .venv && interp models",
+                "```",
+                "```text",
+                "interp not a command here",
+                "```",
+            ]
+        ),
+        encoding="utf-8",
+    )
     steps = extract(doc)
     assert [(s.kind, s.code, s.line, s.skip) for s in steps] == [
         ("python", "x = 1\n", 3, None),
         ("shell", "interp models", 6, None),
         ("shell", "python -c  'print(1)'", 8, None),
         ("python", "y = 2\n", 14, "needs: gpt2-weights"),
-        ("shell", "python3 -m venv .venv && interp models", 18,
-         "not-run: set-up (a venv and pip; CI runs it)"),
+        (
+            "shell",
+            "python3 -m venv .venv && interp models",
+            18,
+            "not-run: set-up (a venv and pip; CI runs it)",
+        ),
         ("shell", "interp models", 18, None),
     ]
-    doc.write_text("```python\nprint(1)\n```\n\n```\n1\n```\ntext\n```\n2\n```\n",
-                   encoding="utf-8")
+    doc.write_text("```python\nprint(1)\n```\n\n```\n1\n```\ntext\n```\n2\n```\n", encoding="utf-8")
     assert [(s.kind, s.output) for s in extract(doc)] == [("python", "1")]
     doc.write_text("<!-- needs: llama -->\n```python\nz = 3\n```\n", encoding="utf-8")
     with pytest.raises(ValueError, match="unknown mark"):

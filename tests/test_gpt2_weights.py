@@ -13,9 +13,11 @@ KNOWN_INDUCTION_HEADS = {(5, 1), (5, 5), (6, 9), (7, 2), (7, 10)}
 
 pytestmark = [
     pytest.mark.weights,
-    pytest.mark.skipif(not _hub_cached("gpt2", "config.json"),
-                       reason="GPT-2 weights are not in the local Hugging Face cache (no hub "
-                              "access here); load 'gpt2' once online to run this test"),
+    pytest.mark.skipif(
+        not _hub_cached("gpt2", "config.json"),
+        reason="GPT-2 weights are not in the local Hugging Face cache (no hub "
+        "access here); load 'gpt2' once online to run this test",
+    ),
 ]
 
 
@@ -26,6 +28,11 @@ def test_known_gpt2_induction_heads_rank_top():
     table = detect_induction_heads(model, ablate=10, seed=0)
     top = set(zip(table["layer"].head(8), table["head"].head(8), strict=True))
     assert KNOWN_INDUCTION_HEADS <= top, table.head(10)
-    found = set(zip(table.loc[table["is_induction"], "layer"],
-                    table.loc[table["is_induction"], "head"], strict=True))
+    found = set(
+        zip(
+            table.loc[table["is_induction"], "layer"],
+            table.loc[table["is_induction"], "head"],
+            strict=True,
+        )
+    )
     assert found & KNOWN_INDUCTION_HEADS

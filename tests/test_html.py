@@ -22,7 +22,7 @@ from interp.html import Report, script_json, write_text_atomic
 
 HOSTILE = [
     "</script><script>window.__pwned=1;document.title='pwned';alert(1)</script>",
-    "<img src=x onerror=\"window.__pwned=2;alert(2)\">",
+    '<img src=x onerror="window.__pwned=2;alert(2)">',
     "\"'&amp;&lt;",
     "line\u2028sep\u2029para",
     "<!--<script>",
@@ -30,9 +30,28 @@ HOSTILE = [
     "<b>bold</b>",
 ]
 # tags a report may contain; anything else (img, svg, b, iframe...) came from data
-ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "main", "h1", "h2", "p",
-                "figure", "figcaption", "div", "script", "table", "thead", "tbody", "tr",
-                "th", "td"}
+ALLOWED_TAGS = {
+    "html",
+    "head",
+    "meta",
+    "title",
+    "style",
+    "body",
+    "main",
+    "h1",
+    "h2",
+    "p",
+    "figure",
+    "figcaption",
+    "div",
+    "script",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "th",
+    "td",
+}
 
 
 class PageParser(HTMLParser):
@@ -80,8 +99,11 @@ def executable(parser: PageParser) -> list[str]:
 
 
 def data_blocks(parser: PageParser, kind: str) -> list:
-    return [json.loads(body) for attrs, body in parser.scripts
-            if attrs.get("type") == "application/json" and attrs.get("data-interp-kind") == kind]
+    return [
+        json.loads(body)
+        for attrs, body in parser.scripts
+        if attrs.get("type") == "application/json" and attrs.get("data-interp-kind") == kind
+    ]
 
 
 def pattern(n_heads: int, n: int, seed: int = 0) -> torch.Tensor:
@@ -96,17 +118,25 @@ def hostile_report() -> Report:
     for text in HOSTILE:
         report.add_heading(text)
         report.add_text(text)
-    report.add_table(pd.DataFrame({"layer": [0, 1], "head": [2, 3],
-                                   HOSTILE[1]: [HOSTILE[2], HOSTILE[5]]}), caption=HOSTILE[4])
-    report.add_figure(go.Figure(go.Bar(x=HOSTILE, y=list(range(len(HOSTILE))),
-                                       name=HOSTILE[1]), layout={"title": HOSTILE[0]}),
-                      caption=HOSTILE[3])
-    report.add_attention(HOSTILE, pattern(2, len(HOSTILE)), head_names=HOSTILE[:2],
-                         caption=HOSTILE[6])
+    report.add_table(
+        pd.DataFrame({"layer": [0, 1], "head": [2, 3], HOSTILE[1]: [HOSTILE[2], HOSTILE[5]]}),
+        caption=HOSTILE[4],
+    )
+    report.add_figure(
+        go.Figure(
+            go.Bar(x=HOSTILE, y=list(range(len(HOSTILE))), name=HOSTILE[1]),
+            layout={"title": HOSTILE[0]},
+        ),
+        caption=HOSTILE[3],
+    )
+    report.add_attention(
+        HOSTILE, pattern(2, len(HOSTILE)), head_names=HOSTILE[:2], caption=HOSTILE[6]
+    )
     return report
 
 
 # -- escaping ---------------------------------------------------------------------------------
+
 
 def test_script_json_round_trips_and_cannot_close_a_script():
     value = {"tokens": HOSTILE, HOSTILE[0]: [1.5, None, True]}
@@ -174,16 +204,21 @@ def test_pages_carry_only_the_scripts_they_need():
 
 def csp_of(page: str) -> dict[str, list[str]]:
     parser = parse(page)
-    (content,) = [a["content"] for t, a in parser.tags
-                  if t == "meta" and a.get("http-equiv") == "Content-Security-Policy"]
+    (content,) = [
+        a["content"]
+        for t, a in parser.tags
+        if t == "meta" and a.get("http-equiv") == "Content-Security-Policy"
+    ]
     return {part.split()[0]: part.split()[1:] for part in content.split(";") if part.strip()}
 
 
 def test_csp_allows_exactly_the_page_scripts_and_no_network():
     page = hostile_report().to_html()
     csp = csp_of(page)
-    hashes = ["'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() + "'"
-              for s in executable(parse(page))]
+    hashes = [
+        "'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() + "'"
+        for s in executable(parse(page))
+    ]
     assert csp["script-src"] == hashes
     assert csp["default-src"] == ["'none'"]
     assert csp["connect-src"] == ["'none'"]
@@ -193,7 +228,10 @@ def test_csp_allows_exactly_the_page_scripts_and_no_network():
 
 
 def test_inlined_libraries_cannot_end_their_script_element():
-    assert page_assets._inline_script('a="</script>";b="</SCRIPT >"') == 'a="<\\/script>";b="<\\/SCRIPT >"'
+    assert (
+        page_assets._inline_script('a="</script>";b="</SCRIPT >"')
+        == 'a="<\\/script>";b="<\\/SCRIPT >"'
+    )
     assert page_assets._inline_script("x()\n//# sourceMappingURL=x.js.map\n") == "x()\n"
     with pytest.raises(ValueError, match="<!--"):
         page_assets._inline_script("s='<!--'")
@@ -204,9 +242,16 @@ def test_inlined_libraries_cannot_end_their_script_element():
 
 # -- blocks -------------------------------------------------------------------------------
 
+
 def test_table_formats_escapes_and_truncates():
-    df = pd.DataFrame({"layer": range(60), "score": [0.123456789] * 59 + [float("nan")],
-                       "flag": [True] * 60, "note": ["<i>x</i>"] * 60})
+    df = pd.DataFrame(
+        {
+            "layer": range(60),
+            "score": [0.123456789] * 59 + [float("nan")],
+            "flag": [True] * 60,
+            "note": ["<i>x</i>"] * 60,
+        }
+    )
     report = Report("t")
     report.add_table(df, caption="c", max_rows=5)
     parser = parse(report.to_html())
@@ -244,7 +289,7 @@ def test_attention_values_are_kept_to_the_shown_precision():
     got = torch.tensor(block["attention"], dtype=torch.float64)
     assert got.shape == (3, 5, 5)
     # rounding to ATTENTION_DECIMALS moves a weight by at most half a unit in that place
-    assert (got - p.double()).abs().max() <= 0.5 * 10 ** -ih.ATTENTION_DECIMALS + 1e-12
+    assert (got - p.double()).abs().max() <= 0.5 * 10**-ih.ATTENTION_DECIMALS + 1e-12
     assert block["attentionHeadNames"] == ["H0", "H1", "H2"]
     assert block["maskUpperTri"] is True  # causal: the upper triangle is the mask
     bidirectional = Report("b")
@@ -264,6 +309,7 @@ def test_figures_are_snapshots():
 
 
 # -- atomic writes ---------------------------------------------------------------------------
+
 
 def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
@@ -330,13 +376,13 @@ def test_failed_fsync_and_unencodable_text_write_nothing(tmp_path, monkeypatch):
 
 # -- the attention command ----------------------------------------------------------------------
 
+
 def test_attention_command_writes_one_view_per_layer(neox_dir, tmp_path, capsys):
     from interp.cli import main
 
     out = tmp_path / "attention.html"
     prompt = "The cat sat on the mat. The cat sat on </script><b>"
-    assert main(["attention", "--model", str(neox_dir), "--prompt", prompt,
-                 "--out", str(out)]) == 0
+    assert main(["attention", "--model", str(neox_dir), "--prompt", prompt, "--out", str(out)]) == 0
     assert str(out) in capsys.readouterr().out
     parser = parse(out.read_text(encoding="utf-8"))
     views = data_blocks(parser, "attention")
@@ -349,8 +395,11 @@ def test_attention_command_writes_one_view_per_layer(neox_dir, tmp_path, capsys)
     weights = torch.tensor(views[0]["attention"], dtype=torch.float64)
     n = len(views[0]["tokens"])
     assert weights.shape == (4, n, n)
-    assert torch.allclose(weights.sum(-1), torch.ones(4, n, dtype=torch.float64),
-                          atol=n * 0.5 * 10 ** -ih.ATTENTION_DECIMALS)
+    assert torch.allclose(
+        weights.sum(-1),
+        torch.ones(4, n, dtype=torch.float64),
+        atol=n * 0.5 * 10**-ih.ATTENTION_DECIMALS,
+    )
     assert (weights.triu(1) == 0).all()  # causal: nothing attends to later tokens
 
 
@@ -358,16 +407,43 @@ def test_attention_command_layers_and_errors(neox_dir, tmp_path, capsys):
     from interp.cli import main
 
     out = tmp_path / "one.html"
-    assert main(["attention", "--model", str(neox_dir), "--prompt", "a b a b",
-                 "--out", str(out), "--layers", "1"]) == 0
+    assert (
+        main(
+            [
+                "attention",
+                "--model",
+                str(neox_dir),
+                "--prompt",
+                "a b a b",
+                "--out",
+                str(out),
+                "--layers",
+                "1",
+            ]
+        )
+        == 0
+    )
     (view,) = data_blocks(parse(out.read_text(encoding="utf-8")), "attention")
     assert view["attentionHeadNames"][0] == "L1H0"
     bad = tmp_path / "bad.html"
-    assert main(["attention", "--model", str(neox_dir), "--prompt", "a",
-                 "--out", str(bad), "--layers", "7"]) == 2
+    assert (
+        main(
+            [
+                "attention",
+                "--model",
+                str(neox_dir),
+                "--prompt",
+                "a",
+                "--out",
+                str(bad),
+                "--layers",
+                "7",
+            ]
+        )
+        == 2
+    )
     assert "--layers 7: at most 1 (the model has 2 layers" in capsys.readouterr().err
-    assert main(["attention", "--model", str(neox_dir), "--prompt", "",
-                 "--out", str(bad)]) == 2
+    assert main(["attention", "--model", str(neox_dir), "--prompt", "", "--out", str(bad)]) == 2
     assert "empty" in capsys.readouterr().err
     assert not bad.exists()
     assert leftovers(tmp_path) == ["one.html"]

@@ -27,21 +27,32 @@ ATOL = 1e-5  # float32 attention weights, sums of at most a few hundred terms
 
 # a made-up vocabulary of words, so that random word tokens decode to text that re-encodes to
 # the same ids: TransformerLens's detect_head takes text
-_WORDS = [" " + "".join(random.Random(i).choices("bcdfghjklmnpqrstvwz", k=3)) + "a"
-          for i in range(300)]
+_WORDS = [
+    " " + "".join(random.Random(i).choices("bcdfghjklmnpqrstvwz", k=3)) + "a" for i in range(300)
+]
 
 
 @pytest.fixture(scope="module")
 def word_model(tmp_path_factory):
-    directory = make_checkpoint(tmp_path_factory.mktemp("words"), arch="gpt2", n_ctx=128,
-                                vocab_size=600, corpus=["".join(_WORDS)] * 3)
+    directory = make_checkpoint(
+        tmp_path_factory.mktemp("words"),
+        arch="gpt2",
+        n_ctx=128,
+        vocab_size=600,
+        corpus=["".join(_WORDS)] * 3,
+    )
     return load_model(directory, device="cpu")
 
 
 def _batch(model, seq_lens=(5, 8, 12), batch_size=2, seed=0) -> RepeatedTokens:
     vocab = ordinary_token_ids(model.tokenizer, model.cfg.d_vocab)
-    return repeated_tokens(vocab, seq_lens=seq_lens, batch_size=batch_size,
-                           bos_id=model.tokenizer.bos_token_id, seed=seed)
+    return repeated_tokens(
+        vocab,
+        seq_lens=seq_lens,
+        batch_size=batch_size,
+        bos_id=model.tokenizer.bos_token_id,
+        seed=seed,
+    )
 
 
 def test_targets_point_where_they_claim(gpt2_model):
@@ -84,10 +95,13 @@ def test_scores_match_transformer_lens_detect_head(word_model):
     """TL scores attention on the template divided by all query rows; ours averages over the
     rows that have a target. Per row: TL = ours * n_targets / n_pos, exactly."""
     batch = _batch(word_model, seq_lens=(6, 10), batch_size=2)
-    tl_names = {"induction": "induction_head", "duplicate": "duplicate_token_head",
-                "previous": "previous_token_head"}
+    tl_names = {
+        "induction": "induction_head",
+        "duplicate": "duplicate_token_head",
+        "previous": "previous_token_head",
+    }
     for row in range(len(batch.tokens)):
-        single = RepeatedTokens(batch.tokens[row:row + 1], batch.seq_lens[row:row + 1])
+        single = RepeatedTokens(batch.tokens[row : row + 1], batch.seq_lens[row : row + 1])
         text = word_model.tokenizer.decode(single.tokens[0, 1:])
         assert torch.equal(word_model.to_tokens(text)[0].cpu(), single.tokens[0])
         ours = scan_heads(word_model, single).scores
@@ -100,8 +114,9 @@ def test_scores_match_transformer_lens_detect_head(word_model):
 
 def test_rankings_agree_with_detect_head(word_model):
     batch = _batch(word_model, seq_lens=(10,), batch_size=3)
-    table = detect_induction_heads(word_model, seq_lens=(10,), batch_size=3, ablate=False,
-                                   copying=False)
+    table = detect_induction_heads(
+        word_model, seq_lens=(10,), batch_size=3, ablate=False, copying=False
+    )
     texts = [word_model.tokenizer.decode(row[1:]) for row in batch.tokens]
     theirs = detect_head(word_model, texts, "induction_head")  # [layer head], mean over rows
     theirs = pd.Series(theirs.flatten().numpy(), name="tl")
@@ -139,8 +154,9 @@ def test_same_seed_same_csv_bytes(gpt2_model):
     from interp.induction.report import table_csv
 
     def once(seed):
-        return table_csv(detect_induction_heads(gpt2_model, seq_lens=(5, 10), seed=seed,
-                                                ablate=2, copying=False))
+        return table_csv(
+            detect_induction_heads(gpt2_model, seq_lens=(5, 10), seed=seed, ablate=2, copying=False)
+        )
 
     assert once(3) == once(3)
     assert once(3) != once(4)
@@ -148,20 +164,30 @@ def test_same_seed_same_csv_bytes(gpt2_model):
 
 def test_table_columns_and_undefined_values(gpt2_model):
     table = detect_induction_heads(gpt2_model, seq_lens=(5,), ablate=1, copying=False)
-    assert list(table.columns[:8]) == ["layer", "head", "induction_score", "prev_token_score",
-                                       "duplicate_token_score", "copying_score",
-                                       "ablation_loss_increase", "is_induction"]
+    assert list(table.columns[:8]) == [
+        "layer",
+        "head",
+        "induction_score",
+        "prev_token_score",
+        "duplicate_token_score",
+        "copying_score",
+        "ablation_loss_increase",
+        "is_induction",
+    ]
     assert len(table) == gpt2_model.cfg.n_layers * gpt2_model.cfg.n_heads
     assert table["ablation_loss_increase"].notna().sum() == 1  # only what was measured
     assert table["offset_control_score"].isna().all()  # one length: no filler, undefined
     assert table["copying_score"].isna().all()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"seq_lens": (40,)}, "context"),
-    ({"seq_lens": (1,)}, "at least 2"),
-    ({"batch_size": 0, "seq_lens": (5,)}, "batch_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"seq_lens": (40,)}, "context"),
+        ({"seq_lens": (1,)}, "at least 2"),
+        ({"batch_size": 0, "seq_lens": (5,)}, "batch_size"),
+    ],
+)
 def test_bad_settings(gpt2_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         run_induction_scan(gpt2_model, ablate=False, copying=False, **kwargs)

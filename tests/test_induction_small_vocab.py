@@ -31,10 +31,17 @@ def test_defaults_kept_when_they_fit():
     assert choose_seq_lens(DEFAULT_SEQ_LENS, n_ctx=1024, n_vocab=50000) == ([10, 20, 40], None)
 
 
-@pytest.mark.parametrize("n_ctx, n_vocab, word", [
-    (64, 50000, "context"), (1024, 38, "vocabulary"), (1024, 12, "vocabulary"),
-    (20, 1000, "context"), (1024, 5, "vocabulary"), (9, 1000, "context"),
-])
+@pytest.mark.parametrize(
+    "n_ctx, n_vocab, word",
+    [
+        (64, 50000, "context"),
+        (1024, 38, "vocabulary"),
+        (1024, 12, "vocabulary"),
+        (20, 1000, "context"),
+        (1024, 5, "vocabulary"),
+        (9, 1000, "context"),
+    ],
+)
 def test_chosen_lengths_fit_and_say_why(n_ctx, n_vocab, word):
     lens, why = choose_seq_lens(DEFAULT_SEQ_LENS, n_ctx=n_ctx, n_vocab=n_vocab)
     assert _fits(lens, n_ctx, n_vocab) and min(lens) >= MIN_SEQ_LEN
@@ -75,8 +82,11 @@ def _check_against_transformers(result, hf):
         patterns = torch.stack(hf(result.batch.tokens, output_attentions=True).attentions)
     want = scores_from_patterns(patterns, result.batch)
     table = result.table.sort_values(["layer", "head"])
-    for kind, column in [("induction", "induction_score"), ("previous", "prev_token_score"),
-                         ("duplicate", "duplicate_token_score")]:
+    for kind, column in [
+        ("induction", "induction_score"),
+        ("previous", "prev_token_score"),
+        ("duplicate", "duplicate_token_score"),
+    ]:
         got = torch.tensor(table[column].values, dtype=torch.float32)
         torch.testing.assert_close(got, want[kind].flatten(), atol=ATOL, rtol=0)
 
@@ -89,7 +99,7 @@ def test_scan_on_a_40_token_vocabulary(small):
     for row, seq_len in zip(result.batch.tokens, result.batch.seq_lens.tolist(), strict=True):
         body = row[1:]  # after BOS: a + a + filler, all ordinary and a's tokens distinct
         assert len(set(body[:seq_len].tolist())) == seq_len
-        filler = body[2 * seq_len:]
+        filler = body[2 * seq_len :]
         assert not set(filler.tolist()) & set(body[:seq_len].tolist())
     _check_against_transformers(result, hf)
 
@@ -114,8 +124,22 @@ def test_scan_without_bos(small):
 
 def test_cli_defaults_on_a_40_token_vocabulary(small, tmp_path, capsys):
     directory, _, _ = small
-    assert main(["induction", "--model", str(directory), "--out", str(tmp_path),
-                 "--batch-size", "2", "--ablate-top", "1"]) == 0
+    assert (
+        main(
+            [
+                "induction",
+                "--model",
+                str(directory),
+                "--out",
+                str(tmp_path),
+                "--batch-size",
+                "2",
+                "--ablate-top",
+                "1",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "do not fit" in err and "[10, 20]" in err
     settings = json.loads((tmp_path / "head_scores.json").read_text())["settings"]

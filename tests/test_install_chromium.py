@@ -31,17 +31,27 @@ def run_with_fake_apt(tmp_path: Path, locked_calls: int, wait_s: int):
         tool.chmod(0o755)
     # the script's own search would find a chromium already installed here: skip it
     script = tmp_path / "install.sh"
-    script.write_text(SCRIPT.read_text().replace(
-        "for candidate in /usr/lib/chromium/chromium chromium chromium-browser google-chrome",
-        "for candidate in no-such-browser"))
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "COUNT": str(tmp_path / "count"),
-           "CALLS": str(tmp_path / "calls"), "LOCKED_CALLS": str(locked_calls),
-           "APT_LOCK_WAIT": str(wait_s), "APT_LOCK_POLL": "0.1", "HOME": str(tmp_path)}
+    script.write_text(
+        SCRIPT.read_text().replace(
+            "for candidate in /usr/lib/chromium/chromium chromium chromium-browser google-chrome",
+            "for candidate in no-such-browser",
+        )
+    )
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "COUNT": str(tmp_path / "count"),
+        "CALLS": str(tmp_path / "calls"),
+        "LOCKED_CALLS": str(locked_calls),
+        "APT_LOCK_WAIT": str(wait_s),
+        "APT_LOCK_POLL": "0.1",
+        "HOME": str(tmp_path),
+    }
     if os.geteuid() != 0:
         (bin_dir / "sudo").write_text('#!/bin/bash\nexec "$@"\n')
         (bin_dir / "sudo").chmod(0o755)
-    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_waits_while_the_lock_is_held_then_installs(tmp_path):

@@ -26,8 +26,10 @@ ARCHS = ["gpt2_model", "neox_model"]
 def random_prompts(model, seed: int = 0) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     d_vocab = int(model.cfg.d_vocab)
-    return [torch.randint(0, d_vocab, (batch, n), generator=generator)
-            for batch, n in ((1, 1), (3, 17), (2, int(model.cfg.n_ctx)))]
+    return [
+        torch.randint(0, d_vocab, (batch, n), generator=generator)
+        for batch, n in ((1, 1), (3, 17), (2, int(model.cfg.n_ctx)))
+    ]
 
 
 def logits(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -36,8 +38,11 @@ def logits(model, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def ln_params(model) -> list[torch.Tensor]:
-    params = [p for name, p in model.state_dict().items()
-              if name.split(".")[-2] in ("ln1", "ln2", "ln_final")]
+    params = [
+        p
+        for name, p in model.state_dict().items()
+        if name.split(".")[-2] in ("ln1", "ln2", "ln_final")
+    ]
     assert len(params) == 2 * (2 * int(model.cfg.n_layers) + 1)  # weight and bias of each
     return params
 
@@ -144,17 +149,25 @@ def test_a_model_processed_by_transformer_lens_is_refused(gpt2_model):
 
 def fake_bridge(**cfg) -> SimpleNamespace:
     defaults = dict(normalization_type="LN", output_logits_soft_cap=None)
-    return SimpleNamespace(enable_compatibility_mode=None, adapter=SimpleNamespace(),
-                           cfg=SimpleNamespace(**(defaults | cfg)), _weights_processed=False,
-                           W_U=None, ln_final=None)
+    return SimpleNamespace(
+        enable_compatibility_mode=None,
+        adapter=SimpleNamespace(),
+        cfg=SimpleNamespace(**(defaults | cfg)),
+        _weights_processed=False,
+        W_U=None,
+        ln_final=None,
+    )
 
 
-@pytest.mark.parametrize(("cfg", "message"), [
-    (dict(normalization_type=None), "no LayerNorm"),
-    (dict(normalization_type="LNPre"), "already folded"),
-    (dict(normalization_type="RMSPre"), "RMSNorms have no weights"),
-    (dict(normalization_type="LN2"), "unsupported normalization_type"),
-])
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (dict(normalization_type=None), "no LayerNorm"),
+        (dict(normalization_type="LNPre"), "already folded"),
+        (dict(normalization_type="RMSPre"), "RMSNorms have no weights"),
+        (dict(normalization_type="LN2"), "unsupported normalization_type"),
+    ],
+)
 def test_unfoldable_configurations_are_refused(cfg, message):
     with pytest.raises(FoldError, match=message):
         check_foldable(fake_bridge(**cfg))

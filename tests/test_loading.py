@@ -112,6 +112,7 @@ def test_named_bridge_arguments_reach_transformer_lens():
     # load_model names n_ctx / hf_config_overrides instead of a bare **kwargs: they must arrive
     model = load_model("tiny-induction", device="cpu", n_ctx=64)
     assert model.cfg.n_ctx == 64
-    model = load_model("tiny-induction", device="cpu",
-                       hf_config_overrides={"max_position_embeddings": 128})
+    model = load_model(
+        "tiny-induction", device="cpu", hf_config_overrides={"max_position_embeddings": 128}
+    )
     assert model.cfg.n_ctx == 128

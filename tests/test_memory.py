@@ -16,12 +16,12 @@ import torch
 from interp import estimate_cache_bytes, load_model, memory, run_cached
 from interp.caching import CachedRun
 from interp.cli import main
+from interp.engine import plan
+from interp.engine.estimates import _per_token
+from interp.engine.plan import _GLIBC_SLACK, _PLAN_SHARE
 from interp.induction import ordinary_token_ids, repeated_tokens, run_induction_scan, scan_heads
 from interp.induction.scores import ablated_repeated_loss, chunk_rows, held_bytes
 from interp.loading import ModelLoadError
-from interp.engine.estimates import _per_token
-from interp.engine import plan
-from interp.engine.plan import _GLIBC_SLACK, _PLAN_SHARE
 from interp.memory import (
     MemoryBudgetError,
     estimate_forward_bytes,
@@ -42,9 +42,18 @@ def cache_nbytes(run: CachedRun) -> int:
     return sum(t.nbytes for t in run.activations.values()) + logits + run.tokens.nbytes
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("1GiB", 2**30), ("500MB", 500 * 10**6), ("1.5 kb", 1500), ("2048", 2048), (4096, 4096),
-    ("0.5GB", 5 * 10**8), ("3 MiB", 3 * 2**20)])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("1GiB", 2**30),
+        ("500MB", 500 * 10**6),
+        ("1.5 kb", 1500),
+        ("2048", 2048),
+        (4096, 4096),
+        ("0.5GB", 5 * 10**8),
+        ("3 MiB", 3 * 2**20),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
@@ -74,14 +83,23 @@ def test_estimate_equals_the_bytes_cached(arch, what, gpt2_model, neox_model):
 
 
 def test_estimate_probes_hooks_it_does_not_know(gpt2_model):
-    unknown = [n for n in gpt2_model.hook_dict if n.startswith("blocks.0.")
-               and _per_token(n, {k: 1 for k in ("head", "d_head", "kv", "d_model", "d_mlp",
-                                                 "n_layers", "d_vocab")}, 1) is None]
+    unknown = [
+        n
+        for n in gpt2_model.hook_dict
+        if n.startswith("blocks.0.")
+        and _per_token(
+            n,
+            {k: 1 for k in ("head", "d_head", "kv", "d_model", "d_mlp", "n_layers", "d_vocab")},
+            1,
+        )
+        is None
+    ]
     assert unknown, "every hook name is in the table; pick another model to test the probe"
     names = [n for n in unknown if gpt2_model._gated_hook_reason(n) is None][:3]
     run = run_cached(gpt2_model, torch.randint(1, 300, (2, 9)), hooks=names, keep_logits=False)
     assert estimate_cache_bytes(gpt2_model, (2, 9), hooks=names, keep_logits=False) == (
-        cache_nbytes(run))
+        cache_nbytes(run)
+    )
 
 
 def test_estimate_scales_with_the_prompt(gpt2_small_shaped_model):
@@ -90,7 +108,8 @@ def test_estimate_scales_with_the_prompt(gpt2_small_shaped_model):
     patterns = 12 * 8 * 12 * 128 * 128 * 4
     base = estimate_cache_bytes(model, (8, 128), keep_logits=False)
     assert estimate_cache_bytes(model, (8, 128), patterns=True, keep_logits=False) - base == (
-        patterns)
+        patterns
+    )
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "neox"])
@@ -102,8 +121,11 @@ def test_patterns_are_not_kept_alive_by_the_bridge(arch, gpt2_model, neox_model)
         alive.append(getattr(model.blocks[0].attn, "_pattern", None) is not None)
 
     last = int(model.cfg.n_layers) - 1
-    run_cached(model, torch.randint(1, 300, (2, 9)),
-               interventions=[(f"blocks.{last}.hook_resid_pre", look)])
+    run_cached(
+        model,
+        torch.randint(1, 300, (2, 9)),
+        interventions=[(f"blocks.{last}.hook_resid_pre", look)],
+    )
     assert alive == [False]
     assert all(getattr(m, "_pattern", None) is None for m in model.modules())
 
@@ -131,8 +153,13 @@ def test_budget_suggests_fewer_layers(gpt2_small_shaped_model):
     model = gpt2_small_shaped_model
     need = estimate_run_bytes(model, (2, 64), resid=("pre", "mid", "post"), patterns=True)
     with pytest.raises(MemoryBudgetError, match=r"at most \d+ of the 12 layers") as info:
-        run_cached(model, torch.randint(1, 300, (2, 64)), resid=("pre", "mid", "post"),
-                   patterns=True, max_bytes=int(need * 0.8))
+        run_cached(
+            model,
+            torch.randint(1, 300, (2, 64)),
+            resid=("pre", "mid", "post"),
+            patterns=True,
+            max_bytes=int(need * 0.8),
+        )
     assert "max_bytes is" in str(info.value)
 
 
@@ -147,15 +174,20 @@ def _budget_for(model, batch, rows: int) -> int:
     per_row = max(estimate_forward_bytes(model, (1, n_pos)), estimate_loss_bytes(model, (1, n_pos)))
     # what the scan keeps for every row comes off first; chunks use 90% of the rest, with room
     # for 2.5x their estimate (what glibc keeps)
-    budget = held_bytes(model, batch) + math.ceil(
-        rows * _GLIBC_SLACK * (per_row + 16 * n_pos) / _PLAN_SHARE) + 1
-    assert rows_per_chunk(model, n_pos, budget, n_rows=100, kept_per_row=16 * n_pos,
-                          loss=True) == rows
+    budget = (
+        held_bytes(model, batch)
+        + math.ceil(rows * _GLIBC_SLACK * (per_row + 16 * n_pos) / _PLAN_SHARE)
+        + 1
+    )
+    assert (
+        rows_per_chunk(model, n_pos, budget, n_rows=100, kept_per_row=16 * n_pos, loss=True) == rows
+    )
     return budget
 
 
 def test_chunks_leave_room_for_glibc_and_return_memory_only_when_one_row_needs_it(
-        gpt2_model, monkeypatch):
+    gpt2_model, monkeypatch
+):
     returned = []
     monkeypatch.setattr(plan, "return_freed_memory", lambda: returned.append(1) or True)
     n_pos = 40
@@ -196,11 +228,13 @@ def test_chunked_scan_equals_one_pass(gpt2_model, batch):
     one = scan_heads(gpt2_model, batch, z_mean=True)
     chunked = scan_heads(gpt2_model, batch, max_bytes=budget, z_mean=True)
     for kind, scores in one.scores.items():
-        torch.testing.assert_close(chunked.scores[kind], scores, atol=CHUNK_ATOL, rtol=0,
-                                   equal_nan=True)
+        torch.testing.assert_close(
+            chunked.scores[kind], scores, atol=CHUNK_ATOL, rtol=0, equal_nan=True
+        )
     for length, scores in one.induction_by_len.items():
-        torch.testing.assert_close(chunked.induction_by_len[length], scores, atol=CHUNK_ATOL,
-                                   rtol=0)
+        torch.testing.assert_close(
+            chunked.induction_by_len[length], scores, atol=CHUNK_ATOL, rtol=0
+        )
     torch.testing.assert_close(chunked.loss, one.loss, atol=CHUNK_ATOL, rtol=0, equal_nan=True)
     for layer, mean in one.z_mean.items():
         torch.testing.assert_close(chunked.z_mean[layer], mean, atol=CHUNK_ATOL, rtol=0)
@@ -244,6 +278,7 @@ def test_the_scan_budget_counts_what_it_keeps_for_every_row(gpt2_model, batch):
 
 # ---- models bigger than memory: accelerate's offload ----
 
+
 @pytest.fixture(scope="module")
 def four_layer_dir(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("gpt2-4"), arch="gpt2", n_layers=4)
@@ -256,14 +291,22 @@ def in_memory(four_layer_dir):
 
 @pytest.fixture(scope="module")
 def offloaded(four_layer_dir, tmp_path_factory):
-    device_map = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.h.0": "cpu",
-                  "transformer.h.1": "disk", "transformer.h.2": "disk", "transformer.h.3": "disk",
-                  "transformer.ln_f": "cpu", "lm_head": "cpu"}
-    model = load_model(four_layer_dir, device_map=device_map,
-                       offload_folder=tmp_path_factory.mktemp("offload"))
+    device_map = {
+        "transformer.wte": "cpu",
+        "transformer.wpe": "cpu",
+        "transformer.h.0": "cpu",
+        "transformer.h.1": "disk",
+        "transformer.h.2": "disk",
+        "transformer.h.3": "disk",
+        "transformer.ln_f": "cpu",
+        "lm_head": "cpu",
+    }
+    model = load_model(
+        four_layer_dir, device_map=device_map, offload_folder=tmp_path_factory.mktemp("offload")
+    )
     assert is_offloaded(model)
     with pytest.raises(NotImplementedError, match="meta"):  # the weights really are not loaded
-        model.blocks[2].attn.W_O
+        _ = model.blocks[2].attn.W_O
     return model
 
 
@@ -287,18 +330,24 @@ def test_offloaded_induction_and_circuits_match(in_memory, offloaded):
     from interp import composition_scores
 
     for kind in ("Q", "K", "V"):
-        pd.testing.assert_frame_equal(composition_scores(offloaded, kind),
-                                      composition_scores(in_memory, kind), atol=OFFLOAD_ATOL,
-                                      rtol=0, check_exact=False)
+        pd.testing.assert_frame_equal(
+            composition_scores(offloaded, kind),
+            composition_scores(in_memory, kind),
+            atol=OFFLOAD_ATOL,
+            rtol=0,
+            check_exact=False,
+        )
 
 
 def test_offloaded_model_refuses_folding_in_one_line(offloaded):
     from interp import fold_layernorm, logit_attribution, logit_attribution_batch
     from interp.layernorm import FoldError
 
-    for call in (lambda: fold_layernorm(offloaded),
-                 lambda: logit_attribution(offloaded, [0, 5, 6, 7], answer=8),
-                 lambda: logit_attribution_batch(offloaded, [[0, 5, 6, 7]], 8)):
+    for call in (
+        lambda: fold_layernorm(offloaded),
+        lambda: logit_attribution(offloaded, [0, 5, 6, 7], answer=8),
+        lambda: logit_attribution_batch(offloaded, [[0, 5, 6, 7]], 8),
+    ):
         with pytest.raises(FoldError, match="device_map") as info:
             call()
         assert "\n" not in str(info.value)
@@ -309,8 +358,12 @@ def test_auto_device_map_with_max_memory_offloads_to_disk(four_layer_dir, in_mem
     assert is_offloaded(model)
     assert model.original_model.hf_device_map["transformer.h"] == "disk"  # every layer
     tokens = torch.randint(1, 300, (2, 12))
-    torch.testing.assert_close(run_cached(model, tokens).logits,
-                               run_cached(in_memory, tokens).logits, atol=OFFLOAD_ATOL, rtol=0)
+    torch.testing.assert_close(
+        run_cached(model, tokens).logits,
+        run_cached(in_memory, tokens).logits,
+        atol=OFFLOAD_ATOL,
+        rtol=0,
+    )
 
 
 def test_load_model_checks_max_memory_first(four_layer_dir):
@@ -323,16 +376,41 @@ def test_load_model_checks_max_memory_first(four_layer_dir):
 
 
 def test_cli_device_map_and_max_memory(four_layer_dir, tmp_path, capsys):
-    common = ["induction", "--model", str(four_layer_dir), "--seq-lens", "5,9", "--batch-size",
-              "2", "--ablate-top", "2"]
+    common = [
+        "induction",
+        "--model",
+        str(four_layer_dir),
+        "--seq-lens",
+        "5,9",
+        "--batch-size",
+        "2",
+        "--ablate-top",
+        "2",
+    ]
     assert main(common + ["--out", str(tmp_path / "mem")]) == 0
-    assert main(common + ["--out", str(tmp_path / "disk"), "--device-map", "auto",
-                          "--max-memory", "500KB", "--max-bytes", "2MB"]) == 0
+    assert (
+        main(
+            common
+            + [
+                "--out",
+                str(tmp_path / "disk"),
+                "--device-map",
+                "auto",
+                "--max-memory",
+                "500KB",
+                "--max-bytes",
+                "2MB",
+            ]
+        )
+        == 0
+    )
     a = pd.read_csv(tmp_path / "mem" / "head_scores.csv")
     b = pd.read_csv(tmp_path / "disk" / "head_scores.csv")
     pd.testing.assert_frame_equal(b, a, atol=OFFLOAD_ATOL, rtol=0, check_exact=False)
     with pytest.raises(SystemExit):  # an unreadable size stops before anything loads
-        main(common + ["--out", str(tmp_path / "x"), "--device-map", "auto", "--max-memory", "1GiX"])
+        main(
+            common + ["--out", str(tmp_path / "x"), "--device-map", "auto", "--max-memory", "1GiX"]
+        )
     assert "memory size" in capsys.readouterr().err
     assert main(common + ["--out", str(tmp_path / "y"), "--max-memory", "1GiB"]) == 2
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
@@ -340,8 +418,10 @@ def test_cli_device_map_and_max_memory(four_layer_dir, tmp_path, capsys):
 
 # ---- peak memory measured from outside (a child process, Linux's peak-RSS counter) ----
 
-def _child_peak(model_dir, what: str, rows_per_length: int, budget: str | None,
-                freed: bool = True) -> dict:
+
+def _child_peak(
+    model_dir, what: str, rows_per_length: int, budget: str | None, freed: bool = True
+) -> dict:
     import json
     import os
     import subprocess
@@ -353,16 +433,35 @@ def _child_peak(model_dir, what: str, rows_per_length: int, budget: str | None,
     env = dict(os.environ)
     if budget is None and freed:  # what a tight budget sets (return_freed_memory), from outside
         env["MALLOC_MMAP_THRESHOLD_"] = str(2**20)
-    done = subprocess.run([sys.executable, str(script), "--child", what, "--model-dir",
-                           str(model_dir), "--rows-per-length", str(rows_per_length),
-                           "--repeat", "1", "--threads", "1", *limit],
-                          capture_output=True, text=True, check=True, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--child",
+            what,
+            "--model-dir",
+            str(model_dir),
+            "--rows-per-length",
+            str(rows_per_length),
+            "--repeat",
+            "1",
+            "--threads",
+            "1",
+            *limit,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/clear_refs"),
-                    reason="needs Linux's /proc peak-RSS counter")
+@pytest.mark.skipif(
+    not __import__("os").path.exists("/proc/self/clear_refs"),
+    reason="needs Linux's /proc peak-RSS counter",
+)
 def test_measured_peaks_match_the_estimates_and_the_budget(gpt2_small_shaped_dir):
     scan = _child_peak(gpt2_small_shaped_dir, "scan", 8, None)  # one chunk
     assert scan["chunks"] == 1

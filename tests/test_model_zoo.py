@@ -35,8 +35,7 @@ def outcomes(cases):
 
 def _documented() -> dict[tuple[str, str], str]:
     """``{(model, analysis): status}`` read from docs/support.md's grid."""
-    lines = [line for line in DOC.read_text(encoding="utf-8").splitlines()
-             if line.startswith("| ")]
+    lines = [line for line in DOC.read_text(encoding="utf-8").splitlines() if line.startswith("| ")]
     header = [cell.strip().strip("`") for cell in lines[0].strip("|").split("|")]
     table = {}
     for line in lines[1:]:
@@ -65,8 +64,11 @@ KNOWN_BUGS: dict[tuple[str, str], str] = {}  # (model, analysis) -> why it FAILS
 
 
 def _expect_known_bugs(name: str, analyses) -> None:
-    known = [f"{analysis}: {KNOWN_BUGS[(name, analysis)]}" for analysis in analyses
-             if (name, analysis) in KNOWN_BUGS]
+    known = [
+        f"{analysis}: {KNOWN_BUGS[(name, analysis)]}"
+        for analysis in analyses
+        if (name, analysis) in KNOWN_BUGS
+    ]
     if known:
         pytest.xfail("; ".join(known))
 
@@ -92,9 +94,9 @@ def _without_measurements(text: str) -> str:
 
 @pytest.mark.slow  # runs every analysis on 17 models: ~40 s in all
 def test_support_table_is_current(outcomes):
-    assert (_without_measurements(DOC.read_text(encoding="utf-8"))
-            == _without_measurements(render_table(outcomes))), (
-        "docs/support.md is out of date: run python experiments/support_table.py")
+    assert _without_measurements(DOC.read_text(encoding="utf-8")) == _without_measurements(
+        render_table(outcomes)
+    ), "docs/support.md is out of date: run python experiments/support_table.py"
 
 
 @pytest.mark.slow  # runs every analysis on 17 models: ~40 s in all
@@ -102,8 +104,7 @@ def test_layernorm_models_work_everywhere(outcomes):
     # the architectures with LayerNorm have no reason to refuse anything
     names = ("gpt2", "gpt_neox", "gpt_neox_parallel", "opt", "gptj", "phi")
     for name in names:
-        statuses = {a: o.status for a, o in outcomes[name].items()
-                    if (name, a) not in KNOWN_BUGS}
+        statuses = {a: o.status for a, o in outcomes[name].items() if (name, a) not in KNOWN_BUGS}
         assert set(statuses.values()) == {"works"}, (name, statuses)
     for name in names:
         _expect_known_bugs(name, outcomes[name])
@@ -122,8 +123,9 @@ def test_a_broken_identity_is_reported_not_hidden(cases):
 
 
 def test_zoo_covers_the_issue_architectures():
-    assert {"gpt2", "gpt_neox", "llama", "qwen2", "gemma2", "mistral", "opt", "gptj",
-            "phi"} <= set(ZOO_ARCHS)
+    assert {"gpt2", "gpt_neox", "llama", "qwen2", "gemma2", "mistral", "opt", "gptj", "phi"} <= set(
+        ZOO_ARCHS
+    )
     assert set(ANALYSES) >= {"detect_induction_heads", "logit_attribution", "interp circuits"}
 
 

@@ -21,8 +21,9 @@ from interp.loading import _hub_cached
 from tests.notebooks import NOTEBOOKS, execute, to_html
 
 EXPECTED = {"tour.ipynb", "gpt2_small.ipynb"}
-ARTIFACTS = Path(os.environ.get("INTERP_TEST_ARTIFACTS",
-                                Path(__file__).resolve().parents[1] / "test-artifacts"))
+ARTIFACTS = Path(
+    os.environ.get("INTERP_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts")
+)
 
 # inside each inline report page (a sandboxed, out-of-process frame): every plotly figure has
 # axes and drawn data, every CircuitsVis view its canvases (thumbnails and the zoomed heatmap)
@@ -33,10 +34,10 @@ FRAME_READY = """[...document.querySelectorAll('.interp-figure')]
 FRAME_CHECKS = {
     "title": "document.title",
     "figures": "[...document.querySelectorAll('.interp-figure.js-plotly-plot')]"
-               ".filter(d => d.querySelector('.main-svg') && d.querySelector('.trace, .hm'))"
-               ".length",
+    ".filter(d => d.querySelector('.main-svg') && d.querySelector('.trace, .hm'))"
+    ".length",
     "views": "[...document.querySelectorAll('.interp-attention')]"
-             ".filter(d => d.children.length && d.querySelectorAll('canvas').length > 1).length",
+    ".filter(d => d.children.length && d.querySelectorAll('canvas').length > 1).length",
     "blocks": "document.querySelectorAll('.interp-figure, .interp-attention').length",
     "render_errors": "[...document.querySelectorAll('.interp-error')].map(e => e.textContent)",
 }
@@ -52,8 +53,8 @@ PAGE_CHECKS = {
     "iframes": "document.querySelectorAll('iframe[sandbox]').length",
     "scripts": "document.scripts.length",
     "errors_shown": "[...document.querySelectorAll('.jp-RenderedText[data-mime-type="
-                    "\"application/vnd.jupyter.stderr\"]')].map(e => e.textContent)"
-                    ".filter(t => /Error|Traceback/.test(t))",
+    '"application/vnd.jupyter.stderr"]\')].map(e => e.textContent)'
+    ".filter(t => /Error|Traceback/.test(t))",
 }
 
 
@@ -102,8 +103,13 @@ def test_tour_runs_in_a_clean_kernel(tour):
 
 
 def _page_sources(nb) -> list[str]:
-    return [o.data["text/html"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
-            if "<iframe srcdoc=" in o.get("data", {}).get("text/html", "")]
+    return [
+        o.data["text/html"]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if "<iframe srcdoc=" in o.get("data", {}).get("text/html", "")
+    ]
 
 
 @pytest.mark.slow
@@ -130,14 +136,20 @@ def test_tour_page_renders_in_a_browser(tour, browser):
     _, page = tour
     default, browser.timeout_s = browser.timeout_s, 90  # five frames of plotly and CircuitsVis
     try:
-        top, frames = browser.open_frames(page, ready_js=FRAME_READY, checks=FRAME_CHECKS,
-                                          top_checks=PAGE_CHECKS, n_frames=len(TITLES),
-                                          settle_s=1.0)
+        top, frames = browser.open_frames(
+            page,
+            ready_js=FRAME_READY,
+            checks=FRAME_CHECKS,
+            top_checks=PAGE_CHECKS,
+            n_frames=len(TITLES),
+            settle_s=1.0,
+        )
     finally:
         browser.timeout_s = default
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "tour-result.json").write_text(json.dumps(
-        {"top": top.values, "frames": [f.values for f in frames]}, indent=1))
+    (ARTIFACTS / "tour-result.json").write_text(
+        json.dumps({"top": top.values, "frames": [f.values for f in frames]}, indent=1)
+    )
     assert top.values["ready"], [f.values for f in frames]
     assert top.exceptions == top.errors == top.dialogs == [], top
     assert top.network_requests() == []
@@ -153,15 +165,19 @@ def test_tour_page_renders_in_a_browser(tour, browser):
         assert values["render_errors"] == [] and values["blocks"] > 0, values
         assert values["figures"] + values["views"] == values["blocks"], values
     for title, (figures, views) in TITLES.items():
-        assert (by_title[title].values["figures"], by_title[title].values["views"]) == \
-            (figures, views), title
+        assert (by_title[title].values["figures"], by_title[title].values["views"]) == (
+            figures,
+            views,
+        ), title
 
 
 @pytest.mark.weights
 @pytest.mark.slow
-@pytest.mark.skipif(not _hub_cached("gpt2", "config.json"),
-                    reason="GPT-2 weights are not in the local Hugging Face cache (no hub "
-                           "access here); load 'gpt2' once online to run gpt2_small.ipynb")
+@pytest.mark.skipif(
+    not _hub_cached("gpt2", "config.json"),
+    reason="GPT-2 weights are not in the local Hugging Face cache (no hub "
+    "access here); load 'gpt2' once online to run gpt2_small.ipynb",
+)
 def test_gpt2_small_notebook_runs():
     nb = execute(NOTEBOOKS / "gpt2_small.ipynb", timeout_s=600)
     for cell in nb.cells:
@@ -176,9 +192,11 @@ def test_gpt2_small_notebook_rehearsal(gpt2_small_shaped_dir, tmp_path):
     real weights (the known induction heads rank top) left out: the code is right, only the
     findings need GPT-2 itself."""
     nb = nbformat.read(NOTEBOOKS / "gpt2_small.ipynb", as_version=4)
-    swaps = {'load_model("gpt2", device="cpu")': f"load_model({str(gpt2_small_shaped_dir)!r}, "
-                                                 'device="cpu")',
-             "assert known <= top, table.head(10)": "pass  # random weights: no induction"}
+    swaps = {
+        'load_model("gpt2", device="cpu")': f"load_model({str(gpt2_small_shaped_dir)!r}, "
+        'device="cpu")',
+        "assert known <= top, table.head(10)": "pass  # random weights: no induction",
+    }
     for old, new in swaps.items():
         assert sum(c.source.count(old) for c in nb.cells) == 1, old
         for cell in nb.cells:

@@ -18,32 +18,66 @@ from interp.html import Report
 from tests.test_html import data_blocks, executable, parse
 
 MAX_INDUCTION_PAGE = 2_500_000  # bytes: the limit (it was 6.2 MB with the full bundle)
-PARTIAL_HEADER = re.compile(r"^/\*\*\n\* plotly\.js \(cartesian - minified\) v(\d+\.\d+\.\d+)\n"
-                            r"\* Copyright 2012-\d{4}, Plotly, Inc\.\n\* All rights reserved\.\n"
-                            r"\* Licensed under the MIT license\n\*/\n")
+PARTIAL_HEADER = re.compile(
+    r"^/\*\*\n\* plotly\.js \(cartesian - minified\) v(\d+\.\d+\.\d+)\n"
+    r"\* Copyright 2012-\d{4}, Plotly, Inc\.\n\* All rights reserved\.\n"
+    r"\* Licensed under the MIT license\n\*/\n"
+)
 
 
 def write_pages(out: Path, model: str, *, fast: bool, question: list[str]) -> dict[str, Path]:
-    quick = (["--seq-lens", "5,8", "--batch-size", "2", "--ablate-top", "3"] if fast else [])
+    quick = ["--seq-lens", "5,8", "--batch-size", "2", "--ablate-top", "3"] if fast else []
     assert main(["induction", "--model", model, "--out", str(out / "induction"), *quick]) == 0
-    assert main(["attribute", "--model", model, *question,
-                 "--out", str(out / "attribute")]) == 0
-    assert main(["circuits", "--model", model, "--out", str(out / "circuits"),
-                 "--baseline-samples", "8" if fast else "200"]) == 0
-    assert main(["attention", "--model", model, "--prompt", "a b c d a b c d",
-                 "--out", str(out / "attention.html")]) == 0
-    return {"induction": out / "induction" / "report.html",
-            "attribute": out / "attribute" / "report.html",
-            "circuits": out / "circuits" / "report.html",
-            "attention": out / "attention.html"}
+    assert main(["attribute", "--model", model, *question, "--out", str(out / "attribute")]) == 0
+    assert (
+        main(
+            [
+                "circuits",
+                "--model",
+                model,
+                "--out",
+                str(out / "circuits"),
+                "--baseline-samples",
+                "8" if fast else "200",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "attention",
+                "--model",
+                model,
+                "--prompt",
+                "a b c d a b c d",
+                "--out",
+                str(out / "attention.html"),
+            ]
+        )
+        == 0
+    )
+    return {
+        "induction": out / "induction" / "report.html",
+        "attribute": out / "attribute" / "report.html",
+        "circuits": out / "circuits" / "report.html",
+        "attention": out / "attention.html",
+    }
 
 
 @pytest.fixture(scope="module")
 def pages(gpt2_dir, tmp_path_factory) -> dict[str, Path]:
-    question = ["--prompt", "When Mary and John went to the store, John gave a drink to",
-                "--answer", " Mary", "--wrong", " John"]
-    return write_pages(tmp_path_factory.mktemp("pages"), str(gpt2_dir), fast=True,
-                       question=question)
+    question = [
+        "--prompt",
+        "When Mary and John went to the store, John gave a drink to",
+        "--answer",
+        " Mary",
+        "--wrong",
+        " John",
+    ]
+    return write_pages(
+        tmp_path_factory.mktemp("pages"), str(gpt2_dir), fast=True, question=question
+    )
 
 
 def figures(path: Path) -> list[dict]:
@@ -51,6 +85,7 @@ def figures(path: Path) -> list[dict]:
 
 
 # -- the partial bundle -------------------------------------------------------------------------
+
 
 def test_vendored_bundle_is_the_official_partial_build_with_its_licence():
     source = page_assets.PLOTLY_PARTIAL.read_text(encoding="utf-8")
@@ -79,13 +114,17 @@ def test_every_trace_type_interp_draws_is_in_the_partial_bundle(pages):
     from tests.test_plotting import scores_df
 
     df = scores_df()
-    made = [head_heatmap(df, "score"), loss_by_position(torch.rand(2, 4)),
-            attribution_bars(df, "score"), logit_lens_lines(df.rename(columns={"head": "token"}),
-                                                            "score"),
-            attention_heatmap(torch.eye(3), ["x", "y", "z"])]
+    made = [
+        head_heatmap(df, "score"),
+        loss_by_position(torch.rand(2, 4)),
+        attribution_bars(df, "score"),
+        logit_lens_lines(df.rename(columns={"head": "token"}), "score"),
+        attention_heatmap(torch.eye(3), ["x", "y", "z"]),
+    ]
     used = {trace.type for fig in made for trace in fig.data}
-    used |= {trace["type"] for page in pages.values() for fig in figures(page)
-             for trace in fig["data"]}
+    used |= {
+        trace["type"] for page in pages.values() for fig in figures(page) for trace in fig["data"]
+    }
     assert used == {"heatmap", "bar", "scatter"}
     assert used <= ih.partial_trace_types()
 
@@ -109,13 +148,20 @@ def test_page_weights(pages):
 
 
 def test_bundled_model_pages_with_default_settings_stay_light(tmp_path):
-    sizes = {name: path.stat().st_size
-             for name, path in write_pages(tmp_path, "tiny-induction", fast=False, question=[
-                 "--prompt", "a b c d a b c", "--answer", " d"]).items()}
+    sizes = {
+        name: path.stat().st_size
+        for name, path in write_pages(
+            tmp_path,
+            "tiny-induction",
+            fast=False,
+            question=["--prompt", "a b c d a b c", "--answer", " d"],
+        ).items()
+    }
     assert sizes["induction"] <= MAX_INDUCTION_PAGE, sizes
 
 
 # -- figures and tables -------------------------------------------------------------------------
+
 
 def test_every_figure_has_a_title_and_states_its_colour_scale(pages):
     for name, path in pages.items():
@@ -123,8 +169,9 @@ def test_every_figure_has_a_title_and_states_its_colour_scale(pages):
             assert fig["layout"]["title"]["text"].strip(), (name, fig["layout"])
             for trace in fig["data"]:
                 if trace["type"] == "heatmap":
-                    assert re.search(r"fixed 0 to 1|fixed -1 to 1|0 white",
-                                     trace["colorbar"]["title"]["text"]), (name, trace)
+                    assert re.search(
+                        r"fixed 0 to 1|fixed -1 to 1|0 white", trace["colorbar"]["title"]["text"]
+                    ), (name, trace)
 
 
 def test_heatmaps_of_shares_are_fixed_and_signed_ones_centred(pages):
@@ -156,8 +203,12 @@ def test_tables_scroll_in_their_own_box_without_an_index_column(pages):
         assert "" not in headers and "<NA>" not in parser.text["td"], name
     circuits = parse(pages["circuits"].read_text(encoding="utf-8"))
     rows = re.findall(r"<thead><tr>(.*?)</tr>", pages["circuits"].read_text(encoding="utf-8"))
-    assert [re.match(r"<th>(\w+)</th>", r).group(1) for r in rows] == ["layer", "kind", "kind",
-                                                                      "kind"]
+    assert [re.match(r"<th>(\w+)</th>", r).group(1) for r in rows] == [
+        "layer",
+        "kind",
+        "kind",
+        "kind",
+    ]
     assert circuits.text["th"][:3] == ["layer", "head", "copying_score"]
 
 
@@ -171,11 +222,13 @@ def test_induction_report_needs_no_circuitsvis(pages):
 
 # -- in a browser -------------------------------------------------------------------------------
 
-FITS = {"overflow": "document.documentElement.scrollWidth - window.innerWidth",
-        "sticky": "[...document.querySelectorAll('th')].every(th => "
-                  "getComputedStyle(th).position === 'sticky')",
-        "boxes": "[...document.querySelectorAll('.interp-table')].map(d => "
-                 "getComputedStyle(d).overflow)"}
+FITS = {
+    "overflow": "document.documentElement.scrollWidth - window.innerWidth",
+    "sticky": "[...document.querySelectorAll('th')].every(th => "
+    "getComputedStyle(th).position === 'sticky')",
+    "boxes": "[...document.querySelectorAll('.interp-table')].map(d => "
+    "getComputedStyle(d).overflow)",
+}
 
 
 @pytest.mark.browser
@@ -198,4 +251,3 @@ def test_command_pages_render_and_fit_the_window(name, pages, browser):
     if name != "attention":
         assert result.values["sticky"] is True
         assert set(result.values["boxes"]) == {"auto"}
-

@@ -39,8 +39,9 @@ def _loop(model, base, source, sites, metric):
     cache = run_cached(model, source, hooks=sorted({s.hook_name for s in sites}))
     values = []
     for site in sites:
-        run = run_cached(model, base, interventions=[
-            Intervention(site, "patch", source=cache[site.hook_name])])
+        run = run_cached(
+            model, base, interventions=[Intervention(site, "patch", source=cache[site.hook_name])]
+        )
         values.append(float(metric(run.logits)[0]))
     return torch.tensor(values, dtype=torch.float64)
 
@@ -57,27 +58,30 @@ def test_columns_and_attrs(gpt2_model, prompts):
     c, r = frame.attrs["clean_metric"], frame.attrs["corrupted_metric"]
     assert c == pytest.approx(float(metric(run_cached(gpt2_model, clean).logits)[0]))
     assert r == pytest.approx(float(metric(run_cached(gpt2_model, corrupted).logits)[0]))
-    torch.testing.assert_close(torch.tensor(frame["recovered"].to_numpy()),
-                               torch.tensor(((frame["metric"] - r) / (c - r)).to_numpy()))
+    torch.testing.assert_close(
+        torch.tensor(frame["recovered"].to_numpy()),
+        torch.tensor(((frame["metric"] - r) / (c - r)).to_numpy()),
+    )
 
 
 @pytest.mark.parametrize("direction", ["denoising", "noising"])
 def test_patching_a_run_into_itself_changes_nothing(gpt2_model, prompts, direction):
     clean, _, metric = prompts
-    frame = patch_activations(gpt2_model, clean, clean, metric, sites=list(GRIDS),
-                              direction=direction)
+    frame = patch_activations(
+        gpt2_model, clean, clean, metric, sites=list(GRIDS), direction=direction
+    )
     assert (frame["metric"] - frame.attrs["clean_metric"]).abs().max() <= SAME
     assert frame["recovered"].isna().all() and frame.attrs["recovered_undefined"]
 
 
 @pytest.mark.parametrize("direction", ["denoising", "noising"])
-def test_the_whole_residual_stream_at_layer_0_gives_the_source_run(gpt2_model, prompts,
-                                                                   direction):
+def test_the_whole_residual_stream_at_layer_0_gives_the_source_run(gpt2_model, prompts, direction):
     clean, corrupted, metric = prompts
     base, source = (corrupted, clean) if direction == "denoising" else (clean, corrupted)
     cache = run_cached(gpt2_model, source, hooks=["blocks.0.hook_resid_pre"])
-    every_pos = [Intervention(Site("resid_pre", 0), "patch",
-                              source=cache["blocks.0.hook_resid_pre"])]
+    every_pos = [
+        Intervention(Site("resid_pre", 0), "patch", source=cache["blocks.0.hook_resid_pre"])
+    ]
     value = run_patched(gpt2_model, base, [every_pos], metric)
     expected = float(metric(cache.logits)[0])
     assert abs(float(value[0]) - expected) <= SAME
@@ -87,16 +91,31 @@ def test_the_whole_residual_stream_at_layer_0_gives_the_source_run(gpt2_model, p
 @pytest.mark.parametrize(("direction", "max_rows"), [("denoising", 3), ("noising", None)])
 def test_fast_grid_equals_a_loop(gpt2_model, prompts, max_rows, direction):
     clean, corrupted, metric = prompts
-    frame = patch_activations(gpt2_model, clean, corrupted, metric, sites=list(GRIDS),
-                              direction=direction, max_rows=max_rows)
-    sites = [Site(kind, int(layer), head=None if pd.isna(head) else int(head),
-                  pos=None if pd.isna(pos) else int(pos))
-             for kind, layer, head, pos in frame[["site", "layer", "head", "pos"]].itertuples(
-                 index=False)]
+    frame = patch_activations(
+        gpt2_model,
+        clean,
+        corrupted,
+        metric,
+        sites=list(GRIDS),
+        direction=direction,
+        max_rows=max_rows,
+    )
+    sites = [
+        Site(
+            kind,
+            int(layer),
+            head=None if pd.isna(head) else int(head),
+            pos=None if pd.isna(pos) else int(pos),
+        )
+        for kind, layer, head, pos in frame[["site", "layer", "head", "pos"]].itertuples(
+            index=False
+        )
+    ]
     base, source = (corrupted, clean) if direction == "denoising" else (clean, corrupted)
     expected = _loop(gpt2_model, base, source, sites, metric)
-    torch.testing.assert_close(torch.tensor(frame["metric"].to_numpy()), expected,
-                               atol=LOOP_ATOL, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(frame["metric"].to_numpy()), expected, atol=LOOP_ATOL, rtol=0
+    )
     assert (frame["recovered"].abs() > 0.05).sum() > 5  # the patches do something
 
 
@@ -135,9 +154,13 @@ def test_equals_transformer_lens_patching(model_name, request):
             theirs = theirs.permute(0, 2, 1)
         ours = frame[frame["site"] == GRIDS[grid][0]]
         ours = ours[ours["pos"].notna() if GRIDS[grid][2] else ours["pos"].isna()]
-        torch.testing.assert_close(torch.tensor(ours["metric"].to_numpy(), dtype=torch.float32),
-                                   theirs.flatten().float(), atol=LOOP_ATOL, rtol=0,
-                                   msg=lambda m, grid=grid: f"{grid}: {m}")
+        torch.testing.assert_close(
+            torch.tensor(ours["metric"].to_numpy(), dtype=torch.float32),
+            theirs.flatten().float(),
+            atol=LOOP_ATOL,
+            rtol=0,
+            msg=lambda m, grid=grid: f"{grid}: {m}",
+        )
 
 
 def test_different_lengths_are_refused_with_both_tokenisations(gpt2_model, prompts):
@@ -161,6 +184,7 @@ def test_bad_arguments(gpt2_model, prompts):
 
 def test_a_callable_metric_and_an_unpatched_row(gpt2_model, prompts):
     clean, corrupted, _ = prompts
+
     def metric(logits):
         return logits[:, -1].logsumexp(-1)
 
@@ -176,8 +200,9 @@ def test_causal_tracing_with_noise_on_the_corrupted_run_only(gpt2_model, prompts
     layer 0 were never corrupted, so patching them changes nothing."""
     clean, _, metric = prompts
     noise = [Intervention(Site("resid_pre", 0, pos=2), "noise", std=3.0, seed=0)]
-    frame = patch_activations(gpt2_model, clean, clean, metric, sites=["resid_pre"],
-                              corruption=noise, method="both")
+    frame = patch_activations(
+        gpt2_model, clean, clean, metric, sites=["resid_pre"], corruption=noise, method="both"
+    )
     assert not frame.attrs["recovered_undefined"]
     exact = frame[frame["method"] == "exact"].set_index(["layer", "pos"])["metric"]
     clean_m, corrupted_m = frame.attrs["clean_metric"], frame.attrs["corrupted_metric"]
@@ -185,8 +210,9 @@ def test_causal_tracing_with_noise_on_the_corrupted_run_only(gpt2_model, prompts
     assert abs(exact.loc[(0, 2)] - clean_m) <= LOOP_ATOL
     others = [(0, p) for p in range(clean.shape[1]) if p != 2]
     assert (exact.loc[others] - corrupted_m).abs().max() <= LOOP_ATOL
-    noised = patch_activations(gpt2_model, clean, clean, metric, sites=["resid_pre"],
-                               corruption=noise, direction="noising")
+    noised = patch_activations(
+        gpt2_model, clean, clean, metric, sites=["resid_pre"], corruption=noise, direction="noising"
+    )
     assert noised.attrs["clean_metric"] == frame.attrs["clean_metric"]
     assert noised.attrs["corrupted_metric"] == pytest.approx(frame.attrs["corrupted_metric"])
 
@@ -203,9 +229,18 @@ def attn_only_model(tmp_path_factory):
     directory = tmp_path_factory.mktemp("attn-only-tokenizer")
     make_tokenizer(200).save_pretrained(directory)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
-    config = TransformerBridgeConfig(d_model=32, d_head=8, n_layers=2, n_ctx=32, n_heads=4,
-                                     d_vocab=len(tokenizer), attn_only=True, act_fn="gelu",
-                                     normalization_type="LN", seed=0)
+    config = TransformerBridgeConfig(
+        d_model=32,
+        d_head=8,
+        n_layers=2,
+        n_ctx=32,
+        n_heads=4,
+        d_vocab=len(tokenizer),
+        attn_only=True,
+        act_fn="gelu",
+        normalization_type="LN",
+        seed=0,
+    )
     return TransformerBridge.boot_native(config, tokenizer=tokenizer).eval()
 
 
@@ -217,13 +252,16 @@ def test_attention_only_model(attn_only_model):
     metric = logit_diff(3, 4)
     frame = patch_activations(model, clean, corrupted, metric, sites=["resid_pre", "heads"])
     _, cache = model.run_with_cache(clean)
-    for grid, fn in (("resid_pre", tl_patching.get_act_patch_resid_pre),
-                     ("heads", tl_patching.get_act_patch_attn_head_out_all_pos)):
+    for grid, fn in (
+        ("resid_pre", tl_patching.get_act_patch_resid_pre),
+        ("heads", tl_patching.get_act_patch_attn_head_out_all_pos),
+    ):
         with torch.no_grad():
             theirs = fn(model, corrupted, cache, lambda logits: metric(logits)[0]).flatten()
         ours = frame[frame["site"] == GRIDS[grid][0]]["metric"].to_numpy()
-        torch.testing.assert_close(torch.tensor(ours, dtype=torch.float32), theirs.float(),
-                                   atol=LOOP_ATOL, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(ours, dtype=torch.float32), theirs.float(), atol=LOOP_ATOL, rtol=0
+        )
     with pytest.raises(ValueError, match="attention-only models have no resid_mid or mlp_out"):
         patch_activations(model, clean, corrupted, metric, sites=["mlp_out"])
 
@@ -234,7 +272,8 @@ def test_a_model_in_training_mode_is_refused(attn_only_model, prompts):
         with pytest.raises(ValueError, match=r"training mode.*model.eval\(\)"):
             run_patched(attn_only_model, [0, 1, 2], [[]], logit_diff(1, 2))
         with pytest.raises(ValueError, match="training mode"):
-            patch_activations(attn_only_model, [0, 1, 2], [0, 1, 3], logit_diff(1, 2),
-                              method="attribution")
+            patch_activations(
+                attn_only_model, [0, 1, 2], [0, 1, 3], logit_diff(1, 2), method="attribution"
+            )
     finally:
         attn_only_model.eval()

@@ -32,24 +32,40 @@ def _frozen_final_scale(model, tokens):
 def test_exact_where_the_metric_is_linear(neox_model, prompts, direction):
     clean, corrupted, metric = prompts
     last = int(neox_model.cfg.n_layers) - 1
-    frame = patch_activations(neox_model, clean, corrupted, metric, sites=["resid_post"],
-                              layers=[last], method="both", direction=direction,
-                              interventions=[_frozen_final_scale(neox_model, corrupted)])
+    frame = patch_activations(
+        neox_model,
+        clean,
+        corrupted,
+        metric,
+        sites=["resid_post"],
+        layers=[last],
+        method="both",
+        direction=direction,
+        interventions=[_frozen_final_scale(neox_model, corrupted)],
+    )
     table = method_errors(frame)
     assert table["error"].abs().max() <= LINEAR_ATOL
-    assert table["exact"].sub(frame.attrs["corrupted_metric" if direction == "denoising"
-                                          else "clean_metric"]).abs().max() > 100 * LINEAR_ATOL
+    assert (
+        table["exact"]
+        .sub(frame.attrs["corrupted_metric" if direction == "denoising" else "clean_metric"])
+        .abs()
+        .max()
+        > 100 * LINEAR_ATOL
+    )
 
 
 def test_the_error_is_reported_where_the_approximation_fails(neox_model, prompts):
     clean, corrupted, metric = prompts
-    frame = patch_activations(neox_model, clean, corrupted, metric, sites=["resid_pre", "heads"],
-                              method="both")
+    frame = patch_activations(
+        neox_model, clean, corrupted, metric, sites=["resid_pre", "heads"], method="both"
+    )
     assert set(frame["method"]) == {"exact", "attribution"}
     table = method_errors(frame)
     assert len(table) == len(frame) // 2
-    torch.testing.assert_close(torch.tensor(table["error"].to_numpy()),
-                               torch.tensor((table["attribution"] - table["exact"]).to_numpy()))
+    torch.testing.assert_close(
+        torch.tensor(table["error"].to_numpy()),
+        torch.tensor((table["attribution"] - table["exact"]).to_numpy()),
+    )
     # the unfrozen LayerNorms make it nonlinear: some cells are visibly off
     assert table["error"].abs().max() > 10 * LINEAR_ATOL
     with pytest.raises(ValueError, match="method='both'"):
@@ -59,8 +75,9 @@ def test_the_error_is_reported_where_the_approximation_fails(neox_model, prompts
 def test_positions_after_the_metric_get_zero_from_both(neox_model, prompts):
     clean, corrupted, _ = prompts
     metric = logit_diff(int(clean[0, 3]), 9, pos=4)
-    frame = patch_activations(neox_model, clean, corrupted, metric, sites=["resid_pre"],
-                              method="both")
+    frame = patch_activations(
+        neox_model, clean, corrupted, metric, sites=["resid_pre"], method="both"
+    )
     later = frame[frame["pos"] > 4]
     base = frame.attrs["corrupted_metric"]
     assert (later["metric"] - base).abs().max() <= 1e-6

@@ -34,8 +34,9 @@ def test_patching_finds_the_hand_set_head_and_position(model):
     clean = model.to_tokens("The cat sat on the mat. The dog sat on the")
     corrupted = clean.clone()
     corrupted[0, 2] = 77  # only position 2 differs; the metric reads the last position
-    frame = patch_activations(model, clean, corrupted, logit_diff(5, 9),
-                              sites=["heads", "resid_pre"])
+    frame = patch_activations(
+        model, clean, corrupted, logit_diff(5, 9), sites=["heads", "resid_pre"]
+    )
     assert abs(frame.attrs["clean_metric"] - frame.attrs["corrupted_metric"]) > 1e-3
     heads = frame[frame["site"] == "head"].set_index(["layer", "head"])["recovered"]
     assert abs(heads.loc[ONLY] - 1) <= EXACT  # its clean output at the last position is all

@@ -33,8 +33,7 @@ def test_single_heads_that_restore_are_induction_heads(setup):
     frame = patch_activations(model, clean, corrupted, metric, sites=["heads", "heads_pos"])
     assert frame.attrs["corrupted_metric"] - frame.attrs["clean_metric"] > 3  # nats
     heads = frame[frame["pos"].isna()]
-    restoring = {(int(r.layer), int(r.head)) for r in heads.itertuples()
-                 if r.recovered > RESTORES}
+    restoring = {(int(r.layer), int(r.head)) for r in heads.itertuples() if r.recovered > RESTORES}
     assert restoring and restoring <= induction
     # and they do it at the position that makes the prediction
     per_pos = frame[frame["pos"].notna() & (frame["recovered"] > RESTORES)]
@@ -45,13 +44,17 @@ def test_induction_heads_together_restore_the_prediction_and_no_others_do(setup)
     model, clean, corrupted, metric, induction = setup
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     others = {(layer, head) for layer in range(n_layers) for head in range(n_heads)} - induction
-    cache = run_cached(model, clean, hooks=[f"blocks.{layer}.attn.hook_z"
-                                            for layer in range(n_layers)])
+    cache = run_cached(
+        model, clean, hooks=[f"blocks.{layer}.attn.hook_z" for layer in range(n_layers)]
+    )
 
     def row(heads):
-        return [Intervention(Site("head", layer, head=head), "patch",
-                             source=cache[f"blocks.{layer}.attn.hook_z"])
-                for layer, head in sorted(heads)]
+        return [
+            Intervention(
+                Site("head", layer, head=head), "patch", source=cache[f"blocks.{layer}.attn.hook_z"]
+            )
+            for layer, head in sorted(heads)
+        ]
 
     clean_m = float(metric(cache.logits)[0])
     corrupted_m = float(metric(run_cached(model, corrupted).logits)[0])

@@ -24,8 +24,13 @@ from interp.plotting import (
     token_label,
 )
 
-HOSTILE = ["</script><script>alert(1)</script>", "<img src=x onerror=alert(1)>", "<b>b</b>",
-           "\"'&", "<a href=\"javascript:alert(1)\">x</a>"]
+HOSTILE = [
+    "</script><script>alert(1)</script>",
+    "<img src=x onerror=alert(1)>",
+    "<b>b</b>",
+    "\"'&",
+    '<a href="javascript:alert(1)">x</a>',
+]
 
 
 def strings_in(value) -> list[str]:
@@ -59,11 +64,14 @@ def _tags(text: str) -> list[str]:
 
 def scores_df(n_layers=3, n_heads=4, seed=0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
-    return pd.DataFrame([(layer, head, rng.normal()) for layer in range(n_layers)
-                         for head in range(n_heads)], columns=["layer", "head", "score"])
+    return pd.DataFrame(
+        [(layer, head, rng.normal()) for layer in range(n_layers) for head in range(n_heads)],
+        columns=["layer", "head", "score"],
+    )
 
 
 # -- head_heatmap ------------------------------------------------------------------------------
+
 
 def test_head_heatmap_puts_each_score_in_its_cell():
     df = scores_df().sample(frac=1, random_state=1)  # row order must not matter
@@ -103,6 +111,7 @@ def test_head_label():
 
 # -- loss_by_position -------------------------------------------------------------------------
 
+
 def test_loss_by_position_plots_the_batch_mean_with_a_band():
     loss = torch.rand(4, 6, generator=torch.Generator().manual_seed(0))
     tokens = ["a", "\n", "a", HOSTILE[0], HOSTILE[1], " the"]
@@ -122,8 +131,10 @@ def test_loss_by_position_plots_the_batch_mean_with_a_band():
 
 def test_loss_by_position_from_a_dataframe_matches_the_tensor():
     loss = torch.rand(3, 5, generator=torch.Generator().manual_seed(1))
-    df = pd.DataFrame([(b, p, float(loss[b, p])) for b in range(3) for p in range(5)],
-                      columns=["batch", "pos", "loss"])
+    df = pd.DataFrame(
+        [(b, p, float(loss[b, p])) for b in range(3) for p in range(5)],
+        columns=["batch", "pos", "loss"],
+    )
     from_df, from_tensor = loss_by_position(df), loss_by_position(loss)
     assert from_df.data[-1].y == pytest.approx(from_tensor.data[-1].y)
     assert from_df.data[0].y == pytest.approx(from_tensor.data[0].y)
@@ -137,9 +148,15 @@ def test_loss_by_position_from_a_dataframe_matches_the_tensor():
 
 # -- attribution_bars -------------------------------------------------------------------------
 
+
 def test_attribution_bars_sorts_by_magnitude_and_colours_by_sign():
-    df = pd.DataFrame({"layer": [0, 0, 1, 1, 2], "head": [0, 1, 0, 1, 0],
-                       "attribution": [0.5, -2.0, float("nan"), 1.0, -0.1]})
+    df = pd.DataFrame(
+        {
+            "layer": [0, 0, 1, 1, 2],
+            "head": [0, 1, 0, 1, 0],
+            "attribution": [0.5, -2.0, float("nan"), 1.0, -0.1],
+        }
+    )
     fig = attribution_bars(df)
     (bar,) = fig.data
     assert list(fig.layout.yaxis.ticktext) == ["L0H1", "L1H1", "L0H0", "L2H0", "L1H0"]
@@ -161,22 +178,31 @@ def test_attribution_bars_labels_from_columns_and_escapes_them():
 
 # -- logit_lens_lines -------------------------------------------------------------------------
 
+
 def test_logit_lens_lines_one_line_per_token_in_stage_order():
     stages = ["embed", "L0", "L1", "final"]
-    df = pd.DataFrame([(s, t, 10 * i + j) for j, t in enumerate([" Mary", HOSTILE[1]])
-                       for i, s in enumerate(stages)], columns=["stage", "token", "logit"])
+    df = pd.DataFrame(
+        [
+            (s, t, 10 * i + j)
+            for j, t in enumerate([" Mary", HOSTILE[1]])
+            for i, s in enumerate(stages)
+        ],
+        columns=["stage", "token", "logit"],
+    )
     fig = logit_lens_lines(df, "logit", x="stage")
     assert [trace.name for trace in fig.data] == [token_label(" Mary"), token_label(HOSTILE[1])]
     assert list(fig.data[1].y) == [1, 11, 21, 31]
     assert list(fig.data[1].x) == [0, 1, 2, 3]
     assert list(fig.layout.xaxis.ticktext) == stages
     assert_no_markup_from(fig, [HOSTILE[1]])
-    numeric = logit_lens_lines(pd.DataFrame({"layer": [0, 2, 4], "prob": [0.1, 0.2, 0.3]}),
-                               "prob", line=None)
+    numeric = logit_lens_lines(
+        pd.DataFrame({"layer": [0, 2, 4], "prob": [0.1, 0.2, 0.3]}), "prob", line=None
+    )
     assert list(numeric.data[0].x) == [0, 2, 4] and len(numeric.data) == 1
 
 
 # -- attention_heatmap ------------------------------------------------------------------------
+
 
 def test_attention_heatmap_cells_and_token_axes():
     g = torch.Generator().manual_seed(0)

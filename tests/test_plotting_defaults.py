@@ -40,14 +40,21 @@ def scan(case):
 
 def heatmap_cells(fig) -> dict[tuple[int, int], float]:
     (trace,) = fig.data
-    return {(layer, head): value for layer, row in enumerate(trace.z)
-            for head, value in enumerate(row) if value is not None}
+    return {
+        (layer, head): value
+        for layer, row in enumerate(trace.z)
+        for head, value in enumerate(row)
+        if value is not None
+    }
 
 
 def assert_cells(fig, table, value) -> None:
     cells = heatmap_cells(fig)
-    expected = {(int(r.layer), int(r.head)): float(getattr(r, value))
-                for r in table.itertuples() if not math.isnan(float(getattr(r, value)))}
+    expected = {
+        (int(r.layer), int(r.head)): float(getattr(r, value))
+        for r in table.itertuples()
+        if not math.isnan(float(getattr(r, value)))
+    }
     assert cells.keys() == expected.keys()
     for key, v in expected.items():
         assert cells[key] == pytest.approx(v, abs=1e-12)
@@ -65,8 +72,9 @@ def test_head_heatmap_takes_the_induction_table_and_result(case, scan):
 def test_head_heatmap_takes_copying_scores(case):
     scores = copying_scores(case[0])
     assert_cells(head_heatmap(scores), scores, "copying_score")
-    assert_cells(head_heatmap(scores, "copying_score", scale="unit-signed"), scores,
-                 "copying_score")
+    assert_cells(
+        head_heatmap(scores, "copying_score", scale="unit-signed"), scores, "copying_score"
+    )
 
 
 def test_attribution_plots_take_logit_attribution(case):
@@ -78,8 +86,11 @@ def test_attribution_plots_take_logit_attribution(case):
     assert len(bar.x) == len(dla) - 1  # every component but the total
     assert sum(bar.x) == pytest.approx(total, abs=1e-6)  # the bars add up to the logit diff
     labels = list(fig.layout.yaxis.ticktext)
-    heads = [f"L{layer}H{head}" for layer in range(model.cfg.n_layers)
-             for head in range(model.cfg.n_heads)]
+    heads = [
+        f"L{layer}H{head}"
+        for layer in range(model.cfg.n_layers)
+        for head in range(model.cfg.n_heads)
+    ]
     assert set(heads) <= set(labels) and "embed" in labels and "total" not in labels
     assert len(set(labels)) == len(labels)  # every bar named apart
     assert abs(bar.x[0]) == max(abs(v) for v in bar.x)
@@ -90,28 +101,33 @@ def test_attribution_plots_take_logit_attribution(case):
     assert_cells(head_heatmap(dla), heads_table(dla), "contribution")
     neurons = logit_attribution(model, prompt, answer, neurons=True)
     if (neurons["component"] == "neuron").any():
-        assert any(t.startswith("neuron L0 N") for t in attribution_bars(neurons)
-                   .layout.yaxis.ticktext)
+        assert any(
+            t.startswith("neuron L0 N") for t in attribution_bars(neurons).layout.yaxis.ticktext
+        )
 
 
 def test_logit_lens_lines_take_logit_lens(case):
     model, prompt, answer, wrong = case
     lens = logit_lens(model, prompt, answer, wrong=wrong)
     fig = logit_lens_lines(lens)
-    assert [t.name for t in fig.data] == [token_label(f"{answer} (answer)"),
-                                          token_label(f"{wrong} (wrong)")]
+    assert [t.name for t in fig.data] == [
+        token_label(f"{answer} (answer)"),
+        token_label(f"{wrong} (wrong)"),
+    ]
     assert list(fig.data[0].y) == pytest.approx(lens["answer_logit"].tolist())
     assert list(fig.data[1].y) == pytest.approx(lens["wrong_logit"].tolist())
     assert list(fig.layout.xaxis.ticktext) == lens["label"].tolist()
     diff = logit_lens_lines(lens, "logit_diff")
     assert len(diff.data) == 1
     assert list(diff.data[0].y) == pytest.approx(
-        (lens["answer_logit"] - lens["wrong_logit"]).tolist(), abs=1e-9)
+        (lens["answer_logit"] - lens["wrong_logit"]).tolist(), abs=1e-9
+    )
     bare = logit_lens(model, prompt)
     top = logit_lens_lines(bare)
     assert list(top.data[0].y) == pytest.approx(bare["top1_prob"].tolist())
-    assert all(token_label(t) in h for t, h in zip(bare["top1_token"], top.data[0].customdata,
-                                                   strict=True))
+    assert all(
+        token_label(t) in h for t, h in zip(bare["top1_token"], top.data[0].customdata, strict=True)
+    )
 
 
 def test_attention_heatmap_takes_run_cached_patterns(case):
@@ -120,8 +136,9 @@ def test_attention_heatmap_takes_run_cached_patterns(case):
     tokens = model.to_str_tokens(prompt)
     pattern = run.patterns()[1, 0, 2]
     fig = attention_heatmap(pattern, tokens)
-    z = torch.tensor([[math.nan if v is None else v for v in row] for row in fig.data[0].z],
-                     dtype=torch.float64)
+    z = torch.tensor(
+        [[math.nan if v is None else v for v in row] for row in fig.data[0].z], dtype=torch.float64
+    )
     assert torch.allclose(z, pattern.double())
     assert torch.allclose(z.sum(-1), torch.ones(len(tokens), dtype=torch.float64))
 
@@ -144,8 +161,9 @@ def test_head_heatmap_takes_a_path_patching_result(case):
     model, prompt = case[0], case[1]
     clean = interp.run_cached(model, prompt).tokens
     corrupted = clean.flip(1)
-    result = path_patch_senders(model, clean, corrupted, receivers=["logits"],
-                                metric=lambda logits: logits[:, -1, 3])
+    result = path_patch_senders(
+        model, clean, corrupted, receivers=["logits"], metric=lambda logits: logits[:, -1, 3]
+    )
     heads = result.table[result.table["head"].notna()]
     assert_cells(head_heatmap(result), heads, "recovered")
 
@@ -161,8 +179,7 @@ def test_head_heatmap_takes_a_heads_patching_frame(case):
     frame = patch_activations(model, clean, corrupted, metric, sites=("heads",), method="both")
     exact = frame[frame["method"] == "exact"]
     assert_cells(head_heatmap(frame), exact, "recovered")
-    assert heatmap_cells(head_heatmap(frame)) == heatmap_cells(
-        patching_heatmap(frame, "head"))
+    assert heatmap_cells(head_heatmap(frame)) == heatmap_cells(patching_heatmap(frame, "head"))
     mixed = patch_activations(model, clean, corrupted, metric, sites=("heads", "q"))
     with pytest.raises(ValueError, match="patching_heatmap"):
         head_heatmap(mixed)

@@ -36,8 +36,9 @@ SCALE_ATOL = 1e-6  # LayerNorm scales are O(0.01-1); measured <= 1.2e-7
 UNIT_ATOL = 1e-6  # one piece against torch's own op, single float32 rounding
 MASKED_BELOW = -1e30  # TransformerLens masks scores with finfo.min (-3.4e38), not -inf
 
-TINY_CFG = ReferenceConfig(d_model=32, n_heads=4, d_head=8, d_mlp=128, n_layers=2, n_ctx=16,
-                           d_vocab=50)
+TINY_CFG = ReferenceConfig(
+    d_model=32, n_heads=4, d_head=8, d_mlp=128, n_layers=2, n_ctx=16, d_vocab=50
+)
 
 
 def random_tokens(d_vocab: int, batch: int, pos: int, seed: int = 0) -> torch.Tensor:
@@ -118,8 +119,9 @@ def test_attention_matches_torch_sdpa():
     torch.testing.assert_close(pattern.sum(-1), torch.ones(2, 4, 7))
     assert pattern.max() > 0.9  # the patterns really are sharp
     # each head's write, summed over heads, plus b_O, is the layer's output
-    torch.testing.assert_close(cache["attn.hook_result"].sum(2) + attn.b_O, out,
-                               atol=UNIT_ATOL, rtol=0)
+    torch.testing.assert_close(
+        cache["attn.hook_result"].sum(2) + attn.b_O, out, atol=UNIT_ATOL, rtol=0
+    )
 
 
 def test_model_is_causal():
@@ -155,8 +157,9 @@ def test_logits_patterns_and_residual_streams_match_the_hooked_model(pair):
     assert (logits - hooked_logits).abs().max() <= LOGITS_ATOL
     shared = [name for name in cache if name in hooked]
     # everything the reference records except per-head results, which the bridge gates
-    assert set(cache) - set(shared) == {f"blocks.{i}.attn.hook_result"
-                                        for i in range(model.cfg.n_layers)}
+    assert set(cache) - set(shared) == {
+        f"blocks.{i}.attn.hook_result" for i in range(model.cfg.n_layers)
+    }
     for name in shared:
         ours, theirs = cache[name], hooked[name]
         assert ours.shape == theirs.shape, name
@@ -165,12 +168,14 @@ def test_logits_patterns_and_residual_streams_match_the_hooked_model(pair):
             assert (theirs[masked] < MASKED_BELOW).all(), name
             ours, theirs = ours[~masked], theirs[~masked]
         atol = {"hook_pattern": PATTERN_ATOL, "hook_scale": SCALE_ATOL}.get(
-            name.rsplit(".", 1)[-1], ACT_ATOL)
+            name.rsplit(".", 1)[-1], ACT_ATOL
+        )
         assert (ours - theirs).abs().max() <= atol, name
 
 
-@pytest.mark.parametrize("fixture", ["gpt2", pytest.param("gpt2_small_shaped",
-                                                           marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "fixture", ["gpt2", pytest.param("gpt2_small_shaped", marks=pytest.mark.slow)]
+)
 def test_from_pretrained_dir_reads_exactly_the_hooked_weights(request, fixture):
     """Splitting the fused Conv1D c_attn [d_model, 3 d_model] gives the bridge's W_Q/K/V."""
     directory = request.getfixturevalue(f"{fixture}_dir")
@@ -190,9 +195,17 @@ def untied_dir(tmp_path_factory):
 
     torch.manual_seed(3)
     tokenizer = make_tokenizer(400)
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=32, n_embd=32, n_layer=2,
-                        n_head=4, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
-                        initializer_range=0.3)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=False,
+        initializer_range=0.3,
+    )
     directory = tmp_path_factory.mktemp("gpt2-untied")
     GPT2LMHeadModel(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -236,9 +249,10 @@ def _hooked_greedy(model, tokens: torch.Tensor, n: int) -> tuple[torch.Tensor, f
     return tokens, min(gaps)
 
 
-@pytest.mark.parametrize("fixture, n", [("gpt2_model", 12),
-                                        pytest.param("gpt2_small_shaped_model", 6,
-                                                     marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "fixture, n",
+    [("gpt2_model", 12), pytest.param("gpt2_small_shaped_model", 6, marks=pytest.mark.slow)],
+)
 def test_greedy_generation_matches_the_hooked_model(request, fixture, n):
     model = request.getfixturevalue(fixture)
     ref = GPT2.from_hooked(model)
@@ -279,7 +293,7 @@ def test_the_tolerances_catch_a_wrong_reference(tiny_pair):
     with torch.no_grad():
         swapped_heads.blocks[0].attn.W_K[[0, 1]] = swapped_heads.blocks[0].attn.W_K[[1, 0]]
     _, cache = swapped_heads.run_with_cache(tokens)
-    pattern_error = (cache["blocks.0.attn.hook_pattern"] - hooked["blocks.0.attn.hook_pattern"])
+    pattern_error = cache["blocks.0.attn.hook_pattern"] - hooked["blocks.0.attn.hook_pattern"]
     assert pattern_error.abs().max() > 100 * PATTERN_ATOL
 
 
@@ -289,8 +303,15 @@ def test_the_tolerances_catch_a_wrong_reference(tiny_pair):
 def test_run_cached_matches_the_reference(pair):
     model, ref, tokens = pair
     logits, cache = ref.run_with_cache(tokens)
-    run = run_cached(model, tokens, resid=("pre", "mid", "post"), patterns=True, scores=True,
-                     head_outputs=True, ln_scales=True)
+    run = run_cached(
+        model,
+        tokens,
+        resid=("pre", "mid", "post"),
+        patterns=True,
+        scores=True,
+        head_outputs=True,
+        ln_scales=True,
+    )
     n_layers = model.cfg.n_layers
 
     def stacked(suffix: str) -> torch.Tensor:  # [layer ...], the layout CachedRun returns
@@ -359,8 +380,10 @@ def test_rotary_neox_checkpoint_is_refused(neox_dir):
     assert "'gpt_neox'" in str(info.value) and "rotary" in str(info.value)
 
 
-@pytest.mark.skipif(not (BUNDLED_DIR / "tiny-induction" / "config.json").is_file(),
-                    reason="the bundled model is not installed in this checkout")
+@pytest.mark.skipif(
+    not (BUNDLED_DIR / "tiny-induction" / "config.json").is_file(),
+    reason="the bundled model is not installed in this checkout",
+)
 def test_bundled_model_is_refused():
     with pytest.raises(UnsupportedArchitectureError, match="GPT-2 only"):
         GPT2.from_pretrained_dir(BUNDLED_DIR / "tiny-induction")
@@ -370,8 +393,10 @@ def test_bundled_model_is_refused():
 
 def test_gpt2_variants_the_reference_does_not_implement_are_refused(gpt2_dir, tmp_path):
     config = json.loads((gpt2_dir / "config.json").read_text())
-    for change, expected in (({"activation_function": "relu"}, "'relu'"),
-                             ({"scale_attn_by_inverse_layer_idx": True}, "1/\\(layer \\+ 1\\)")):
+    for change, expected in (
+        ({"activation_function": "relu"}, "'relu'"),
+        ({"scale_attn_by_inverse_layer_idx": True}, "1/\\(layer \\+ 1\\)"),
+    ):
         (tmp_path / "config.json").write_text(json.dumps(config | change))
         with pytest.raises(UnsupportedArchitectureError, match=expected):
             GPT2.from_pretrained_dir(tmp_path)

@@ -34,8 +34,18 @@ AGREE_ATOL = 1e-5
 SMALL_CAP = 1.0  # a soft-cap small enough to bend these models' logits (a few units)
 
 GEMMA_LIKE = ("gemma", "gemma2", "gemma2_capped")
-ARCHS = ("gpt2", "gpt_neox", "gpt_neox_parallel", "gptj", "phi", "opt", *RMSNORM_ARCHS,
-         "gemma", "gemma2_capped", "qwen2_tied")
+ARCHS = (
+    "gpt2",
+    "gpt_neox",
+    "gpt_neox_parallel",
+    "gptj",
+    "phi",
+    "opt",
+    *RMSNORM_ARCHS,
+    "gemma",
+    "gemma2_capped",
+    "qwen2_tied",
+)
 RMS_ARCHS = (*RMSNORM_ARCHS, "gemma", "gemma2_capped", "qwen2_tied")
 ANSWER, WRONG = 5, 7  # token ids: every zoo vocabulary has them
 
@@ -44,10 +54,20 @@ def make_gemma(directory):
     """Gemma 1 (not in the zoo): (1 + w) RMSNorm, sqrt(d_model) embedding scale, one KV head."""
     torch.manual_seed(0)
     tokenizer = make_tokenizer(300)
-    config = GemmaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-                         intermediate_size=128, max_position_embeddings=64, bos_token_id=0,
-                         eos_token_id=0, pad_token_id=0, initializer_range=0.2)
+    config = GemmaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        initializer_range=0.2,
+    )
     model = GemmaForCausalLM(config)
     _randomise(model)
     model.save_pretrained(directory)
@@ -56,8 +76,10 @@ def make_gemma(directory):
 
 
 # the zoo's checkpoint (shared with the other zoo tests) behind each name but "gemma"
-ZOO_VARIANTS = {"gemma2_capped": ("gemma2", {"final_logit_softcapping": SMALL_CAP}),
-                "qwen2_tied": ("qwen2", {"tie_word_embeddings": True})}
+ZOO_VARIANTS = {
+    "gemma2_capped": ("gemma2", {"final_logit_softcapping": SMALL_CAP}),
+    "qwen2_tied": ("qwen2", {"tie_word_embeddings": True}),
+}
 
 
 def zoo_spec(name: str) -> tuple[str, dict]:
@@ -66,14 +88,22 @@ def zoo_spec(name: str) -> tuple[str, dict]:
 
 @pytest.fixture(scope="module")
 def dirs(zoo, tmp_path_factory):
-    return {name: make_gemma(tmp_path_factory.mktemp(name)) if name == "gemma"
-            else zoo.directory(zoo_spec(name)[0], **zoo_spec(name)[1]) for name in ARCHS}
+    return {
+        name: make_gemma(tmp_path_factory.mktemp(name))
+        if name == "gemma"
+        else zoo.directory(zoo_spec(name)[0], **zoo_spec(name)[1])
+        for name in ARCHS
+    }
 
 
 @pytest.fixture(scope="module")
 def models(zoo, dirs):
-    return {name: load_model(dirs[name], device="cpu") if name == "gemma"
-            else zoo.model(zoo_spec(name)[0], **zoo_spec(name)[1]) for name in ARCHS}
+    return {
+        name: load_model(dirs[name], device="cpu")
+        if name == "gemma"
+        else zoo.model(zoo_spec(name)[0], **zoo_spec(name)[1])
+        for name in ARCHS
+    }
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +119,9 @@ def soft_caps(directory) -> bool:
 def hf_model(directory, *, capped: bool = True):
     """The plain transformers model; ``capped=False`` turns Gemma 2's logit soft-cap off."""
     kwargs = {"final_logit_softcapping": None} if soft_caps(directory) and not capped else {}
-    return AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager",
-                                                **kwargs).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        directory, attn_implementation="eager", **kwargs
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +130,11 @@ def hf(zoo, dirs):
     same model where there is no cap to turn off)."""
     pairs = {}
     for name, directory in dirs.items():
-        output = (hf_model(directory) if name == "gemma"
-                  else zoo.hf(zoo_spec(name)[0], **zoo_spec(name)[1]))
+        output = (
+            hf_model(directory)
+            if name == "gemma"
+            else zoo.hf(zoo_spec(name)[0], **zoo_spec(name)[1])
+        )
         raw = hf_model(directory, capped=False) if soft_caps(directory) else output
         pairs[name] = (raw, output)
     return pairs
@@ -156,16 +190,18 @@ def test_neuron_rows_add_up_to_the_transformers_logit(name, models, hf, folded):
 
 @pytest.mark.parametrize("name", ARCHS)
 def test_bias_rows_only_for_biases_the_model_has(name, models, folded):
-    frame = logit_attribution(folded[name], tokens_for(models[name]), ANSWER, wrong=WRONG,
-                              neurons=True)
+    frame = logit_attribution(
+        folded[name], tokens_for(models[name]), ANSWER, wrong=WRONG, neurons=True
+    )
     components = set(frame["component"])
     try:
         has_b_O = folded[name].b_O is not None
     except AttributeError:  # TransformerLens: "this checkpoint has no such parameter"
         has_b_O = False
     assert ("attn_bias" in components) == has_b_O
-    assert ("attn_bias" in components) == (name not in ("llama", "mistral", "gemma", "gemma2",
-                                                        "gemma2_capped"))
+    assert ("attn_bias" in components) == (
+        name not in ("llama", "mistral", "gemma", "gemma2", "gemma2_capped")
+    )
     # Llama-style MLPs have no biases; GPT-2-style ones do
     assert ("mlp_bias" in components) == (name not in RMS_ARCHS)
 
@@ -176,8 +212,11 @@ def test_bias_rows_only_for_biases_the_model_has(name, models, folded):
 def hf_parts(name, model):
     """The HF modules a by-hand attribution reads, for the Llama-style decoders."""
     layers = model.model.layers
-    post = [layer.post_attention_layernorm for layer in layers] \
-        if name.startswith("gemma2") else [None] * len(layers)
+    post = (
+        [layer.post_attention_layernorm for layer in layers]
+        if name.startswith("gemma2")
+        else [None] * len(layers)
+    )
     return model.model.embed_tokens, layers, post, model.model.norm
 
 
@@ -207,10 +246,12 @@ def test_head_and_embed_rows_by_hand_from_transformers(name, models, hf, folded)
     handles = [final.register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0]))]
     for i, layer in enumerate(layers):
         o_proj = layer.self_attn.o_proj
-        handles.append(o_proj.register_forward_pre_hook(
-            lambda m, a, i=i: seen.__setitem__(f"z{i}", a[0])))
-        handles.append(o_proj.register_forward_hook(
-            lambda m, a, out, i=i: seen.__setitem__(f"a{i}", out)))
+        handles.append(
+            o_proj.register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(f"z{i}", a[0]))
+        )
+        handles.append(
+            o_proj.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(f"a{i}", out))
+        )
     try:
         logits = hf_logits(raw, tokens)
     finally:
@@ -225,9 +266,10 @@ def test_head_and_embed_rows_by_hand_from_transformers(name, models, hf, folded)
         v_bias = layer.self_attn.v_proj.bias
         if v_bias is not None:  # folding moves each head's value bias into attn_bias
             z = z - v_bias.detach().double().view(n_kv, d_head).repeat_interleave(
-                n_heads // n_kv, dim=0)
+                n_heads // n_kv, dim=0
+            )
         W_O = layer.self_attn.o_proj.weight.detach().double()  # [d_model, head*d_head]
-        heads = torch.stack([W_O[:, h * d_head:(h + 1) * d_head] @ z[h] for h in range(n_heads)])
+        heads = torch.stack([W_O[:, h * d_head : (h + 1) * d_head] @ z[h] for h in range(n_heads)])
         if posts[i] is not None:  # Gemma 2: the post-attention RMSNorm, scale frozen
             heads = heads / hf_scale(seen[f"a{i}"][0, -1], posts[i]) * hf_weight(posts[i])
         expected += (heads @ direction).tolist()
@@ -242,8 +284,9 @@ def test_head_and_embed_rows_by_hand_from_transformers(name, models, hf, folded)
     assert torch.equal(embedding, embed(tokens)[0, -1].detach())  # what HF's forward adds
     embed_row = frame[frame["component"] == "embed"]["contribution"].item()
     assert embed_row == pytest.approx(float(embedding.double() @ direction), abs=AGREE_ATOL)
-    assert float(logits[-1, ANSWER] - logits[-1, WRONG]) == pytest.approx(total(frame),
-                                                                           abs=IDENTITY_ATOL)
+    assert float(logits[-1, ANSWER] - logits[-1, WRONG]) == pytest.approx(
+        total(frame), abs=IDENTITY_ATOL
+    )
 
 
 # ---------------------------------------------------------------- soft-capped logits (Gemma 2)
@@ -256,8 +299,9 @@ def test_soft_capped_logits_are_attributed_before_the_cap(models, hf):
     assert float((before - after).abs().max()) > 0.1  # the cap really bends these logits
     frame = logit_attribution(model, tokens, ANSWER, wrong=WRONG)
     assert abs(total(frame) - float(before[-1, ANSWER] - before[-1, WRONG])) <= IDENTITY_ATOL
-    assert frame.attrs["output"] == pytest.approx(float(after[-1, ANSWER] - after[-1, WRONG]),
-                                                  abs=IDENTITY_ATOL)
+    assert frame.attrs["output"] == pytest.approx(
+        float(after[-1, ANSWER] - after[-1, WRONG]), abs=IDENTITY_ATOL
+    )
     assert frame.attrs["soft_cap"] == SMALL_CAP
     assert "before soft-capping" in frame.attrs["reference_is"]
     assert "before the cap" in frame.attrs["note"]
@@ -305,8 +349,7 @@ def test_logit_lens_last_row_is_the_transformers_output(name, models, hf):
     assert abs(last["answer_logit"] - float(logits[ANSWER])) <= IDENTITY_ATOL
     assert abs(last["logit_diff"] - float(logits[ANSWER] - logits[WRONG])) <= IDENTITY_ATOL
     assert [last[f"top{i}_id"] for i in (1, 2, 3)] == logits.topk(3).indices.tolist()
-    assert last["answer_prob"] == pytest.approx(float(logits.softmax(-1)[ANSWER]),
-                                                abs=AGREE_ATOL)
+    assert last["answer_prob"] == pytest.approx(float(logits.softmax(-1)[ANSWER]), abs=AGREE_ATOL)
 
 
 @pytest.mark.parametrize("name", RMS_ARCHS)
@@ -355,8 +398,9 @@ def test_rmsnorm_fold_folds_the_pre_norms_and_centres_nothing(name, models, fold
     assert not torch.allclose(effective_weight(model.ln_final, d_model), ones, atol=0.1)
     info = fold_info(fold)
     assert not info.center_unembed and not info.unembed_mean.any()
-    posts = {f"blocks.{i}.{n}" for i in range(int(model.cfg.n_layers)) for n in ("ln1_post",
-                                                                               "ln2_post")}
+    posts = {
+        f"blocks.{i}.{n}" for i in range(int(model.cfg.n_layers)) for n in ("ln1_post", "ln2_post")
+    }
     assert set(info.kept) == (posts if name.startswith("gemma2") else set())
     # W_U carries ln_final's weight: folded W_U == w_eff[:, None] * original W_U
     expected = effective_weight(model.ln_final, d_model)[:, None] * model.W_U.detach().double()
@@ -399,15 +443,32 @@ def test_cli_total_is_the_transformers_logit_difference(name, dirs, models, hf, 
 
     prompt = "When Mary and John went to the store, John gave a drink to"
     out = tmp_path / "out"
-    assert main(["attribute", "--model", str(dirs[name]), "--prompt", prompt, "--answer",
-                 " Mary", "--wrong", " John", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "attribute",
+                "--model",
+                str(dirs[name]),
+                "--prompt",
+                prompt,
+                "--answer",
+                " Mary",
+                "--wrong",
+                " John",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     frame = pd.read_csv(out / "attribution.csv")
     model, (raw, _) = models[name], hf[name]
     tokens = model.to_tokens(prompt)
     mary, john = (int(model.to_tokens(w, prepend_bos=False)[0, 0]) for w in (" Mary", " John"))
     logits = hf_logits(raw, tokens)
     expected = float(logits[-1, mary] - logits[-1, john])
-    assert abs(frame[frame["component"] == "total"]["contribution"].item() - expected) \
-        <= IDENTITY_ATOL
+    assert (
+        abs(frame[frame["component"] == "total"]["contribution"].item() - expected) <= IDENTITY_ATOL
+    )
     report = (out / "report.html").read_text(encoding="utf-8")
     assert ("before soft-capping" in report) == (name == "gemma2_capped")

@@ -43,9 +43,19 @@ from transformers import (
 
 from tests.checkpoints import make_tokenizer
 
-__all__ = ["ZOO_ARCHS", "RMSNORM_ARCHS", "GQA_ARCHS", "PARALLEL_ARCHS", "make_zoo_checkpoint",
-           "make_toy_checkpoint", "zero_heads", "toy_tokenizer", "attn_only_model", "TOY_KINDS",
-           "Zoo"]
+__all__ = [
+    "ZOO_ARCHS",
+    "RMSNORM_ARCHS",
+    "GQA_ARCHS",
+    "PARALLEL_ARCHS",
+    "make_zoo_checkpoint",
+    "make_toy_checkpoint",
+    "zero_heads",
+    "toy_tokenizer",
+    "attn_only_model",
+    "TOY_KINDS",
+    "Zoo",
+]
 
 D_MODEL, N_HEADS, N_LAYERS, N_CTX = 64, 4, 2, 64
 NORM_SPREAD = 0.5  # norm weights 1 + 0.5 N(0,1): far from 1, rarely near 0
@@ -58,53 +68,111 @@ def _common(vocab: int, **extra) -> dict:
 
 
 def _gpt2(vocab: int, **o):
-    return GPT2LMHeadModel(GPT2Config(**_common(vocab), n_positions=N_CTX, n_embd=D_MODEL,
-                                      n_layer=N_LAYERS, n_head=N_HEADS, resid_pdrop=0.0,
-                                      embd_pdrop=0.0, attn_pdrop=0.0, **o))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            **_common(vocab),
+            n_positions=N_CTX,
+            n_embd=D_MODEL,
+            n_layer=N_LAYERS,
+            n_head=N_HEADS,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **o,
+        )
+    )
 
 
 def _neox(parallel: bool):
     def build(vocab: int, **o):
-        return GPTNeoXForCausalLM(GPTNeoXConfig(
-            **_common(vocab), max_position_embeddings=N_CTX, hidden_size=D_MODEL,
-            num_hidden_layers=N_LAYERS, num_attention_heads=N_HEADS,
-            intermediate_size=4 * D_MODEL, rotary_pct=0.25, use_parallel_residual=parallel,
-            tie_word_embeddings=False, **o))
+        return GPTNeoXForCausalLM(
+            GPTNeoXConfig(
+                **_common(vocab),
+                max_position_embeddings=N_CTX,
+                hidden_size=D_MODEL,
+                num_hidden_layers=N_LAYERS,
+                num_attention_heads=N_HEADS,
+                intermediate_size=4 * D_MODEL,
+                rotary_pct=0.25,
+                use_parallel_residual=parallel,
+                tie_word_embeddings=False,
+                **o,
+            )
+        )
+
     return build
 
 
 def _llama_like(config_cls, model_cls, **defaults):
     def build(vocab: int, **o):
-        kw = dict(max_position_embeddings=N_CTX, hidden_size=D_MODEL,
-                  num_hidden_layers=N_LAYERS, num_attention_heads=N_HEADS,
-                  num_key_value_heads=2, intermediate_size=2 * D_MODEL,
-                  tie_word_embeddings=False, **defaults)
+        kw = dict(
+            max_position_embeddings=N_CTX,
+            hidden_size=D_MODEL,
+            num_hidden_layers=N_LAYERS,
+            num_attention_heads=N_HEADS,
+            num_key_value_heads=2,
+            intermediate_size=2 * D_MODEL,
+            tie_word_embeddings=False,
+            **defaults,
+        )
         kw.update(o)
         return model_cls(config_cls(**_common(vocab), **kw))
+
     return build
 
 
 def _opt(vocab: int, **o):
-    return OPTForCausalLM(OPTConfig(**_common(vocab), pad_token_id=1, hidden_size=D_MODEL,
-                                    num_hidden_layers=N_LAYERS, num_attention_heads=N_HEADS,
-                                    ffn_dim=4 * D_MODEL, max_position_embeddings=N_CTX,
-                                    word_embed_proj_dim=D_MODEL, dropout=0.0,
-                                    attention_dropout=0.0, **o))
+    return OPTForCausalLM(
+        OPTConfig(
+            **_common(vocab),
+            pad_token_id=1,
+            hidden_size=D_MODEL,
+            num_hidden_layers=N_LAYERS,
+            num_attention_heads=N_HEADS,
+            ffn_dim=4 * D_MODEL,
+            max_position_embeddings=N_CTX,
+            word_embed_proj_dim=D_MODEL,
+            dropout=0.0,
+            attention_dropout=0.0,
+            **o,
+        )
+    )
 
 
 def _gptj(vocab: int, **o):
-    return GPTJForCausalLM(GPTJConfig(**_common(vocab), n_positions=N_CTX, n_embd=D_MODEL,
-                                      n_layer=N_LAYERS, n_head=N_HEADS, rotary_dim=8,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                      tie_word_embeddings=False, **o))
+    return GPTJForCausalLM(
+        GPTJConfig(
+            **_common(vocab),
+            n_positions=N_CTX,
+            n_embd=D_MODEL,
+            n_layer=N_LAYERS,
+            n_head=N_HEADS,
+            rotary_dim=8,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            tie_word_embeddings=False,
+            **o,
+        )
+    )
 
 
 def _phi(vocab: int, **o):
-    return PhiForCausalLM(PhiConfig(**_common(vocab), hidden_size=D_MODEL,
-                                    num_hidden_layers=N_LAYERS, num_attention_heads=N_HEADS,
-                                    intermediate_size=4 * D_MODEL, max_position_embeddings=N_CTX,
-                                    partial_rotary_factor=0.5, resid_pdrop=0.0,
-                                    embd_pdrop=0.0, attention_dropout=0.0, **o))
+    return PhiForCausalLM(
+        PhiConfig(
+            **_common(vocab),
+            hidden_size=D_MODEL,
+            num_hidden_layers=N_LAYERS,
+            num_attention_heads=N_HEADS,
+            intermediate_size=4 * D_MODEL,
+            max_position_embeddings=N_CTX,
+            partial_rotary_factor=0.5,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attention_dropout=0.0,
+            **o,
+        )
+    )
 
 
 BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
@@ -113,9 +181,15 @@ BUILDERS: dict[str, Callable[..., torch.nn.Module]] = {
     "gpt_neox_parallel": _neox(parallel=True),
     "llama": _llama_like(LlamaConfig, LlamaForCausalLM),
     "qwen2": _llama_like(Qwen2Config, Qwen2ForCausalLM),
-    "gemma2": _llama_like(Gemma2Config, Gemma2ForCausalLM, head_dim=16,
-                          query_pre_attn_scalar=16, sliding_window=N_CTX,
-                          final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
+    "gemma2": _llama_like(
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=N_CTX,
+        final_logit_softcapping=30.0,
+        attn_logit_softcapping=50.0,
+    ),
     "mistral": _llama_like(MistralConfig, MistralForCausalLM, sliding_window=None),
     "opt": _opt,
     "gptj": _gptj,
@@ -140,8 +214,15 @@ def _randomise(model: torch.nn.Module) -> None:
                 param.copy_(BIAS_SPREAD * torch.randn_like(param))
 
 
-def make_zoo_checkpoint(directory: Path, arch: str, *, seed: int = 0, vocab_size: int = 300,
-                        tokenizer: PreTrainedTokenizerFast | None = None, **overrides) -> Path:
+def make_zoo_checkpoint(
+    directory: Path,
+    arch: str,
+    *,
+    seed: int = 0,
+    vocab_size: int = 300,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    **overrides,
+) -> Path:
     """Write a tiny random ``arch`` checkpoint (weights + tokenizer) to ``directory``.
 
     ``overrides`` go to the architecture's config (``num_key_value_heads=4``, say).
@@ -176,12 +257,16 @@ def toy_tokenizer(*, bos: bool = True) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     kw = dict(bos_token="<eos>") if bos else {}
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>",
-                                   **kw)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>", **kw)
 
 
-def zero_heads(model: GPT2LMHeadModel, *, ov: dict[int, list[int]] = {},  # noqa: B006
-               v: dict[int, list[int]] = {}, qk: dict[int, list[int]] = {}) -> None:  # noqa: B006
+def zero_heads(
+    model: GPT2LMHeadModel,
+    *,
+    ov: dict[int, list[int]] = {},  # noqa: B006 (read, never changed)
+    v: dict[int, list[int]] = {},  # noqa: B006
+    qk: dict[int, list[int]] = {},  # noqa: B006
+) -> None:
     """Zero heads of a GPT-2 in place: ``ov`` zeroes W_O rows, ``v`` W_V (and b_V),
     ``qk`` both W_Q and W_K (and their biases), each ``{layer: [heads]}``."""
     d_model = model.config.n_embd
@@ -203,18 +288,35 @@ def zero_heads(model: GPT2LMHeadModel, *, ov: dict[int, list[int]] = {},  # noqa
                             attn.c_attn.bias[block] = 0
 
 
-def make_toy_checkpoint(directory: Path, *, seed: int = 0, bos: bool = True,
-                        tied: bool = False, small_vocab: bool = True,
-                        ov_zero: dict[int, list[int]] | None = None,
-                        v_zero: dict[int, list[int]] | None = None,
-                        qk_zero: dict[int, list[int]] | None = None, n_ctx: int = N_CTX) -> Path:
+def make_toy_checkpoint(
+    directory: Path,
+    *,
+    seed: int = 0,
+    bos: bool = True,
+    tied: bool = False,
+    small_vocab: bool = True,
+    ov_zero: dict[int, list[int]] | None = None,
+    v_zero: dict[int, list[int]] | None = None,
+    qk_zero: dict[int, list[int]] | None = None,
+    n_ctx: int = N_CTX,
+) -> Path:
     """A GPT-2 toy: 40-token vocabulary (``small_vocab``), optionally no BOS token, tied
     embeddings, and heads zeroed exactly (see :func:`zero_heads`)."""
     torch.manual_seed(seed)
     tokenizer = toy_tokenizer(bos=bos) if small_vocab else make_tokenizer(300)
-    cfg = dict(vocab_size=len(tokenizer), n_positions=n_ctx, n_embd=D_MODEL, n_layer=N_LAYERS,
-               n_head=N_HEADS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-               eos_token_id=0, tie_word_embeddings=tied, initializer_range=0.2)
+    cfg = dict(
+        vocab_size=len(tokenizer),
+        n_positions=n_ctx,
+        n_embd=D_MODEL,
+        n_layer=N_LAYERS,
+        n_head=N_HEADS,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        eos_token_id=0,
+        tie_word_embeddings=tied,
+        initializer_range=0.2,
+    )
     cfg["bos_token_id"] = 0 if bos else None
     model = GPT2LMHeadModel(GPT2Config(**cfg))
     _randomise(model)
@@ -237,8 +339,13 @@ TOY_KINDS: dict[str, dict] = {
 }
 
 
-def attn_only_model(*, seed: int = 0, n_layers: int = N_LAYERS, bos: bool = True,
-                    normalization_type: str | None = "LN"):
+def attn_only_model(
+    *,
+    seed: int = 0,
+    n_layers: int = N_LAYERS,
+    bos: bool = True,
+    normalization_type: str | None = "LN",
+):
     """An attention-only TransformerLens-native bridge (``boot_native``, ``attn_only=True``)
     on the 40-token toy tokenizer; random LayerNorm weights and biases like the zoo.
     ``normalization_type=None``: no norm at all, as in many hand-set and compiled circuits."""
@@ -252,11 +359,18 @@ def attn_only_model(*, seed: int = 0, n_layers: int = N_LAYERS, bos: bool = True
     tok_dir = tempfile.mkdtemp(prefix="toy-tokenizer-")
     toy_tokenizer(bos=bos).save_pretrained(tok_dir)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    cfg = TransformerBridgeConfig(d_model=D_MODEL, d_head=D_MODEL // N_HEADS, n_layers=n_layers,
-                                  n_ctx=N_CTX, n_heads=N_HEADS, d_vocab=len(tokenizer),
-                                  attn_only=True, normalization_type=normalization_type,
-                                  seed=seed,
-                                  tokenizer_prepends_bos=bos)
+    cfg = TransformerBridgeConfig(
+        d_model=D_MODEL,
+        d_head=D_MODEL // N_HEADS,
+        n_layers=n_layers,
+        n_ctx=N_CTX,
+        n_heads=N_HEADS,
+        d_vocab=len(tokenizer),
+        attn_only=True,
+        normalization_type=normalization_type,
+        seed=seed,
+        tokenizer_prepends_bos=bos,
+    )
     bridge = TransformerBridge.boot_native(cfg, tokenizer=tokenizer)
     torch.manual_seed(seed)
     _randomise(bridge)
@@ -315,5 +429,6 @@ class Zoo:
         key = self._key(name, overrides)
         if key not in self._hf:
             self._hf[key] = AutoModelForCausalLM.from_pretrained(
-                self.directory(name, **overrides), attn_implementation="eager").eval()
+                self.directory(name, **overrides), attn_implementation="eager"
+            ).eval()
         return self._hf[key]
