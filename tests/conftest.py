@@ -72,6 +72,21 @@ def gpt2_small_shaped_model(gpt2_small_shaped_dir):
 
 
 @pytest.fixture(scope="session")
+def gpt2_small_width_dir(tmp_path_factory):
+    """GPT-2 small's width (12 heads, d_model 768, d_mlp 3072) in 4 layers: a forward pass's
+    working memory is GPT-2 small's, a patching grid over every layer costs a sixth of it."""
+    return make_checkpoint(
+        tmp_path_factory.mktemp("gpt2-small-width"),
+        arch="gpt2",
+        n_layers=4,
+        n_heads=12,
+        d_model=768,
+        n_ctx=128,
+        vocab_size=1000,
+    )
+
+
+@pytest.fixture(scope="session")
 def gpt2_compat_model(gpt2_dir):
     """The tiny GPT-2 processed by TransformerLens itself (``enable_compatibility_mode``: its
     LayerNorms folded, in place, so a copy of its own rather than ``gpt2_model``)."""

@@ -36,16 +36,6 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 DRIVER = Path(__file__).resolve().parent / "doc_examples.py"
 TIMEOUT_S = 300
 
-# documents whose examples take more than 10 s together (measured; still run in CI)
-SLOW = {
-    "README.md",
-    "docs/attribution.md",
-    "docs/circuits.md",
-    "docs/induction.md",
-    "docs/interventions.md",
-    "docs/path_patching.md",
-    "docs/visualisation.md",
-}
 # documents whose examples are known to fail today, with why; strict: fixing them fails here
 KNOWN_FAILING: dict[str, str] = {}
 
@@ -63,9 +53,9 @@ def _name(path: Path) -> str:
 def _doc_params():
     params = []
     for path in DOCS:
-        marks = []
-        if _name(path) in SLOW:
-            marks.append(pytest.mark.slow)
+        # every document runs in a fresh interpreter: importing torch and TransformerLens alone
+        # takes 5-8 s, and each `interp` command in it as much again (measured 8-18 s a document)
+        marks = [pytest.mark.slow]
         if _name(path) in KNOWN_FAILING:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_FAILING[_name(path)]))
         params.append(pytest.param(path, id=_name(path), marks=marks))
