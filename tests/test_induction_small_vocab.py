@@ -119,7 +119,29 @@ def test_scan_without_bos(small):
     _check_against_transformers(result, hf)
     from interp.induction.report import build_report
 
-    assert "a + a (no BOS)" in build_report(model, result, "toy").to_html()
+    page = build_report(model, result, "toy").to_html()
+    assert "a + a (no BOS)" in page
+    assert "random tokens repeated once (no BOS)" in page and "one row of BOS" not in page
+
+
+def test_attention_view_without_bos_shows_the_two_copies_only(small, monkeypatch):
+    _, model, _ = small
+    from interp.induction import report as induction_report
+
+    shown = []
+    real = induction_report.run_cached
+    monkeypatch.setattr(
+        induction_report,
+        "run_cached",
+        lambda m, tokens, **kw: shown.append(tokens) or real(m, tokens, **kw),
+    )
+    model.cfg.default_prepend_bos = False
+    try:
+        result = run_induction_scan(model, batch_size=2, ablate=1, seq_lens=(6, 12))
+        induction_report.build_report(model, result, "toy")
+    finally:
+        model.cfg.default_prepend_bos = True
+    assert shown and all(len(tokens) == 2 * 6 for tokens in shown)  # a + a, no filler token
 
 
 def test_cli_defaults_on_a_40_token_vocabulary(small, tmp_path, capsys):

@@ -65,7 +65,8 @@ def _attention_views(report: Report, model, result: InductionResult) -> None:
     top = result.table.head(N_ATTENTION_VIEWS)
     row = int((result.batch.seq_lens == result.batch.seq_lens.min()).nonzero()[0])
     seq_len = int(result.batch.seq_lens[row])
-    tokens = result.batch.tokens[row, : 1 + 2 * seq_len]
+    prefix = result.batch.prefix  # 1 with BOS, 0 without
+    tokens = result.batch.tokens[row, : prefix + 2 * seq_len]  # no padding after the copies
     layers = sorted(set(top["layer"].tolist()))
     run = run_cached(model, tokens, patterns=True, layers=layers, keep_logits=False)
     strings = model.to_str_tokens(tokens)
@@ -77,7 +78,8 @@ def _attention_views(report: Report, model, result: InductionResult) -> None:
             attention_heatmap(
                 pattern, strings, title=f"L{lay}H{hd} (#{rank} by induction score {score:.3f})"
             ),
-            caption=f"one row of BOS + {seq_len} random tokens repeated once: an induction "
+            caption=f"one row of {'BOS + ' if prefix else ''}{seq_len} random tokens repeated "
+            f"once{'' if prefix else ' (no BOS)'}: an induction "
             f"head lights the stripe {seq_len - 1} to the left of the diagonal in the "
             "second copy. Colour: attention weight, fixed 0 to 1.",
         )
