@@ -58,13 +58,20 @@ EQUAL_RTOL = 1e-6
 def grid_sites(
     model, grids: Sequence[str], n_pos: int, *, layers: Sequence[int] | None = None
 ) -> list[Site]:
-    """Every site of the named grids (``GRIDS``), layer-major."""
+    """Every site of the named grids (``GRIDS``), layer-major.
+
+    Key and value grids have one site per key/value head: with grouped-query attention
+    (``n_key_value_heads < n_heads``) that is the shared head a group of query heads reads.
+    """
     unknown = [g for g in grids if g not in GRIDS]
     if unknown:
         raise ValueError(f"unknown sites {unknown}; choose from {', '.join(GRIDS)}")
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    n_kv_heads = int(getattr(model.cfg, "n_key_value_heads", None) or n_heads)
     chosen = range(n_layers) if layers is None else [int(layer) for layer in layers]
     hook_names = set(model.hook_dict)
+    heads = {"k": n_kv_heads, "v": n_kv_heads}
+    heads = {kind: heads.get(kind, n_heads) for kind, _, _ in GRIDS.values()}
     sites = []
     for grid in grids:
         kind, per_head, per_pos = GRIDS[grid]
@@ -72,7 +79,7 @@ def grid_sites(
             Site(kind, layer, head=0 if per_head else None).check(model, hook_names)
             sites += [
                 Site(kind, layer, head=head, pos=pos)
-                for head in (range(n_heads) if per_head else [None])
+                for head in (range(heads[kind]) if per_head else [None])
                 for pos in (range(n_pos) if per_pos else [None])
             ]
     return sites
