@@ -10,6 +10,7 @@ The most used names are here, imported on first use, so ``import interp`` stays 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -45,6 +46,8 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
+        if not name.startswith("_") and importlib.util.find_spec(f"interp.{name}") is not None:
+            return importlib.import_module(f"interp.{name}")  # interp.tasks.ioi(...) works
         raise AttributeError(f"module 'interp' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value

@@ -230,3 +230,18 @@ def test_the_example_file_loads_and_validates(gpt2):
 def test_a_task_row_records_only_what_is_set():
     row = TaskRow(clean="a", corrupted="b", answer=" c")
     assert row.record() == {"clean": "a", "corrupted": "b", "answer": " c"}
+
+
+def test_subpackages_are_reached_from_the_package():
+    """``interp.tasks.ioi(...)`` after a bare ``import interp`` (a fresh interpreter: in this
+    one another test may already have imported the subpackage)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import interp; assert callable(interp.tasks.ioi); "
+        "assert interp.interventions.patch_activations\n"
+        "try:\n    interp.no_such_name\nexcept AttributeError:\n    pass\n"
+        "else:\n    raise SystemExit('an unknown name must raise AttributeError')"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
