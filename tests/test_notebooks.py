@@ -48,6 +48,7 @@ TITLES = {
     "Circuits of tiny-induction": (1, 0),
     "Attribution of ' data' vs ' text'": (2, 0),
     "Patching ' data' vs ' text'": (2, 0),
+    "Patching over an induction task": (1, 0),
 }
 PAGE_CHECKS = {
     "iframes": "document.querySelectorAll('iframe[sandbox]').length",
