@@ -154,3 +154,17 @@ def test_read_at_is_checked(gpt2_model):
         with pytest.raises(ValueError, match=message) as info:
             run_patched_task(gpt2_model, batch.corrupted, runs, _metric(batch, []), read_at=bad)
         assert "\n" not in str(info.value)
+
+
+def test_passes_read_at_one_position_are_planned_for_it(gpt2_model):
+    """Read at one position a pass holds no ``[pos d_vocab]`` logits: at least as many rows
+    fit in it, by default and under a budget (and the numbers above do not depend on it)."""
+    from interp.engine import estimate_forward_bytes, task_blocks
+
+    n_pos = 16
+    one = estimate_forward_bytes(gpt2_model, (1, n_pos), read_positions=1)
+    assert one <= estimate_forward_bytes(gpt2_model, (1, n_pos))
+    for budget in (None, 4 * 2**20):
+        full = task_blocks(gpt2_model, n_pos, 4, 500, max_bytes=budget)
+        read = task_blocks(gpt2_model, n_pos, 4, 500, max_bytes=budget, read_one=True)
+        assert read[1] == full[1] == 4 and read[0] >= full[0], (budget, read, full)

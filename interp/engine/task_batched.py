@@ -57,11 +57,15 @@ def task_blocks(
     max_bytes: int | str | None = None,
     held: int = 0,
     held_what: str = "what the caller keeps",
+    read_one: bool = False,
 ) -> tuple[int, int]:
     """``(runs, rows)`` per pass: all task rows and as many patched runs as fit (at least one),
     or one run over as many rows as fit. ``max_rows`` counts batch rows of a pass (runs x task
-    rows); the budget is :func:`interp.engine.batched.rows_per_pass`'s, with ``held`` off it."""
-    size = rows_per_pass(model, n_pos, n_runs * n_rows, max_rows, max_bytes, held, held_what)
+    rows); the budget is :func:`interp.engine.batched.rows_per_pass`'s, with ``held`` off it
+    (``read_one``: each row unembedded at one position)."""
+    size = rows_per_pass(
+        model, n_pos, n_runs * n_rows, max_rows, max_bytes, held, held_what, read_one=read_one
+    )
     if size < n_rows:
         return 1, max(1, size)
     return max(1, min(n_runs, size // n_rows)), n_rows
@@ -194,6 +198,16 @@ def run_patched_task(
             "the rows per pass are planned from), not both"
         )
     n_rows, n_pos = (int(d) for d in tokens.shape)
+    for run in runs:  # refuse a bad run before any pass
+        for item in run:
+            _for_rows(item, 0, n_rows, n_rows)
+    fixed_hooks = compile_hooks(model, fixed)
+    if read_at is not None:  # checked on one row; the passes are planned for what is read
+        read_at = _check_read_at(read_at, n_rows, n_pos).to(model.cfg.device)
+        names = [name for name, _ in fixed_hooks]
+        names += [item.site.hook_name for run in runs for item in run]
+        if not reads_like_forward(model, tokens, read_at, names):
+            read_at = None
     per_pass, rows_at_once = task_blocks(
         model,
         n_pos,
@@ -203,17 +217,8 @@ def run_patched_task(
         max_bytes=max_bytes,
         held=held,
         held_what=held_what,
+        read_one=read_at is not None,
     )
-    for run in runs:  # refuse a bad run before any pass
-        for item in run:
-            _for_rows(item, 0, n_rows, n_rows)
-    fixed_hooks = compile_hooks(model, fixed)
-    if read_at is not None:
-        read_at = _check_read_at(read_at, n_rows, n_pos).to(model.cfg.device)
-        names = [name for name, _ in fixed_hooks]
-        names += [item.site.hook_name for run in runs for item in run]
-        if not reads_like_forward(model, tokens, read_at, names):
-            read_at = None
     groups: dict[int, list[int]] = {}
     for p, run in enumerate(runs):
         groups.setdefault(min((item.site.layer for item in run), default=0), []).append(p)
