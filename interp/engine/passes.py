@@ -98,10 +98,13 @@ def reads_like_forward(
     hook_names: Sequence[str] = (),
 ) -> bool:
     """Whether :func:`forward_read` gives this model's logits: it has ``ln_final`` and
-    ``unembed`` with :data:`READ_HOOK`, no hook in ``hook_names`` is at or after it, and on the
-    first row of ``tokens`` the two agree (float rounding: 1e-5)."""
+    ``unembed`` with :data:`READ_HOOK`, is not placed by accelerate (``device_map``), no hook in
+    ``hook_names`` is at or after it, and on the first row of ``tokens`` the two agree (float
+    rounding: 1e-5)."""
     if not (hasattr(model, "ln_final") and hasattr(model, "unembed")):
         return False
+    if getattr(getattr(model, "original_model", None), "hf_device_map", None):
+        return False  # placed by accelerate, whose hooks must see every pass to its end
     if READ_HOOK not in model.hook_dict or any(n.startswith(_AFTER_READ) for n in hook_names):
         return False
     probe, at = tokens[:1], read_at[:1]
