@@ -9,10 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def time_side_by_side(fns: dict[str, Callable[[], object]], *, repeat: int = 5) -> dict[str, float]:
+def time_side_by_side(
+    fns: dict[str, Callable[[], object]], *, repeat: int = 5, warm_up: bool = True
+) -> dict[str, float]:
     """Median seconds of each function, run interleaved (A B C A B C ...) after one warm-up
-    each, so that drift in the machine's load hits every candidate alike."""
-    for fn in fns.values():
+    each (unless the caller ran them already: ``warm_up=False``), so that drift in the
+    machine's load hits every candidate alike."""
+    for fn in fns.values() if warm_up else ():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):

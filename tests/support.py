@@ -5,7 +5,8 @@ against ``transformers.AutoModelForCausalLM`` on the same tokens), ``refused`` (
 of interp's documented errors with a one-line reason) or ``FAILS`` (a crash, a number that does
 not match, or a refusal that is not one clear line). ``experiments/support_table.py`` writes
 the table of these outcomes into docs/support.md; tests/test_model_zoo.py re-derives it.
-The intervention checks (patching, path patching, ablation, ``interp patch``) are in
+The intervention checks (patching, over a pair and over a task, path patching, ablation,
+``interp patch``) are in
 tests/support_interventions.py.
 """
 
@@ -416,6 +417,7 @@ from tests.support_interventions import (  # noqa: E402
     check_ablation,
     check_cli_patch,
     check_patch_activations,
+    check_patch_task,
     check_path_patch,
 )
 
@@ -433,6 +435,7 @@ ANALYSES: dict[str, Callable[[Case], None]] = {
     "interp circuits": check_cli_circuits,
     "interp attention": check_cli_attention,
     "patch_activations": check_patch_activations,
+    "patch_activations (task)": check_patch_task,
     "path_patch": check_path_patch,
     "ablation": check_ablation,
     "interp patch": check_cli_patch,
@@ -478,7 +481,8 @@ def render_table(results: dict[str, dict[str, Outcome]]) -> str:
         "**works** means it ran and its identity held against plain `transformers` on the same",
         "tokens (logits; attention patterns; per-head outputs summing to the attention output;",
         "attributions summing to the logit difference; folded log-probs; scores equal to their",
-        "dense reference; patched metrics equal to transformers' and to plain hooks; ablated",
+        "dense reference; patched metrics equal to transformers' and to plain hooks; a task of",
+        "rows of different lengths, patched at once, equal to each row as a single pair; ablated",
         "logits equal to transformers' with the head's slice of its output projection zeroed",
         "or mean-set). **refused** means it stopped with the one-line reason listed below;",
         "**n/a**: the check cannot be posed (a command loads a checkpoint afresh).",

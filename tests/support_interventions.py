@@ -104,6 +104,65 @@ def check_patch_activations(case: Case) -> None:
     )
 
 
+def _task_records(case: Case, lengths=(5, 7, 6)) -> list[dict]:
+    """Token-id rows of different lengths (run as given: no BOS is added), each with its own
+    answer and wrong token; the corrupted prompt redraws the first two tokens."""
+    vocab = min(int(case.model.cfg.d_vocab), 40)  # the toys have 40 tokens
+    g = torch.Generator().manual_seed(3)
+    records = []
+    for i, n in enumerate(lengths):
+        clean = torch.randint(2, vocab, (n,), generator=g)
+        corrupted = clean.clone()
+        corrupted[:2] = torch.randint(2, vocab, (2,), generator=g)
+        answer, wrong = ANSWER + i, WRONG + 2 * i + 1
+        records.append(
+            {"clean": clean.tolist(), "corrupted": corrupted.tolist(), "answer": answer}
+            | {"wrong": wrong}
+        )
+    return records
+
+
+def check_patch_task(case: Case) -> None:
+    """A task of 3 rows of different lengths (right-padded): each row's per-head grid equals
+    that row as a single pair, and a task of its first row is the single-pair grid."""
+    from interp.interventions import logit_diff, patch_activations
+    from interp.tasks import Task
+
+    records = _task_records(case)
+    rows = patch_activations(case.model, Task.from_records(records), sites=["heads"], per_row=True)
+    first = patch_activations(case.model, Task.from_records(records[:1]), sites=["heads"])
+    for i, record in enumerate(records):
+        clean, corrupted = (torch.tensor([record[k]]) for k in ("clean", "corrupted"))
+        metric = logit_diff(record["answer"], record["wrong"])
+        pair = patch_activations(case.model, clean, corrupted, metric, sites=["heads"])
+        mine = rows[rows["row"] == i]
+        if len(mine) != len(pair):
+            raise AssertionError(f"row {i + 1} has {len(mine)} cells, the pair {len(pair)}")
+        gap = float(
+            (torch.tensor(mine["metric"].to_numpy()) - torch.tensor(pair["metric"].to_numpy()))
+            .abs()
+            .max()
+        )
+        _near(
+            gap,
+            0.0,
+            ATOL_PATH,
+            f"row {i + 1} of the padded task against its single pair (max |diff|)",
+        )
+        if i == 0:
+            gap = float(
+                (torch.tensor(first["metric"].to_numpy()) - torch.tensor(pair["metric"].to_numpy()))
+                .abs()
+                .max()
+            )
+            _near(gap, 0.0, ATOL_PATH, "a task of one row against the single pair (max |diff|)")
+            for key in ("clean_metric", "corrupted_metric"):
+                _near(first.attrs[key], pair.attrs[key], ATOL_PATH, f"a one-row task's {key}")
+    base = torch.tensor(rows.attrs["corrupted_metric_rows"])[torch.tensor(rows["row"].to_numpy())]
+    if float((torch.tensor(rows["metric"].to_numpy()) - base).abs().max()) <= 10 * ATOL_PATH:
+        raise AssertionError("no head changes any row's metric: the identity would be trivial")
+
+
 def check_path_patch(case: Case) -> None:
     from interp.interventions import complete_receivers, logit_diff, path_patch
 

@@ -321,6 +321,31 @@ def test_offloaded_run_cached_matches(in_memory, offloaded):
     torch.testing.assert_close(stacked_weight(offloaded, "W_O"), in_memory.W_O, atol=0, rtol=0)
 
 
+def test_offloaded_task_patching_reads_full_logits_and_matches(in_memory, offloaded):
+    """A pass that stops early would leave accelerate's hooks half done: an offloaded model is
+    read at full logits (the in-memory one at one position), with the same numbers."""
+    from interp.engine.passes import reads_like_forward
+    from interp.interventions import patch_activations
+    from interp.tasks import Task
+
+    gen = torch.Generator().manual_seed(4)
+    records = []
+    for n in (6, 9):
+        clean = torch.randint(1, 300, (n,), generator=gen)
+        corrupted = torch.cat([torch.randint(1, 300, (2,), generator=gen), clean[2:]])
+        records.append({"clean": clean.tolist(), "corrupted": corrupted.tolist(), "answer": 7})
+    batch = Task.from_records(records).tokens(in_memory)
+    assert reads_like_forward(in_memory, batch.clean, batch.last)
+    assert not reads_like_forward(offloaded, batch.clean, batch.last)
+    a, b = (patch_activations(m, batch, sites=["heads"]) for m in (in_memory, offloaded))
+    torch.testing.assert_close(
+        torch.tensor(b["metric"].to_numpy()),
+        torch.tensor(a["metric"].to_numpy()),
+        atol=OFFLOAD_ATOL,
+        rtol=0,
+    )
+
+
 def test_offloaded_induction_and_circuits_match(in_memory, offloaded):
     kwargs = dict(seq_lens=(5, 9), batch_size=2, seed=0, ablate=3)
     a = run_induction_scan(in_memory, **kwargs).table

@@ -117,23 +117,36 @@ def rows_per_pass(
     kept_per_row: int = 0,
     what: str = "one patched run",
     advice: str = "patch fewer sites or layers, or raise max_bytes",
+    read_one: bool = False,
 ) -> int:
     """Runs per forward pass: ``max_rows``, or planned from ``max_bytes`` less ``held`` (what
     the caller keeps throughout, named ``held_what`` in a refusal, with ``advice``), each run
     needing a pass and a metric over its logits plus ``kept_per_row`` bytes; or by default as
-    many as keep the logits under 256 MiB. Callers that must refuse a budget before any run ask
-    here first; raises :class:`interp.memory.MemoryBudgetError` when not even one run fits."""
+    many as keep the logits under 256 MiB. ``read_one``: each run is unembedded at one position
+    only (:func:`interp.engine.passes.forward_read`), so its logits are ``[d_vocab]``; the
+    default then also allows as many as keep the pass's largest moment
+    (:func:`estimate_forward_bytes`) under 256 MiB, where that is more. Callers that must
+    refuse a budget before any run ask here first; raises
+    :class:`interp.memory.MemoryBudgetError` when not even one run fits."""
     if max_rows is not None:
         return max_rows
+    read = 1 if read_one else None
     if max_bytes is None:
-        return max(1, LOGITS_BUDGET_BYTES // (n_pos * int(model.cfg.d_vocab) * 4))
+        rows = max(1, LOGITS_BUDGET_BYTES // (n_pos * int(model.cfg.d_vocab) * 4))
+        if read_one:  # no [pos d_vocab] logits: the pass's largest moment decides, if larger
+            one = estimate_forward_bytes(model, (1, n_pos), read_positions=1)
+            rows = max(rows, LOGITS_BUDGET_BYTES // one)
+        return rows
     budget = parse_size(max_bytes)
     if held >= budget:
         raise MemoryBudgetError(
             f"{held_what} alone needs {format_size(held)}, more than "
             f"max_bytes={format_size(budget)}; {advice}"
         )
-    forward = max(estimate_forward_bytes(model, (1, n_pos)), estimate_loss_bytes(model, (1, n_pos)))
+    forward = max(
+        estimate_forward_bytes(model, (1, n_pos), read_positions=read),
+        estimate_loss_bytes(model, (1, read or n_pos)),
+    )
     per_run = forward + kept_per_row
     least = held + per_run / _PLAN_SHARE
     if held and budget < least:
@@ -144,7 +157,14 @@ def rows_per_pass(
             f"to at least {format_size(least)}"
         )
     return rows_per_chunk(
-        model, n_pos, budget - held, n_rows=n_rows, kept_per_row=kept_per_row, loss=True, what=what
+        model,
+        n_pos,
+        budget - held,
+        n_rows=n_rows,
+        kept_per_row=kept_per_row,
+        loss=True,
+        what=what,
+        read_positions=read,
     )
 
 

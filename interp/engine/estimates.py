@@ -213,14 +213,15 @@ def estimate_cache_bytes(
     return sum(_cache_items(model, prompt_shape, **what).values())
 
 
-def estimate_forward_bytes(model, prompt_shape) -> int:
+def estimate_forward_bytes(model, prompt_shape, *, read_positions: int | None = None) -> int:
     """Peak working memory of one forward pass of ``run_cached`` (see the module docstring),
     the logits included but nothing else that is cached: the largest of one layer's attention
-    (scores and pattern), one layer's MLP, and the unembedding."""
-    return max(_transients(model, prompt_shape).values())
+    (scores and pattern), one layer's MLP, and the unembedding. ``read_positions``: a pass
+    that unembeds only that many positions per row (``interp.engine.passes.forward_read``)."""
+    return max(_transients(model, prompt_shape, read_positions).values())
 
 
-def _transients(model, prompt_shape) -> dict[str, int]:
+def _transients(model, prompt_shape, read_positions: int | None = None) -> dict[str, int]:
     """Bytes of each moment's working memory: one layer's attention, one layer's MLP, and the
     unembedding (see the module docstring)."""
     batch, n_pos = _shape(prompt_shape)
@@ -231,7 +232,10 @@ def _transients(model, prompt_shape) -> dict[str, int]:
         "mlp": _MLP_TRANSIENT[0] * d_mlp + _MLP_TRANSIENT[1] * dims["d_model"],
         "unembed": _UNEMBED[0] * dims["d_vocab"] + _UNEMBED[1] * dims["d_model"],
     }
-    return {moment: batch * n_pos * item * n for moment, n in per_token.items()}
+    moments = {moment: batch * n_pos * item * n for moment, n in per_token.items()}
+    if read_positions is not None:
+        moments["unembed"] = batch * min(n_pos, read_positions) * item * per_token["unembed"]
+    return moments
 
 
 def estimate_loss_bytes(model, prompt_shape) -> int:

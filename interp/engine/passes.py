@@ -4,6 +4,12 @@ Every pass runs without Hugging Face's KV cache (two residual streams per layer 
 no analysis reads), drops each layer's retained attention pattern as soon as the layer is done
 (:func:`interp.engine.allocator.drop_retained_patterns`), and removes its hooks when it ends,
 also when a hook or the model raises.
+
+:func:`forward_read` is a pass read at one position per row: it stops where the residual
+enters ``ln_final`` and applies ``ln_final`` and the unembedding to that one position of each
+row, instead of ``[batch pos d_vocab]`` logits (GPT-2 small's unembedding costs about five of
+its layers per token). :func:`reads_like_forward` checks, on one row, that a model's logits
+are that (a model that changes them after the unembedding, say by soft-capping, is not).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from torch import Tensor
 
 from interp.engine.allocator import drop_retained_patterns, release_retained
 
-__all__ = ["HookFn", "forward", "store_hook"]
+__all__ = ["HookFn", "forward", "forward_read", "reads_like_forward", "store_hook"]
 
 HookFn = Callable[..., Tensor | None]  # a forward hook: (activation, hook) -> new value or None
 
@@ -38,6 +44,76 @@ def forward(
             return model(tokens, return_type="logits", use_cache=False)
     finally:
         release_retained(model)
+
+
+READ_HOOK = "ln_final.hook_in"  # the residual stream after the last block
+# hooks at or after READ_HOOK would see one position, not the pass's [batch pos ...]
+_AFTER_READ = ("ln_final.", "unembed.", "hook_unembed")
+
+
+class _Stop(Exception):
+    """Raised at :data:`READ_HOOK` once the residual is kept: the rest of the pass is unread."""
+
+
+def forward_read(
+    model,
+    tokens: Int[Tensor, "batch pos"],
+    hooks: Sequence[tuple[str, HookFn]],
+    read_at: Int[Tensor, " batch"],
+) -> Float[Tensor, "batch d_vocab"]:
+    """The logits of ``tokens`` with ``hooks`` applied, at position ``read_at[b]`` of each row
+    ``b`` only: the residual entering ``ln_final`` is gathered there and the pass stops;
+    ``ln_final`` and the unembedding then run on ``[batch 1 d_model]``. Callers check the
+    model with :func:`reads_like_forward` first; ``hooks`` must not be at or after
+    ``ln_final.hook_in`` (they would see one position)."""
+    late = [name for name, _ in hooks if name.startswith(_AFTER_READ)]
+    if late:
+        raise ValueError(f"forward_read cannot apply hooks at or after {READ_HOOK}: {late}")
+    kept: dict[str, Tensor] = {}
+
+    def keep(act: Tensor, hook) -> None:
+        rows = torch.arange(act.shape[0], device=act.device)
+        kept["resid"] = act[rows, read_at.to(act.device)][:, None]  # [batch 1 d_model]
+        raise _Stop
+
+    fwd_hooks = [*hooks, *drop_retained_patterns(model), (READ_HOOK, keep)]
+    try:
+        with torch.inference_mode():
+            try:
+                with model.hooks(fwd_hooks=fwd_hooks, reset_hooks_end=True):
+                    model(tokens, return_type="logits", use_cache=False)
+            except _Stop:
+                pass
+            if "resid" not in kept:
+                raise RuntimeError(f"the model's pass did not reach {READ_HOOK}")
+            return model.unembed(model.ln_final(kept["resid"]))[:, 0]
+    finally:
+        release_retained(model)
+
+
+def reads_like_forward(
+    model,
+    tokens: Int[Tensor, "batch pos"],
+    read_at: Int[Tensor, " batch"],
+    hook_names: Sequence[str] = (),
+) -> bool:
+    """Whether :func:`forward_read` gives this model's logits: it has ``ln_final`` and
+    ``unembed`` with :data:`READ_HOOK`, is not placed by accelerate (``device_map``), no hook in
+    ``hook_names`` is at or after it, and on the first row of ``tokens`` the two agree (float
+    rounding: 1e-5)."""
+    if not (hasattr(model, "ln_final") and hasattr(model, "unembed")):
+        return False
+    if getattr(getattr(model, "original_model", None), "hf_device_map", None):
+        return False  # placed by accelerate, whose hooks must see every pass to its end
+    if READ_HOOK not in model.hook_dict or any(n.startswith(_AFTER_READ) for n in hook_names):
+        return False
+    probe, at = tokens[:1], read_at[:1]
+    try:
+        fast = forward_read(model, probe, (), at)
+    except Exception:  # any structure the read cannot follow: fall back to full logits
+        return False
+    full = forward(model, probe)[:, int(at[0])]
+    return fast.shape == full.shape and torch.allclose(fast, full, rtol=1e-5, atol=1e-5)
 
 
 def store_hook(store: dict, name: str, copy: bool = False) -> HookFn:

@@ -47,13 +47,15 @@ def rows_per_chunk(
     loss: bool = False,
     held: int = 0,
     what: str = "this analysis",
+    read_positions: int | None = None,
 ) -> int:
     """How many rows of ``n_pos`` tokens one forward pass may take under ``max_bytes``.
 
     ``kept_per_row``: bytes per row a pass needs beside the forward pass (what it records);
     ``loss``: it computes a next-token loss from the logits after each pass
     (:func:`estimate_loss_bytes`); ``held``: bytes the analysis keeps throughout, whatever
-    its chunks (they come off the budget first). Chunks are planned to 90% of the budget,
+    its chunks (they come off the budget first); ``read_positions``: a pass unembeds that many
+    positions per row only (the loss too is over those). Chunks are planned to 90% of the budget,
     and to 2.5x the estimate per row: glibc keeps freed memory resident (peaks measured
     1.4-2.5x what is in use), and splitting costs almost nothing, since a pass's time grows
     with its rows. Only when one row would not fit that way are freed blocks returned to the
@@ -62,9 +64,9 @@ def rows_per_chunk(
     fits.
     """
     budget = parse_size(max_bytes)
-    per_row = estimate_forward_bytes(model, (1, n_pos))
+    per_row = estimate_forward_bytes(model, (1, n_pos), read_positions=read_positions)
     if loss:
-        per_row = max(per_row, estimate_loss_bytes(model, (1, n_pos)))
+        per_row = max(per_row, estimate_loss_bytes(model, (1, read_positions or n_pos)))
     per_row += kept_per_row
     usable = int((budget - held) * _PLAN_SHARE)
     if held and per_row > usable:

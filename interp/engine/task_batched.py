@@ -11,7 +11,11 @@ even one run over all rows fits, one run over a chunk of rows (:func:`rows_per_p
 
 A *row metric* is a callable ``(logits [batch pos d_vocab], rows [batch]) -> [batch]``: ``rows``
 says which task row each batch row is, so that each is read with its own answer and at its own
-last real token.
+last real token. Given ``read_at`` (each row's position to read), a pass computes the logits at
+that position of each row only, ``[batch d_vocab]``, and the metric receives those
+(:func:`interp.engine.passes.forward_read`): the unembedding of every other position is never
+computed. A model whose logits are not ``unembed(ln_final(resid))`` (checked on one row before
+the passes) gets full logits, ``read_at`` or not.
 """
 
 from __future__ import annotations
@@ -27,14 +31,16 @@ from tqdm.auto import tqdm
 
 from interp.engine.batched import check_eval, rows_per_pass
 from interp.engine.hooks import compile_hooks
-from interp.engine.passes import HookFn, forward
+from interp.engine.passes import HookFn, forward, forward_read, reads_like_forward
 from interp.engine.sites import Intervention
 
 __all__ = ["run_patched_task", "task_blocks", "RowMetricFn", "TASK_KINDS"]
 
-# a row metric: (logits, the task row of each batch row) -> one value per batch row
+# a row metric: (logits, the task row of each batch row) -> one value per batch row; the
+# logits are [batch d_vocab] (already read) when run_patched_task was given read_at
 RowMetricFn = Callable[
-    [Float[Tensor, "batch pos d_vocab"], Int[Tensor, " batch"]], Float[Tensor, " batch"]
+    [Float[Tensor, "batch pos d_vocab"] | Float[Tensor, "batch d_vocab"], Int[Tensor, " batch"]],
+    Float[Tensor, " batch"],
 ]
 # kinds that act on each task row as if it ran alone: a patch takes its row of the source,
 # zero and noise are the same for every row; a mean or resample would mix the rows of a block
@@ -51,11 +57,15 @@ def task_blocks(
     max_bytes: int | str | None = None,
     held: int = 0,
     held_what: str = "what the caller keeps",
+    read_one: bool = False,
 ) -> tuple[int, int]:
     """``(runs, rows)`` per pass: all task rows and as many patched runs as fit (at least one),
     or one run over as many rows as fit. ``max_rows`` counts batch rows of a pass (runs x task
-    rows); the budget is :func:`interp.engine.batched.rows_per_pass`'s, with ``held`` off it."""
-    size = rows_per_pass(model, n_pos, n_runs * n_rows, max_rows, max_bytes, held, held_what)
+    rows); the budget is :func:`interp.engine.batched.rows_per_pass`'s, with ``held`` off it
+    (``read_one``: each row unembedded at one position)."""
+    size = rows_per_pass(
+        model, n_pos, n_runs * n_rows, max_rows, max_bytes, held, held_what, read_one=read_one
+    )
     if size < n_rows:
         return 1, max(1, size)
     return max(1, min(n_runs, size // n_rows)), n_rows
@@ -134,12 +144,28 @@ def _for_rows(item: Intervention, lo: int, hi: int, n_rows: int) -> Intervention
     return replace(item, source=item.source[lo:hi])
 
 
+def _check_read_at(read_at, n_rows: int, n_pos: int) -> Int[Tensor, " rows"]:
+    read_at = torch.as_tensor(read_at).long()
+    if read_at.shape != (n_rows,):
+        raise ValueError(
+            f"read_at must have one position per task row ({n_rows}), got shape "
+            f"{tuple(read_at.shape)}"
+        )
+    if n_rows and (int(read_at.min()) < 0 or int(read_at.max()) >= n_pos):
+        raise ValueError(
+            f"read_at must lie in [0, {n_pos - 1}] (the rows' positions), got "
+            f"{int(read_at.min())} to {int(read_at.max())}"
+        )
+    return read_at
+
+
 def run_patched_task(
     model,
     tokens: Int[Tensor, "rows pos"],
     runs: Sequence[Sequence[Intervention]],
     metric: RowMetricFn,
     *,
+    read_at: Int[Tensor, " rows"] | None = None,
     fixed: Sequence[Intervention | tuple[str, HookFn]] = (),
     max_rows: int | None = None,
     max_bytes: int | str | None = None,
@@ -155,7 +181,10 @@ def run_patched_task(
     ``max_rows`` bounds the batch rows of one pass (runs x task rows); ``max_bytes`` is planned
     as :func:`interp.engine.batched.run_patched` plans it, less ``held``; the numbers do not
     depend on the split. ``fixed`` interventions apply to every run and must broadcast over the
-    batch (one row, or none: the same for every row).
+    batch (one row, or none: the same for every row). With ``read_at`` (row ``i``'s position to
+    read, e.g. its last real token) the metric gets ``[batch d_vocab]`` logits read there, or,
+    when the model's logits cannot be read that way, full logits (module docstring); the
+    numbers are the same (tests/test_task_reading.py).
     """
     check_eval(model)
     tokens = torch.as_tensor(tokens).to(model.cfg.device)
@@ -169,6 +198,16 @@ def run_patched_task(
             "the rows per pass are planned from), not both"
         )
     n_rows, n_pos = (int(d) for d in tokens.shape)
+    for run in runs:  # refuse a bad run before any pass
+        for item in run:
+            _for_rows(item, 0, n_rows, n_rows)
+    fixed_hooks = compile_hooks(model, fixed)
+    if read_at is not None:  # checked on one row; the passes are planned for what is read
+        read_at = _check_read_at(read_at, n_rows, n_pos).to(model.cfg.device)
+        names = [name for name, _ in fixed_hooks]
+        names += [item.site.hook_name for run in runs for item in run]
+        if not reads_like_forward(model, tokens, read_at, names):
+            read_at = None
     per_pass, rows_at_once = task_blocks(
         model,
         n_pos,
@@ -178,11 +217,8 @@ def run_patched_task(
         max_bytes=max_bytes,
         held=held,
         held_what=held_what,
+        read_one=read_at is not None,
     )
-    for run in runs:  # refuse a bad run before any pass
-        for item in run:
-            _for_rows(item, 0, n_rows, n_rows)
-    fixed_hooks = compile_hooks(model, fixed)
     groups: dict[int, list[int]] = {}
     for p, run in enumerate(runs):
         groups.setdefault(min((item.site.layer for item in run), default=0), []).append(p)
@@ -201,7 +237,12 @@ def run_patched_task(
         ]
         hooks = fixed_hooks + _block_hooks(start, hi - lo, compiled)
         with _masks_follow_rows(model):
-            logits = forward(model, tokens[lo:hi], hooks)
+            if read_at is None:
+                logits = forward(model, tokens[lo:hi], hooks)
+            else:
+                logits = forward_read(
+                    model, tokens[lo:hi], hooks, read_at[lo:hi].repeat(len(members))
+                )
         rows = torch.arange(lo, hi).repeat(len(members))
         value = torch.as_tensor(metric(logits, rows)).float()
         if value.shape != rows.shape:

@@ -8,6 +8,8 @@
 - :mod:`interp.interventions.metrics` has the metrics; :mod:`~.plots` the heatmaps;
   :mod:`~.report` the report section.
 
+- :func:`to_grid` (:mod:`~.grid_tensors`) gives one grid of a patching table as
+  TransformerLens's ``[layer pos]`` / ``[layer head]`` / ``[layer pos head]`` tensor.
 - :func:`path_patch` (:mod:`~.paths`) patches a sender only along chosen paths (IOI-style);
   :func:`path_patch_senders` sweeps every head.
 """
@@ -24,6 +26,7 @@ from interp.engine import (
     pair_tokens,
     run_patched,
 )
+from interp.interventions.grid_tensors import to_grid
 from interp.interventions.metrics import Metric, answer_loss, logit_diff, probability
 from interp.interventions.patching import (
     COLUMNS,
@@ -50,6 +53,7 @@ __all__ = [
     "run_patched",
     "patch_activations",
     "method_errors",
+    "to_grid",
     "pair_tokens",
     "GRIDS",
     "COLUMNS",

@@ -221,6 +221,7 @@ def patch_task(
             base_tokens,
             runs,
             _row_metric(task_metric),
+            read_at=batch.last,  # each row's last real token: no other is unembedded
             fixed=base_fixed,
             max_rows=max_rows,
             max_bytes=max_bytes,
