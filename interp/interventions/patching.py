@@ -43,7 +43,7 @@ from interp.interventions.grids import (
     recovered,
     site_frame,
 )
-from interp.interventions.metrics import MetricFn, metric_name
+from interp.interventions.metrics import MetricFn, metric_name, resolve_metric, row_by_row
 from interp.interventions.metrics import per_row as metric_rows
 from interp.interventions.task_patching import TASK_METRICS, is_task, patch_task
 
@@ -166,6 +166,7 @@ def patch_activations(
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    metric = resolve_metric(model, metric)  # token text to ids, refused before any run
     clean_tokens, corrupted_tokens = pair_tokens(model, clean, corrupted)
     chosen = grid_sites(model, list(dict.fromkeys(sites)), clean_tokens.shape[1], layers=layers)
     names = sorted({site.hook_name for site in chosen})
@@ -186,6 +187,7 @@ def patch_activations(
         (on_corrupted, interventions) if denoising else (interventions, on_corrupted)
     )
     source = run_cached(model, source_tokens, hooks=names, interventions=source_fixed)
+    metric = row_by_row(model, metric, source.logits)  # a batch-averaging metric, row by row
     source_metric = float(metric_rows(metric, source.logits)[0])
     parts, base_metric = [], None
     if method in ("attribution", "both"):

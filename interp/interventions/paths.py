@@ -41,6 +41,7 @@ from interp.engine import (
     to_tokens,
 )
 from interp.engine.estimates import _itemsize
+from interp.interventions.metrics import resolve_metric
 from interp.interventions.patching import COLUMNS, DIRECTIONS  # one result shape for both
 from interp.interventions.path_nodes import (
     PathPatchResult,
@@ -159,6 +160,7 @@ def _run(
 ):
     for s in senders:
         _validate(model, s, receivers, mlps, check_order)
+    metric = resolve_metric(model, metric)  # token text to ids, refused before any run
     clean_t, corrupt_t = _tokens_pair(model, clean, corrupted)
     reads = sorted({read_point(model, r) for r in receivers})
     runs = {
