@@ -8,6 +8,7 @@
 - :mod:`interp.interventions.metrics` has the metrics; :mod:`~.plots` the heatmaps;
   :mod:`~.report` the report section.
 
+- :func:`ablation_effects` (:mod:`~.ablate`) ablates each head or layer alone, over a task.
 - :func:`path_patch` (:mod:`~.paths`) patches a sender only along chosen paths (IOI-style);
   :func:`path_patch_senders` sweeps every head.
 """
@@ -24,6 +25,7 @@ from interp.engine import (
     pair_tokens,
     run_patched,
 )
+from interp.interventions.ablate import ablation_effects
 from interp.interventions.metrics import Metric, answer_loss, logit_diff, probability
 from interp.interventions.patching import (
     COLUMNS,
@@ -49,6 +51,7 @@ __all__ = [
     "compile_hooks",
     "run_patched",
     "patch_activations",
+    "ablation_effects",
     "method_errors",
     "pair_tokens",
     "GRIDS",

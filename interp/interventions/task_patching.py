@@ -57,7 +57,14 @@ from interp.interventions.grids import (
 )
 from interp.tasks import Task, TaskMetric, TaskTokens
 
-__all__ = ["patch_task", "is_task", "TASK_METRICS", "TASK_COLUMNS", "ROW_COLUMNS"]
+__all__ = [
+    "patch_task",
+    "is_task",
+    "task_row_metric",
+    "TASK_METRICS",
+    "TASK_COLUMNS",
+    "ROW_COLUMNS",
+]
 
 TASK_METRICS = ("logit_diff", "prob_diff")  # TaskTokens.metric kinds
 TASK_COLUMNS = [*COLUMNS, "recovered_sem"]  # dataset means
@@ -70,7 +77,7 @@ def is_task(value) -> bool:
     return isinstance(value, (Task, TaskTokens))
 
 
-def _row_metric(metric: TaskMetric):
+def task_row_metric(metric: TaskMetric):
     """The task metric as the engine's row metric: batch row ``b`` is task row ``rows[b]``."""
 
     def value(logits: Tensor, rows: Tensor) -> Tensor:
@@ -220,7 +227,7 @@ def patch_task(
             model,
             base_tokens,
             runs,
-            _row_metric(task_metric),
+            task_row_metric(task_metric),
             fixed=base_fixed,
             max_rows=max_rows,
             max_bytes=max_bytes,
