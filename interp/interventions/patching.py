@@ -84,6 +84,7 @@ def patch_activations(
     progress: bool = False,
     interventions: Sequence[Intervention | tuple[str, HookFn]] = (),
     corruption: Sequence[Intervention | tuple[str, HookFn]] = (),
+    positions: str | None = None,
 ) -> pd.DataFrame:
     """Patch every site of the requested grids and measure ``metric``; a tidy DataFrame.
 
@@ -104,6 +105,8 @@ def patch_activations(
             gradient approximation, one forward and one backward for the whole grid) or
             ``both`` (rows for each; compare them with :func:`method_errors`).
         per_row: over a task only: one table row per site and task row (column ``row``).
+        positions: over a task only: ``"named"`` reports per-position grids by the rows'
+            position labels (``pos`` holds ``IO``, ``S2``, ...; rows may differ in length).
         max_rows: patched runs per forward pass (bounds memory); default: as many as keep
             the float32 logits under 256 MiB (rows of one pass always start at one layer).
         max_bytes: a memory budget instead (bytes or text such as ``"500MB"``; not with
@@ -150,6 +153,12 @@ def patch_activations(
             progress=progress,
             interventions=interventions,
             corruption=corruption,
+            positions=positions,
+        )
+    if positions is not None:
+        raise ValueError(
+            "positions='named' is for a task whose rows carry positions; one prompt pair's "
+            "grid is by index"
         )
     if corrupted is None or metric is None:
         raise TypeError(
