@@ -48,11 +48,13 @@ from interp.attribution_core import (
     _target,
     resolve_token,
 )
+from interp.attribution_task import task_attribution
 from interp.engine import Prompt, run_cached
 from interp.layernorm import fold_layernorm, is_folded
 from interp.norms import param, soft_cap
 from interp.offload import materialized
 from interp.residual import AttributionError, final_logits, residual_parts
+from interp.tasks import Task, TaskTokens
 
 __all__ = [
     "AttributionError",
@@ -69,14 +71,20 @@ __all__ = [
 
 def logit_attribution(
     model,
-    prompt: Prompt,
-    answer: str | int,
+    prompt: Prompt | Task | TaskTokens,
+    answer: str | int | None = None,
     *,
     wrong: str | int | None = None,
     pos: int = -1,
     neurons: bool = False,
+    per_row: bool = False,
 ) -> pd.DataFrame:
     """Direct logit attribution of the ``answer`` logit (or ``answer - wrong``) at ``pos``.
+
+    ``logit_attribution(model, task)`` attributes every row of an :class:`interp.Task` to its
+    own answer minus its own wrong token at its own last real token, and returns the mean over
+    rows with ``contribution_sem`` (``per_row=True``: each row's table under a ``row`` column);
+    see :mod:`interp.attribution_task`.
 
     Args:
         model: a TransformerBridge with LayerNorm or RMSNorm. An unfolded model is folded into a
@@ -109,6 +117,17 @@ def logit_attribution(
         AttributionError: the rows do not add up to the model's logit.
         interp.layernorm.FoldError: the model cannot be folded.
     """
+    if isinstance(prompt, (Task, TaskTokens)):
+        if answer is not None or wrong is not None or pos != -1:
+            raise ValueError(
+                "a task carries each row's answer and wrong token, read at its last real "
+                "token: call logit_attribution(model, task) without answer, wrong or pos"
+            )
+        return task_attribution(model, prompt, per_row=per_row, neurons=neurons)
+    if per_row:
+        raise ValueError("per_row=True is for a task; one prompt has one row")
+    if answer is None:
+        raise TypeError("logit_attribution needs an answer token for a prompt (or pass a Task)")
     tokens = _single_prompt(model, prompt)
     target = _target(model, answer, wrong)
     position = _position(pos, tokens.shape[1])

@@ -140,9 +140,7 @@ def test_budgeted_path_patching_equals_one_pass(gpt2_model):
     )
     # 2 senders (of 2 rows) per pass, with room for 2.5x their estimate (what glibc keeps)
     budget = held + math.ceil(2 * 2 * _GLIBC_SLACK * per_row / _PLAN_SHARE) + 1
-    assert (
-        _senders_fitting(gpt2_model, clean, corrupted, [_r(r) for r in receivers], 8, budget) == 2
-    )
+    assert _senders_fitting(gpt2_model, clean, [_r(r) for r in receivers], 8, budget) == 2
     held_run = path_patch_senders(
         gpt2_model, clean, corrupted, receivers=receivers, metric=metric, max_bytes=budget
     )

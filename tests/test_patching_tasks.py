@@ -214,7 +214,7 @@ def test_per_row_tables_average_back_to_the_means(bundled):
 def test_refusals_are_one_line(gpt2_model):
     task = Task.from_records(_records([4, 6]))
     cases = [
-        (dict(sites=["resid_pre"]), "rows of one length, .*positions named per row"),
+        (dict(sites=["resid_pre"]), "different token in each row; add .positions. to the rows"),
         (dict(sites=["heads"], per_row=True, method="both"), "per_row=True needs method='exact'"),
         (dict(sites=["heads"], metric=logit_diff(1, 2)), "over a task, metric is one of"),
         (dict(sites=["heads"], metric="loss"), "over a task, metric is one of"),

@@ -57,6 +57,13 @@ def per_row(
         value = torch.as_tensor(value, dtype=torch.float32)
     if value.ndim == 0 and logits.shape[0] == 1:
         value = value[None]
+    if value.ndim == 0:
+        raise ValueError(
+            f"the metric returned one number for a batch of {logits.shape[0]} patched runs, "
+            "so their values cannot be told apart; return one value per batch row (e.g. "
+            "lambda logits: logits[:, -1, answer] - logits[:, -1, wrong]), or pass the metric "
+            "to patch_activations or path_patch, which read a batch-averaging metric row by row"
+        )
     if value.shape != (logits.shape[0],):
         raise ValueError(
             f"a metric must return one value per batch row, shape "

@@ -10,6 +10,7 @@
 
 - :func:`to_grid` (:mod:`~.grid_tensors`) gives one grid of a patching table as
   TransformerLens's ``[layer pos]`` / ``[layer head]`` / ``[layer pos head]`` tensor.
+- :func:`ablation_effects` (:mod:`~.ablate`) ablates each head or layer alone, over a task.
 - :func:`path_patch` (:mod:`~.paths`) patches a sender only along chosen paths (IOI-style);
   :func:`path_patch_senders` sweeps every head.
 """
@@ -27,6 +28,7 @@ from interp.engine import (
     run_patched,
 )
 from interp.interventions.grid_tensors import to_grid
+from interp.interventions.ablate import ablation_effects
 from interp.interventions.metrics import Metric, answer_loss, logit_diff, probability
 from interp.interventions.patching import (
     COLUMNS,
@@ -52,6 +54,7 @@ __all__ = [
     "compile_hooks",
     "run_patched",
     "patch_activations",
+    "ablation_effects",
     "method_errors",
     "to_grid",
     "pair_tokens",

@@ -43,7 +43,7 @@ from interp.interventions.grids import (
     recovered,
     site_frame,
 )
-from interp.interventions.metrics import MetricFn, metric_name
+from interp.interventions.metrics import MetricFn, metric_name, resolve_metric, row_by_row
 from interp.interventions.metrics import per_row as metric_rows
 from interp.interventions.task_patching import TASK_METRICS, is_task, patch_task
 
@@ -84,6 +84,7 @@ def patch_activations(
     progress: bool = False,
     interventions: Sequence[Intervention | tuple[str, HookFn]] = (),
     corruption: Sequence[Intervention | tuple[str, HookFn]] = (),
+    positions: str | None = None,
 ) -> pd.DataFrame:
     """Patch every site of the requested grids and measure ``metric``; a tidy DataFrame.
 
@@ -104,6 +105,8 @@ def patch_activations(
             gradient approximation, one forward and one backward for the whole grid) or
             ``both`` (rows for each; compare them with :func:`method_errors`).
         per_row: over a task only: one table row per site and task row (column ``row``).
+        positions: over a task only: ``"named"`` reports per-position grids by the rows'
+            position labels (``pos`` holds ``IO``, ``S2``, ...; rows may differ in length).
         max_rows: patched runs per forward pass (bounds memory); default: as many as keep
             the float32 logits under 256 MiB (rows of one pass always start at one layer).
         max_bytes: a memory budget instead (bytes or text such as ``"500MB"``; not with
@@ -150,6 +153,12 @@ def patch_activations(
             progress=progress,
             interventions=interventions,
             corruption=corruption,
+            positions=positions,
+        )
+    if positions is not None:
+        raise ValueError(
+            "positions='named' is for a task whose rows carry positions; one prompt pair's "
+            "grid is by index"
         )
     if corrupted is None or metric is None:
         raise TypeError(
@@ -166,6 +175,7 @@ def patch_activations(
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    metric = resolve_metric(model, metric)  # token text to ids, refused before any run
     clean_tokens, corrupted_tokens = pair_tokens(model, clean, corrupted)
     chosen = grid_sites(model, list(dict.fromkeys(sites)), clean_tokens.shape[1], layers=layers)
     names = sorted({site.hook_name for site in chosen})
@@ -186,6 +196,7 @@ def patch_activations(
         (on_corrupted, interventions) if denoising else (interventions, on_corrupted)
     )
     source = run_cached(model, source_tokens, hooks=names, interventions=source_fixed)
+    metric = row_by_row(model, metric, source.logits)  # a batch-averaging metric, row by row
     source_metric = float(metric_rows(metric, source.logits)[0])
     parts, base_metric = [], None
     if method in ("attribution", "both"):

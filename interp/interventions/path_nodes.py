@@ -142,7 +142,9 @@ class PathPatchResult:
 
     ``recovered = (metric - corrupted_metric) / (clean_metric - corrupted_metric)`` in both
     directions (0 = the corrupted run, 1 = the clean run); NaN, with ``recovered_defined`` False,
-    when the clean and corrupted metrics are too close to divide by.
+    when the clean and corrupted metrics are too close to divide by. Over a task the metrics
+    are dataset means, the table adds ``recovered_sem`` (or a ``row`` column with
+    ``per_row=True``) and ``clean_metric_rows`` / ``corrupted_metric_rows`` hold each row's.
     """
 
     table: pd.DataFrame
@@ -150,6 +152,9 @@ class PathPatchResult:
     corrupted_metric: float
     direction: str
     mlps: str
+    n_rows: int = 1  # task rows (1 for a prompt pair, whose prompt rows are averaged)
+    clean_metric_rows: tuple[float, ...] = ()  # per task row; empty for a prompt pair
+    corrupted_metric_rows: tuple[float, ...] = ()
 
     @property
     def recovered_defined(self) -> bool:
@@ -166,7 +171,8 @@ class PathPatchResult:
                 f"{number(self.corrupted_metric)}"
                 + ("" if self.recovered_defined else " (too close: recovered is NaN)")
             ),
-            "senders": f"{len(self.table)} rows",
+            "senders": f"{len(self.table)} rows"
+            + (f" over {self.n_rows} task rows" if self.n_rows > 1 else ""),
             "receivers": _cut(str(self.table["receivers"].iloc[0]) if len(self.table) else ""),
             "largest |recovered|": (
                 "none defined" if best is None else f"{best['sender']}: {number(best['recovered'])}"
@@ -195,6 +201,11 @@ class PathPatchResult:
 
     def grid(self, value: str = "recovered") -> pd.DataFrame:
         """Head senders as a layer x head table of ``value`` (what the IOI paper plots)."""
+        if "row" in self.table:
+            raise ValueError(
+                "grid() needs one value per sender; this result has one per task row "
+                "(per_row=True): run without per_row for the dataset means"
+            )
         heads = self.table[self.table["head"].notna()]
         return heads.pivot(index="layer", columns="head", values=value)
 

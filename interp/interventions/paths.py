@@ -22,10 +22,8 @@ alone, checked against the model's own activation in every run.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
-import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -33,12 +31,10 @@ from tqdm.auto import tqdm
 
 from interp.engine import (
     MemoryBudgetError,
-    PromptError,
     estimate_cache_bytes,
     format_size,
     parse_size,
     rows_per_pass,
-    to_tokens,
 )
 from interp.engine.estimates import _itemsize
 from interp.interventions.patching import COLUMNS, DIRECTIONS  # one result shape for both
@@ -48,7 +44,6 @@ from interp.interventions.path_nodes import (
     Sender,
     _has_mlps,
     _reaches,
-    _recoverable,
     as_receiver,
     as_sender,
     complete_receivers,
@@ -60,6 +55,7 @@ from interp.interventions.path_runs import (
     read_point,
     record_changes,
 )
+from interp.interventions.path_tasks import PathInputs, path_inputs, path_table
 
 __all__ = [
     "Sender",
@@ -75,34 +71,6 @@ __all__ = [
 
 MLP_MODES = ("recompute", "freeze")  # MLPs in step 2: part of the path, or held at base
 Metric = Callable[[Float[Tensor, "batch pos d_vocab"]], Tensor]
-
-
-def _reduce(values: Tensor, rows: int) -> float:
-    values = torch.as_tensor(values, dtype=torch.float64)
-    if values.ndim == 0:
-        return float(values)
-    if values.ndim == 1 and len(values) == rows:
-        return float(values.mean())
-    raise ValueError(
-        f"the metric must return a scalar or a tensor [batch] ({rows} values), "
-        f"got shape {tuple(values.shape)}"
-    )
-
-
-def _tokens_pair(model, clean, corrupted) -> tuple[Tensor, Tensor]:
-    clean_t, corrupt_t = to_tokens(model, clean), to_tokens(model, corrupted)
-    if clean_t.shape != corrupt_t.shape:
-
-        def show(t):
-            rows = model.to_str_tokens(t[0]) if model.tokenizer is not None else t[0].tolist()
-            return f"{list(t.shape)} {rows}"
-
-        raise PromptError(
-            f"clean and corrupted prompts must have the same [batch, pos] shape; "
-            f"clean is {show(clean_t)}, corrupted is {show(corrupt_t)}: make them "
-            "tokenise to the same length"
-        )
-    return clean_t, corrupt_t
 
 
 def _validate(model, sender: Sender, receivers: Sequence[Receiver], mlps: str, check_order: bool):
@@ -146,28 +114,25 @@ def _settings(direction: str, mlps: str, receivers) -> list[Receiver]:
 
 def _run(
     model,
-    clean,
-    corrupted,
+    inputs: PathInputs,
     senders: list[Sender],
     receivers: list[Receiver],
-    metric: Metric,
     direction: str,
     mlps: str,
     check_order: bool,
     per_pass: int,
     progress: bool | None,
+    per_row: bool = False,
 ):
     for s in senders:
         _validate(model, s, receivers, mlps, check_order)
-    clean_t, corrupt_t = _tokens_pair(model, clean, corrupted)
     reads = sorted({read_point(model, r) for r in receivers})
     runs = {
-        "clean": cache_runs(model, clean_t, reads),
-        "corrupted": cache_runs(model, corrupt_t, reads),
+        "clean": cache_runs(model, inputs.clean, reads),
+        "corrupted": cache_runs(model, inputs.corrupted, reads),
     }
-    rows = clean_t.shape[0]
-    clean_m = _reduce(metric(runs["clean"].logits), rows)
-    corrupt_m = _reduce(metric(runs["corrupted"].logits), rows)
+    rows = int(inputs.clean.shape[0])
+    clean_m, corrupt_m = (inputs.read(runs[k].logits).reshape(-1) for k in runs)
     base, source = (
         (runs["corrupted"], runs["clean"])
         if direction == "denoising"
@@ -179,100 +144,108 @@ def _run(
     for chunk in tqdm(chunks, desc="path patching", disable=not show):
         changes = record_changes(model, base, source, chunk, reads, mlps)
         logits = deliver_changes(model, base.tokens.repeat(len(chunk), 1), receivers, changes)
-        values += [_reduce(metric(block), rows) for block in logits.split(rows)]
-    span = clean_m - corrupt_m
-    ok = _recoverable(clean_m, corrupt_m)
-    table = pd.DataFrame(
-        {
-            "site": "path",
-            "layer": [s.layer for s in senders],
-            "head": pd.array([s.head for s in senders], dtype="Int64"),
-            "pos": pd.array([None] * len(senders), dtype="Int64"),
-            "method": "exact",
-            "metric": values,
-            "recovered": [(v - corrupt_m) / span if ok else math.nan for v in values],
-            "sender": [str(s) for s in senders],
-            "receivers": ", ".join(str(r) for r in receivers),
-        }
+        values += [inputs.read(block).reshape(-1) for block in logits.split(rows)]
+    table = path_table(
+        senders,
+        receivers,
+        torch.stack(values).double(),
+        clean_m.double(),
+        corrupt_m.double(),
+        task=inputs.task,
+        per_row=per_row,
     )
     return PathPatchResult(
         table=table,
-        clean_metric=clean_m,
-        corrupted_metric=corrupt_m,
+        clean_metric=float(clean_m.mean()),
+        corrupted_metric=float(corrupt_m.mean()),
         direction=direction,
         mlps=mlps,
+        n_rows=rows if inputs.task else 1,
+        clean_metric_rows=tuple(clean_m.tolist()) if inputs.task else (),
+        corrupted_metric_rows=tuple(corrupt_m.tolist()) if inputs.task else (),
     )
 
 
 def path_patch(
     model,
     clean,
-    corrupted,
+    corrupted=None,
     *,
     sender,
     receivers,
-    metric: Metric,
+    metric: Metric | str | None = None,
     direction: str = "denoising",
     mlps: str = "recompute",
     check_order: bool = True,
+    per_row: bool = False,
 ) -> PathPatchResult:
     """Patch ``sender`` only along its paths into ``receivers`` (all at once); one result row.
+
+    ``path_patch(model, clean, corrupted, sender=..., receivers=..., metric=...)`` patches a
+    prompt pair; ``path_patch(model, task, sender=..., receivers=..., metric="logit_diff")``
+    every row of an :class:`interp.Task`, each read with its own answer and wrong, reporting
+    dataset means and ``recovered_sem`` (:mod:`interp.interventions.path_tasks`).
 
     Args:
         sender: ``(layer, head)``, ``("head", layer, head)``, ``("mlp", layer)`` or a ``Sender``.
         receivers: one or several of ``("head", layer, head, "q"|"k"|"v")``, ``("mlp", layer)``
             (with ``mlps="freeze"``) and ``"logits"`` (the final residual stream, read through
             ``ln_final`` with its scale recomputed).
-        metric: ``logits [batch pos d_vocab] -> Tensor [batch]`` (averaged) or a scalar.
+        metric: for a pair, ``logits [batch pos d_vocab] -> Tensor [batch]`` (averaged) or a
+            scalar (built-ins may name tokens by text); for a task, ``"logit_diff"`` (the
+            default) or ``"prob_diff"``.
         direction: ``"denoising"`` (clean sender into the corrupted run) or ``"noising"``.
         mlps: ``"recompute"`` (IOI paper: paths may pass through MLPs) or ``"freeze"`` (the
             direct edge only).
         check_order: refuse receivers the sender cannot reach (False runs them; they then
             change nothing, which the tests prove).
+        per_row: over a task only: one table row per task row (column ``row``).
     """
     receivers = _settings(direction, mlps, receivers)
+    inputs = path_inputs(model, clean, corrupted, metric, per_row)
     return _run(
         model,
-        clean,
-        corrupted,
+        inputs,
         [as_sender(sender)],
         receivers,
-        metric,
         direction,
         mlps,
         check_order,
         1,
         False,
+        per_row,
     )
 
 
 def path_patch_senders(
     model,
     clean,
-    corrupted,
+    corrupted=None,
     *,
     receivers,
-    metric: Metric,
+    metric: Metric | str | None = None,
     senders: Sequence | None = None,
     direction: str = "denoising",
     mlps: str = "recompute",
     senders_per_pass: int | None = None,
     max_bytes: int | str | None = None,
     progress: bool | None = None,
+    per_row: bool = False,
 ) -> PathPatchResult:
     """Path-patch every sender (default: every head) into the same receivers; one row each.
 
-    A receiver a sender cannot reach gets no change from it (exactly; so the heads at or after
-    the receivers' layers show the base run's metric). ``senders_per_pass`` senders share one
-    batched forward pass per step; a progress bar shows when there are more than four passes
-    (``progress`` forces it on or off). ``result.grid()`` is the layer x head table.
-    ``senders_per_pass`` defaults to 8; or pass ``max_bytes`` (bytes or text such as
-    ``"500MB"``, not with ``senders_per_pass``) for as many senders per pass as fit: the clean
-    and corrupted caches are held throughout, each sender adds its recorded changes and one
-    forward pass per prompt row. Raises :class:`interp.memory.MemoryBudgetError` when not even
-    one sender fits.
+    Takes a prompt pair or a task as :func:`path_patch` does. A receiver a sender cannot reach
+    gets no change from it (exactly; so the heads at or after the receivers' layers show the
+    base run's metric). ``senders_per_pass`` senders share one batched forward pass per step; a
+    progress bar shows when there are more than four passes (``progress`` forces it on or
+    off). ``result.grid()`` is the layer x head table. ``senders_per_pass`` defaults to 8; or
+    pass ``max_bytes`` (bytes or text such as ``"500MB"``, not with ``senders_per_pass``) for
+    as many senders per pass as fit: the clean and corrupted caches are held throughout, each
+    sender adds its recorded changes and one forward pass per prompt (or task) row. Raises
+    :class:`interp.memory.MemoryBudgetError` when not even one sender fits.
     """
     receivers = _settings(direction, mlps, receivers)
+    inputs = path_inputs(model, clean, corrupted, metric, per_row)
     if senders is None:
         senders = [
             (lay, hd)
@@ -286,33 +259,30 @@ def path_patch_senders(
             "pass are planned from), not both"
         )
     if max_bytes is not None:
-        senders_per_pass = _senders_fitting(
-            model, clean, corrupted, receivers, len(senders), max_bytes
-        )
+        senders_per_pass = _senders_fitting(model, inputs.clean, receivers, len(senders), max_bytes)
     senders_per_pass = 8 if senders_per_pass is None else senders_per_pass
     if not senders or senders_per_pass < 1:
         raise ValueError("pass at least one sender and senders_per_pass >= 1")
     return _run(
         model,
-        clean,
-        corrupted,
+        inputs,
         senders,
         receivers,
-        metric,
         direction,
         mlps,
         False,
         senders_per_pass,
         progress,
+        per_row,
     )
 
 
 def _senders_fitting(
-    model, clean, corrupted, receivers: Sequence[Receiver], n_senders: int, max_bytes: int | str
+    model, tokens: Tensor, receivers: Sequence[Receiver], n_senders: int, max_bytes: int | str
 ) -> int:
     """Senders per pass under ``max_bytes``: the two caches are held, each sender takes one
     block of prompt rows per pass and keeps its changes at every read point."""
-    rows, n_pos = _tokens_pair(model, clean, corrupted)[0].shape
+    rows, n_pos = tokens.shape
     z, mlp, _, _ = layer_hooks(model)
     reads = sorted({read_point(model, r) for r in receivers})
     held = 2 * estimate_cache_bytes(model, (rows, n_pos), hooks=[*z, *mlp.values(), *reads])

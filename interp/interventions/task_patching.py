@@ -20,7 +20,8 @@ of ``task[row]``), its ``recovered`` from that row's own clean and corrupted met
 Rows are right-padded to one width. Causal attention never lets a real token see the padding
 after it, and a patch over all positions also writes pad positions of its row, which no real
 token reads: padding changes no number (tests/test_patching_tasks.py). Grids with one cell per
-position need rows of one length; positions named per row (``IO``, ``S2``) come later.
+position need rows of one length, or ``positions="named"``: rows carrying ``positions``
+(``IO``, ``S2``) are then reported by label (:mod:`interp.interventions.task_positions`).
 """
 
 from __future__ import annotations
@@ -55,9 +56,17 @@ from interp.interventions.grids import (
     site_frame,
     undefined,
 )
+from interp.interventions.task_positions import label_column, named_labels, named_runs
 from interp.tasks import Task, TaskMetric, TaskTokens
 
-__all__ = ["patch_task", "is_task", "TASK_METRICS", "TASK_COLUMNS", "ROW_COLUMNS"]
+__all__ = [
+    "patch_task",
+    "is_task",
+    "task_row_metric",
+    "TASK_METRICS",
+    "TASK_COLUMNS",
+    "ROW_COLUMNS",
+]
 
 TASK_METRICS = ("logit_diff", "prob_diff")  # TaskTokens.metric kinds
 TASK_COLUMNS = [*COLUMNS, "recovered_sem"]  # dataset means
@@ -70,7 +79,7 @@ def is_task(value) -> bool:
     return isinstance(value, (Task, TaskTokens))
 
 
-def _row_metric(metric: TaskMetric):
+def task_row_metric(metric: TaskMetric):
     """The task metric as the engine's row metric: batch row ``b`` is task row ``rows[b]``."""
 
     def value(logits: Tensor, rows: Tensor) -> Tensor:
@@ -82,16 +91,20 @@ def _row_metric(metric: TaskMetric):
     return value
 
 
-def _check(batch: TaskTokens, grids: Sequence[str], method: str, per_row: bool) -> None:
+def _check(batch: TaskTokens, grids: Sequence[str], method: str, per_row: bool, named) -> None:
     lengths = batch.lengths
     by_pos = [g for g in grids if g in GRIDS and GRIDS[g][2]]
-    if by_pos and int(lengths.min()) != int(lengths.max()):
+    if named not in (None, "named"):
+        raise ValueError(f"positions is None (by index) or 'named' (by label), got {named!r}")
+    if named and method != "exact":
+        raise ValueError(f"positions='named' needs method='exact', got {method!r}")
+    if by_pos and not named and int(lengths.min()) != int(lengths.max()):
         raise ValueError(
             f"sites {', '.join(by_pos)} patch one position at a time, but the task's rows have "
             f"{int(lengths.min())} to {int(lengths.max())} tokens, so position p is a "
-            "different token in each row; use rows of one length, or sites over all positions: "
-            "heads, q, k, v, pattern (positions named per row, such as IO or S2, come in a "
-            "later version)"
+            "different token in each row; add 'positions' to the rows (label -> index, e.g. "
+            '{"IO": 1, "S2": 9, "END": -1}) and pass positions="named", or use sites over '
+            "all positions: heads, q, k, v, pattern"
         )
     if per_row and method != "exact":
         raise ValueError(
@@ -169,8 +182,13 @@ def patch_task(
     progress: bool = False,
     interventions: Sequence[Intervention | tuple[str, HookFn]] = (),
     corruption: Sequence[Intervention | tuple[str, HookFn]] = (),
+    positions: str | None = None,
 ) -> pd.DataFrame:
     """Patch every site of the requested grids over every row of ``task``; a tidy DataFrame.
+
+    ``positions="named"``: per-position grids are reported by the rows' position labels
+    (``pos`` holds ``IO``, ``S2``, ...), which works over rows of different lengths
+    (:mod:`interp.interventions.task_positions`).
 
     The arguments are :func:`interp.interventions.patch_activations`'s; ``metric`` is a
     :meth:`TaskTokens.metric` kind. ``max_rows`` bounds the batch rows of one pass (patched
@@ -194,10 +212,14 @@ def patch_task(
         raise ValueError(f"over a task, metric is one of {', '.join(TASK_METRICS)}, got {metric!r}")
     batch = task.tokens(model) if isinstance(task, Task) else task
     grids = list(dict.fromkeys(sites))
-    _check(batch, grids, method, per_row)
+    _check(batch, grids, method, per_row, positions)
+    labels = named_labels(batch) if positions else []
     chosen = grid_sites(model, grids, int(batch.clean.shape[1]), layers=layers)
     names = sorted({site.hook_name for site in chosen})
-    held = _budget(model, batch, names, len(chosen), method, max_rows, max_bytes)
+    n_runs = len(chosen)
+    if positions:  # per-position grids by label: one run per label, not per index
+        n_runs = sum(1 for s in chosen if s.pos in (None, 0)) * max(1, len(labels))
+    held = _budget(model, batch, names, n_runs, method, max_rows, max_bytes)
     denoising = direction == "denoising"
     base_tokens, source_tokens = (
         (batch.corrupted, batch.clean) if denoising else (batch.clean, batch.corrupted)
@@ -208,19 +230,25 @@ def patch_task(
     )
     task_metric = batch.metric(metric)
     source = run_cached(model, source_tokens, hooks=names, interventions=source_fixed)
-    base = run_cached(model, base_tokens, interventions=base_fixed)
+    base = run_cached(
+        model, base_tokens, hooks=names if positions else (), interventions=base_fixed
+    )
     source_rows, base_rows = (task_metric(run.logits).double().cpu() for run in (source, base))
+    cell_labels = None
+    if positions:
+        chosen, cell_labels, runs = named_runs(model, batch, grids, labels, source, base, layers)
     del base
     clean, corrupted = (source_rows, base_rows) if denoising else (base_rows, source_rows)
     make = _row_frame if per_row else _mean_frame
     parts = []
     if method in ("exact", "both"):
-        runs = [[Intervention(site, "patch", source=source[site.hook_name])] for site in chosen]
+        if cell_labels is None:
+            runs = [[Intervention(s, "patch", source=source[s.hook_name])] for s in chosen]
         values = run_patched_task(
             model,
             base_tokens,
             runs,
-            _row_metric(task_metric),
+            task_row_metric(task_metric),
             read_at=batch.last,  # each row's last real token: no other is unembedded
             fixed=base_fixed,
             max_rows=max_rows,
@@ -229,7 +257,10 @@ def patch_task(
             held_what=_HELD.format(len(names), len(batch)),
             progress=progress,
         )
-        parts.append(make(chosen, "exact", values.double(), clean, corrupted))
+        part = make(chosen, "exact", values.double(), clean, corrupted)
+        if cell_labels is not None:
+            label_column(part, cell_labels, repeat=len(batch) if per_row else 1)
+        parts.append(part)
     if method in ("attribution", "both"):
         deltas, _ = attribution_deltas(
             model, base_tokens, source, chosen, task_metric, fixed=base_fixed
