@@ -27,8 +27,8 @@ from interp.engine import (
     pair_tokens,
     run_patched,
 )
-from interp.interventions.grid_tensors import to_grid
 from interp.interventions.ablate import ablation_effects
+from interp.interventions.grid_tensors import to_grid
 from interp.interventions.metrics import Metric, answer_loss, logit_diff, probability
 from interp.interventions.patching import (
     COLUMNS,
