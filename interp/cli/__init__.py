@@ -23,6 +23,7 @@ COMMANDS = {
     "circuits": "interp.cli.circuits",
     "attribute": "interp.cli.attribute",
     "patch": "interp.cli.patch",
+    "task": "interp.cli.task",
     "models": "interp.cli.models",
 }
 
