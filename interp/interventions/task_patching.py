@@ -55,7 +55,8 @@ from interp.interventions.grids import (
     site_frame,
     undefined,
 )
-from interp.tasks import Task, TaskMetric, TaskTokens
+from interp.interventions.sanity import answer_ranks, sanity_warnings
+from interp.tasks import Task, TaskMetric, TaskTokens, last_logits
 
 __all__ = ["patch_task", "is_task", "TASK_METRICS", "TASK_COLUMNS", "ROW_COLUMNS"]
 
@@ -181,7 +182,8 @@ def patch_task(
     docstring), or with ``per_row`` ``site, layer, head, pos, row, method, metric, recovered``.
     ``attrs``: ``clean_metric`` and ``corrupted_metric`` (dataset means), ``n_rows``,
     ``clean_metric_rows`` and ``corrupted_metric_rows`` (per row), ``direction``,
-    ``metric_name``, ``recovered_undefined`` (of the means) and ``n_tokens`` (the padded width).
+    ``metric_name``, ``recovered_undefined`` (of the means), ``n_tokens`` (the padded width)
+    and ``sanity`` (warnings about the task itself, :mod:`interp.interventions.sanity`).
     """
     from interp.interventions.attribution import attribution_deltas
 
@@ -210,8 +212,10 @@ def patch_task(
     source = run_cached(model, source_tokens, hooks=names, interventions=source_fixed)
     base = run_cached(model, base_tokens, interventions=base_fixed)
     source_rows, base_rows = (task_metric(run.logits).double().cpu() for run in (source, base))
-    del base
     clean, corrupted = (source_rows, base_rows) if denoising else (base_rows, source_rows)
+    clean_logits = last_logits((source if denoising else base).logits, batch.lengths)
+    ranks = answer_ranks(clean_logits.float(), batch.answers)
+    del base, clean_logits
     make = _row_frame if per_row else _mean_frame
     parts = []
     if method in ("exact", "both"):
@@ -238,6 +242,9 @@ def patch_task(
     frame = pd.concat(parts, ignore_index=True)
     c, k = float(clean.mean()), float(corrupted.mean())
     frame.attrs.update(
+        sanity=sanity_warnings(
+            clean.tolist(), corrupted.tolist(), ranks=ranks, metric_name=task_metric.name
+        ),
         clean_metric=c,
         corrupted_metric=k,
         n_rows=len(batch),
