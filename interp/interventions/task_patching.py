@@ -183,7 +183,8 @@ def patch_task(
     ``attrs``: ``clean_metric`` and ``corrupted_metric`` (dataset means), ``n_rows``,
     ``clean_metric_rows`` and ``corrupted_metric_rows`` (per row), ``direction``,
     ``metric_name``, ``recovered_undefined`` (of the means), ``n_tokens`` (the padded width)
-    and ``sanity`` (warnings about the task itself, :mod:`interp.interventions.sanity`).
+    ``answer_rank_rows`` (each row's answer rank on its clean prompt, 1 = top) and ``sanity``
+    (warnings about the task itself, :mod:`interp.interventions.sanity`).
     """
     from interp.interventions.attribution import attribution_deltas
 
@@ -249,6 +250,7 @@ def patch_task(
         corrupted_metric=k,
         n_rows=len(batch),
         clean_metric_rows=clean.tolist(),
+        answer_rank_rows=ranks,
         corrupted_metric_rows=corrupted.tolist(),
         direction=direction,
         metric_name=task_metric.name,
