@@ -24,6 +24,7 @@ COMMANDS = {
     "attribute": "interp.cli.attribute",
     "patch": "interp.cli.patch",
     "task": "interp.cli.task",
+    "merge": "interp.cli.merge",
     "models": "interp.cli.models",
 }
 

@@ -63,18 +63,27 @@ def task_partial_sums(
     direction: str = "denoising",
     method: str = "exact",
     layers: Sequence[int] | None = None,
-    **options,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+    progress: bool = False,
 ) -> dict:
     """Patch shard ``shard = (index, count)`` of ``task``; its partial sums as a JSON-ready dict.
 
-    The arguments are :func:`interp.interventions.patch_activations`'s (``options``:
-    ``max_rows``, ``max_bytes``, ``progress``). Merge the shards with
+    The arguments are :func:`interp.interventions.patch_activations`'s. Merge the shards with
     :func:`merge_partial_sums`; ``shard=(0, 1)`` is the whole task.
     """
     index, count = shard
     rows = shard_rows(len(task), index, count)
     part = Task(tuple(task.rows[i] for i in rows), source=task.source)
-    common = dict(metric=metric, sites=sites, direction=direction, layers=layers, **options)
+    common = dict(
+        metric=metric,
+        sites=sites,
+        direction=direction,
+        layers=layers,
+        max_rows=max_rows,
+        max_bytes=max_bytes,
+        progress=progress,
+    )
     cells, attrs = [], None
     if method in ("exact", "both"):
         frame = patch_task(model, part, method="exact", per_row=True, **common)
