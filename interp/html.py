@@ -24,6 +24,7 @@ from __future__ import annotations
 import html
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,9 @@ th { background: #f6f8fa; position: sticky; top: 0; z-index: 1; }
 td.text { text-align: left; }
 .interp-note { color: #57606a; font-size: 0.85em; }
 .interp-error { color: #b42318; font-weight: 600; }
+.interp-warning { border: 2px solid #bf8700; background: #fff8c5; border-radius: 6px;
+                  padding: 0.6em 1em; margin: 1em 0; }
+.interp-warning li { line-height: 1.5; margin: 0.3em 0; }
 .interp-attention { min-height: 120px; }
 """.strip()
 
@@ -198,6 +202,22 @@ class Report:
         """A paragraph of plain text (line breaks kept; never read as markup)."""
         lines = sum(1 + len(line) // 110 for line in str(text).split("\n"))
         self._blocks.append(_Block(f"<p>{_esc(text)}</p>", kind="text", height=20 + 22 * lines))
+
+    def add_warnings(self, title: str, warnings: Sequence[str]) -> None:
+        """A boxed list of warnings under a bold title (nothing when ``warnings`` is empty);
+        shown as text, never read as markup."""
+        if not warnings:
+            return
+        items = "".join(f"<li>{_esc(w)}</li>" for w in warnings)
+        lines = sum(1 + len(w) // 100 for w in warnings)
+        self._blocks.append(
+            _Block(
+                f'<div class="interp-warning" role="alert"><strong>{_esc(title)}</strong>'
+                f"<ul>{items}</ul></div>",
+                kind="warning",
+                height=60 + 24 * lines,
+            )
+        )
 
     def add_figure(self, fig, caption: str = "") -> None:
         """A plotly figure, drawn from its JSON as the figure is now (later changes to

@@ -207,6 +207,23 @@ MODEL_BOUNDS = [  # checked right after loading, before any work
     (["induction", "--ablate-top", "99"], "--ablate-top 99: at most 8 (the model has 8 heads)"),
     (["attribute", "--prompt", "a b", "--answer", " c", "--pos", "5"], "--pos 5 is outside"),
 ]
+LONG = " ".join(["a"] * 80)  # past the test model's 64-token context
+TOO_LONG = [  # one rule (docs/commands.md): refused before any work, exit 2, nothing printed
+    ["attribute", "--prompt", LONG, "--answer", " c"],
+    ["attention", "--prompt", LONG],
+    ["patch", "--clean", LONG, "--corrupted", LONG, "--answer", " c"],
+]
+
+
+@pytest.mark.parametrize("argv", TOO_LONG, ids=[a[0] for a in TOO_LONG])
+def test_a_prompt_longer_than_the_context_exits_2_before_any_work(argv, gpt2_dir, tmp_path, capsys):
+    out = tmp_path / ("o.html" if argv[0] == "attention" else "o")
+    assert main([argv[0], "--model", str(gpt2_dir), *argv[1:], "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith(f"interp {argv[0]}: error: ") and "context" in last
+    assert "attributing" not in captured.err and "patching" not in captured.err
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(("argv", "message"), MODEL_BOUNDS)

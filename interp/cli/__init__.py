@@ -23,6 +23,8 @@ COMMANDS = {
     "circuits": "interp.cli.circuits",
     "attribute": "interp.cli.attribute",
     "patch": "interp.cli.patch",
+    "task": "interp.cli.task",
+    "merge": "interp.cli.merge",
     "models": "interp.cli.models",
 }
 

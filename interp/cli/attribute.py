@@ -179,6 +179,12 @@ def run(args: argparse.Namespace) -> int:
         f"the vocabulary has {model.cfg.d_vocab} tokens",
     )
     n_tokens = int(model.to_tokens(args.prompt, truncate=False).shape[-1])
+    check_at_most(  # checked before any work: exit 2, as interp patch and interp attention
+        "the prompt's length in tokens",
+        n_tokens,
+        int(model.cfg.n_ctx),
+        "the model's context; pass a shorter --prompt",
+    )
     if not -n_tokens <= args.pos < n_tokens:
         raise UsageError(
             f"--pos {args.pos} is outside the prompt's {n_tokens} tokens; pass "

@@ -9,15 +9,20 @@ import sys
 from pathlib import Path
 
 from interp.cli.options import add_model_option, device
-from interp.cli.output import UsageError, check_out_dir, staged_output, terminal_table
+from interp.cli.output import UsageError, check_out_dir, staged_output
+from interp.cli.patch_task import PAIR_OPTIONS, add_task_arguments, print_results, run_task
 from interp.cli.sources import load_model
 
 HELP = (
-    "activation patching between a clean and a corrupted prompt; write patching.csv, "
-    "summary.json and report.html"
+    "activation patching between a clean and a corrupted prompt, or over every row of a task "
+    "file (--task); write patching.csv, summary.json and report.html"
 )
 DEFAULT_SITES = "resid_pre,attn_out,mlp_out,heads"
-TOP_N = 10  # cells listed on the terminal
+NO_WRONG = (
+    "Without --wrong the metric is the answer's probability alone, which a patch can move "
+    "for reasons unrelated to the task (any token's logit shifts the softmax); recovered may "
+    "then fall far outside 0 to 1. Pass --wrong with the competing token for a logit difference."
+)
 FILES = ["patching.csv", "summary.json", "report.html"]
 # interp.interventions.patching's GRIDS (names), METHODS and DIRECTIONS, copied so that help
 # and a refused command line need no torch; a test keeps them in step
@@ -44,15 +49,13 @@ DIRECTIONS = ("denoising", "noising")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_option(parser)
-    parser.add_argument("--clean", required=True, help="the prompt the model gets right")
+    parser.add_argument("--clean", help="the prompt the model gets right")
     parser.add_argument(
         "--corrupted",
-        required=True,
         help="a prompt of the same token length that changes the answer",
     )
     parser.add_argument(
         "--answer",
-        required=True,
         help="the clean run's next token after the last position (one token)",
     )
     parser.add_argument(
@@ -78,6 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="denoising",
         help="denoising: clean into corrupted (default); noising: corrupted into clean",
     )
+    add_task_arguments(parser)
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
 
@@ -112,6 +116,16 @@ def run(args: argparse.Namespace) -> int:
 
     out = check_out_dir(args.out)
     sites = _parse_sites(args.sites)
+    if args.task is not None:
+        return run_task(args, out, sites, say)
+    for option in ("--metric", "--shard"):
+        if getattr(args, option[2:]) is not None:
+            raise UsageError(f"{option} is for --task; leave it out with --clean/--corrupted")
+    missing = [o for o in PAIR_OPTIONS[:3] if getattr(args, o[2:]) is None]
+    if missing:
+        raise UsageError(
+            f"pass {', '.join(missing)} (a prompt pair and its answer), or --task FILE.jsonl"
+        )
     for option, value in (
         ("--clean", args.clean),
         ("--corrupted", args.corrupted),
@@ -133,14 +147,13 @@ def run(args: argparse.Namespace) -> int:
     from interp.caching import PromptError
     from interp.interventions import logit_diff, probability
     from interp.interventions.patching import COLUMNS, pair_tokens, patch_activations
-    from interp.interventions.report import top_cells
 
     try:  # refused before any work: a multi-token answer, prompts of unequal lengths
         answer = resolve_token(model, args.answer)
         wrong = (
             None if args.wrong is None else resolve_token(model, args.wrong, role="wrong answer")
         )
-        clean, _ = pair_tokens(model, args.clean, args.corrupted)
+        clean, corrupted = pair_tokens(model, args.clean, args.corrupted)
     except (TokenError, PromptError) as exc:
         raise UsageError(str(exc)) from None
     metric = logit_diff(answer, wrong) if wrong is not None else probability(answer)
@@ -156,7 +169,10 @@ def run(args: argparse.Namespace) -> int:
         progress=True,
     )
     tokens = [model.tokenizer.decode([t]) for t in clean[0].tolist()]
+    corrupted_tokens = [model.tokenizer.decode([t]) for t in corrupted[0].tolist()]
     attrs = frame.attrs
+    if wrong is None:  # the probability of one token: moved by anything, not only the task
+        attrs["sanity"] = [*attrs["sanity"], NO_WRONG]
     summary = {
         "clean_metric": attrs["clean_metric"],
         "corrupted_metric": attrs["corrupted_metric"],
@@ -172,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
         "direction": args.direction,
         "n_tokens": attrs["n_tokens"],
         "tokens": tokens,
+        "corrupted_tokens": corrupted_tokens,
+        "sanity": attrs["sanity"],
         "rows": len(frame),
     }
     html = build_report(str(args.model), args, frame, tokens).to_html()
@@ -179,15 +197,7 @@ def run(args: argparse.Namespace) -> int:
         stage.write_text("patching.csv", frame[COLUMNS].to_csv(index=False))
         stage.write_text("summary.json", json.dumps(summary, indent=2) + "\n")
         stage.write_text("report.html", html)
-
-    print(
-        f"{attrs['metric_name']}: clean {attrs['clean_metric']:.6g}, corrupted "
-        f"{attrs['corrupted_metric']:.6g}"
-    )
-    if attrs["recovered_undefined"]:
-        print("clean and corrupted metrics are equal: recovered is undefined (empty)")
-    method = "exact" if args.method in ("exact", "both") else "attribution"
-    print(terminal_table(top_cells(frame, TOP_N, method=method), decimals=4))
+    print_results(frame, tokens, "exact" if args.method in ("exact", "both") else "attribution")
     for path in stage.written:
         print(f"wrote {path}")
     return 0

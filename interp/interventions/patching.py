@@ -45,6 +45,7 @@ from interp.interventions.grids import (
 )
 from interp.interventions.metrics import MetricFn, metric_name, resolve_metric, row_by_row
 from interp.interventions.metrics import per_row as metric_rows
+from interp.interventions.sanity import answer_ranks, sanity_warnings
 from interp.interventions.task_patching import TASK_METRICS, is_task, patch_task
 
 __all__ = [
@@ -122,7 +123,10 @@ def patch_activations(
 
     Returns columns ``site, layer, head, pos, method, metric, recovered``; ``head``/``pos`` are
     NA where they do not apply. ``attrs`` hold ``clean_metric``, ``corrupted_metric``,
-    ``direction``, ``metric_name`` and ``recovered_undefined``.
+    ``direction``, ``metric_name``, ``recovered_undefined`` and ``sanity``: plain-language
+    warnings when the experiment itself is doubtful (:func:`interp.interventions.sanity.
+    sanity_warnings`: clean not above corrupted, a gap too small to normalise by, an answer
+    the model ranks poorly), an empty list when all is well.
     """
     from interp.interventions.attribution import attribution_deltas
 
@@ -198,7 +202,7 @@ def patch_activations(
     source = run_cached(model, source_tokens, hooks=names, interventions=source_fixed)
     metric = row_by_row(model, metric, source.logits)  # a batch-averaging metric, row by row
     source_metric = float(metric_rows(metric, source.logits)[0])
-    parts, base_metric = [], None
+    parts, base_metric, base = [], None, None
     if method in ("attribution", "both"):
         deltas, base_metric = attribution_deltas(
             model, base_tokens, source, chosen, metric, fixed=base_fixed
@@ -223,7 +227,15 @@ def patch_activations(
         )
         parts.append(frame)
     frame = pd.concat(parts, ignore_index=True)
+    clean_run = source if denoising else base
     frame.attrs.update(
+        sanity=sanity_warnings(
+            [clean_metric],
+            [corrupted_metric],
+            ranks=None if clean_run is None else _pair_rank(metric, clean_run.logits),
+            metric_name=metric_name(metric),
+            higher_is_better=metric_name(metric) != "loss",
+        ),
         clean_metric=clean_metric,
         corrupted_metric=corrupted_metric,
         direction=direction,
@@ -232,6 +244,14 @@ def patch_activations(
         n_tokens=int(clean_tokens.shape[1]),
     )
     return frame
+
+
+def _pair_rank(metric: MetricFn, logits: Tensor) -> list[int] | None:
+    """The answer's rank on the clean prompt, for a built-in metric that names its answer."""
+    answer, pos = getattr(metric, "answer", None), getattr(metric, "pos", -1)
+    if not isinstance(answer, int) or logits is None:
+        return None
+    return answer_ranks(logits[:, pos].float(), [[answer]])
 
 
 def _runs_per_pass(

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from interp.plotting import TEMPLATE, head_heatmap, head_label, plotly_text, token_label
 
-__all__ = ["patching_heatmap"]
+__all__ = ["patching_heatmap", "patching_errorbars"]
 
 MAX_TICK_CHARS = 24  # longer tokens are cut on the axis (hover shows the position)
 
@@ -113,5 +113,38 @@ def patching_heatmap(
             "autorange": "reversed",
         },
         height=int(min(1200, max(300, 180 + 24 * len(labels)))),
+    )
+    return fig
+
+
+def patching_errorbars(
+    frame: pd.DataFrame, *, labels: Sequence[str], title: str | None = None
+) -> go.Figure:
+    """Cells of a task's patching frame as bars of ``recovered`` with error bars of
+    ``recovered_sem`` (the standard error over rows), one bar per label, in the frame's order."""
+    if "recovered_sem" not in frame.columns:
+        raise ValueError(
+            "error bars need a frame patched over a task (a recovered_sem column); "
+            f"this one has {list(frame.columns)}"
+        )
+    if len(labels) != len(frame):
+        raise ValueError(f"pass one label per cell ({len(frame)}), got {len(labels)}")
+    fig = go.Figure(
+        go.Bar(
+            x=[plotly_text(label) for label in labels],
+            y=_finite_or_none(frame["recovered"].to_numpy(dtype=float)),
+            error_y={
+                "type": "data",
+                "array": _finite_or_none(frame["recovered_sem"].to_numpy(dtype=float)),
+                "visible": True,
+            },
+            hovertemplate="%{x}: %{y:.4g} ± %{error_y.array:.2g}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        template=TEMPLATE,
+        title={"text": plotly_text(title or "recovered (mean over rows, ± standard error)")},
+        yaxis={"title": {"text": "recovered"}},
+        height=420,
     )
     return fig

@@ -1,15 +1,22 @@
-"""A report section for a patching frame: what was patched, heatmaps, top cells, errors."""
+"""A report section for a patching frame: what was patched, heatmaps, top cells, errors.
+
+Over a task, each cell is a dataset mean: the top cells are drawn with error bars (the
+standard error, ``recovered_sem``) and listed with the spread over rows (the standard deviation
+of the rows' metric in units of recovered, ``recovered_sd = recovered_sem * sqrt(n_rows)``).
+Warnings about the experiment itself (``frame.attrs["sanity"]``) come first, in a box.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pandas as pd
 
 from interp.interventions.patching import method_errors
-from interp.interventions.plots import patching_heatmap
+from interp.interventions.plots import patching_errorbars, patching_heatmap
 
-__all__ = ["add_patching_section", "top_cells"]
+__all__ = ["add_patching_section", "top_cells", "cell_label", "pos_label"]
 
 TOP_N = 15
 
@@ -35,6 +42,9 @@ def add_patching_section(
     attrs = frame.attrs
     direction = attrs.get("direction", "denoising")
     report.add_heading(heading)
+    report.add_warnings(
+        "Check the experiment before trusting these numbers", attrs.get("sanity") or []
+    )
     what = (
         "clean activations patched into the corrupted run"
         if direction == "denoising"
@@ -67,8 +77,20 @@ def add_patching_section(
                         per_position=per_position,
                     )
                 )
+    top = top_cells(frame, method=methods[0])
     report.add_heading("Cells that matter most")
-    report.add_table(_display(top_cells(frame, method=methods[0])), max_rows=TOP_N)
+    n_rows = attrs.get("n_rows")
+    if n_rows and "recovered_sem" in frame.columns and not attrs.get("recovered_undefined"):
+        report.add_text(
+            f"Means over the task's {n_rows} rows. Error bars: the standard error of the mean "
+            "(recovered_sem); recovered_sd is the spread over rows (their standard deviation, "
+            "in units of recovered)."
+        )
+        top = top.assign(recovered_sd=top["recovered_sem"] * math.sqrt(n_rows))
+        report.add_figure(
+            patching_errorbars(top, labels=[cell_label(r, tokens) for _, r in top.iterrows()])
+        )
+    report.add_table(_display(top, tokens), max_rows=TOP_N)
     if len(methods) == 2:
         errors = method_errors(frame)
         report.add_heading("Attribution patching against exact patching")
@@ -79,11 +101,26 @@ def add_patching_section(
             "number there."
         )
         worst = errors.loc[errors["error"].abs().sort_values(ascending=False).index[:TOP_N]]
-        report.add_table(_display(worst), max_rows=TOP_N)
+        report.add_table(_display(worst, tokens), max_rows=TOP_N)
 
 
-def _display(frame: pd.DataFrame) -> pd.DataFrame:
+def pos_label(pos, tokens: Sequence[str] | None) -> str:
+    """``3 ' the'``: a position with the token at it (the position alone without tokens)."""
+    if pd.isna(pos):
+        return ""
+    pos = int(pos)
+    return f"{pos} {tokens[pos]!r}" if tokens is not None and 0 <= pos < len(tokens) else str(pos)
+
+
+def cell_label(row, tokens: Sequence[str] | None = None) -> str:
+    """``head L1H0``, ``resid_pre L2 @ 3 ' the'``: one cell of a patching frame, for axes."""
+    where = f"L{int(row['layer'])}" + ("" if pd.isna(row["head"]) else f"H{int(row['head'])}")
+    pos = pos_label(row["pos"], tokens)
+    return f"{row['site']} {where}" + (f" @ {pos}" if pos else "")
+
+
+def _display(frame: pd.DataFrame, tokens: Sequence[str] | None = None) -> pd.DataFrame:
     shown = frame.copy()
-    for column in ("head", "pos"):
-        shown[column] = ["" if pd.isna(v) else int(v) for v in shown[column]]
+    shown["head"] = ["" if pd.isna(v) else int(v) for v in shown["head"]]
+    shown["pos"] = [pos_label(v, tokens) for v in shown["pos"]]
     return shown

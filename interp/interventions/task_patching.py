@@ -56,8 +56,9 @@ from interp.interventions.grids import (
     site_frame,
     undefined,
 )
+from interp.interventions.sanity import answer_ranks, sanity_warnings
 from interp.interventions.task_positions import label_column, named_labels, named_runs
-from interp.tasks import Task, TaskMetric, TaskTokens
+from interp.tasks import Task, TaskMetric, TaskTokens, last_logits
 
 __all__ = [
     "patch_task",
@@ -199,7 +200,9 @@ def patch_task(
     docstring), or with ``per_row`` ``site, layer, head, pos, row, method, metric, recovered``.
     ``attrs``: ``clean_metric`` and ``corrupted_metric`` (dataset means), ``n_rows``,
     ``clean_metric_rows`` and ``corrupted_metric_rows`` (per row), ``direction``,
-    ``metric_name``, ``recovered_undefined`` (of the means) and ``n_tokens`` (the padded width).
+    ``metric_name``, ``recovered_undefined`` (of the means), ``n_tokens`` (the padded width)
+    ``answer_rank_rows`` (each row's answer rank on its clean prompt, 1 = top) and ``sanity``
+    (warnings about the task itself, :mod:`interp.interventions.sanity`).
     """
     from interp.interventions.attribution import attribution_deltas
 
@@ -237,8 +240,10 @@ def patch_task(
     cell_labels = None
     if positions:
         chosen, cell_labels, runs = named_runs(model, batch, grids, labels, source, base, layers)
-    del base
     clean, corrupted = (source_rows, base_rows) if denoising else (base_rows, source_rows)
+    clean_logits = last_logits((source if denoising else base).logits, batch.lengths)
+    ranks = answer_ranks(clean_logits.float(), batch.answers)
+    del base, clean_logits
     make = _row_frame if per_row else _mean_frame
     parts = []
     if method in ("exact", "both"):
@@ -270,10 +275,14 @@ def patch_task(
     frame = pd.concat(parts, ignore_index=True)
     c, k = float(clean.mean()), float(corrupted.mean())
     frame.attrs.update(
+        sanity=sanity_warnings(
+            clean.tolist(), corrupted.tolist(), ranks=ranks, metric_name=task_metric.name
+        ),
         clean_metric=c,
         corrupted_metric=k,
         n_rows=len(batch),
         clean_metric_rows=clean.tolist(),
+        answer_rank_rows=ranks,
         corrupted_metric_rows=corrupted.tolist(),
         direction=direction,
         metric_name=task_metric.name,

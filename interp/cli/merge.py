@@ -1,0 +1,55 @@
+"""``interp merge``: the shards of ``interp patch --task ... --shard I/N`` into the whole run.
+
+    interp patch --task t.jsonl --shard 0/3 --out s0   # on three machines, any order
+    interp patch --task t.jsonl --shard 1/3 --out s1
+    interp patch --task t.jsonl --shard 2/3 --out s2
+    interp merge s0 s1 s2 --out merged                 # patching.csv, summary.json, report.html
+
+The merge needs no model: each shard's ``partial.json`` holds per-site sums and squares of the
+rows' patched metric and each row's clean and corrupted metric. It refuses shards of different
+tasks or settings, a shard given twice or missing (exit 2, nothing written), and writes the
+files of the whole run (:mod:`interp.interventions.shards`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from interp.cli.output import UsageError, check_out_dir
+
+HELP = "combine the partial.json of every shard of interp patch --task --shard into the whole run"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "shards", nargs="+", type=Path, metavar="DIR", help="the --out folder of every shard"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+
+
+def _read(folder: Path) -> dict:
+    path = folder / "partial.json" if folder.is_dir() else folder
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(
+            f"{folder} has no partial.json; pass the --out folder of each "
+            "interp patch --task ... --shard I/N"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    out = check_out_dir(args.out)
+    parts = [_read(folder) for folder in args.shards]
+    from interp.cli.patch_task import write_results
+    from interp.interventions.shards import merge_partial_sums
+
+    try:
+        frame = merge_partial_sums(parts)
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"cannot merge {', '.join(map(str, args.shards))}: {exc}") from None
+    return write_results(out, parts, frame)
