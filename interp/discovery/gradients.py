@@ -12,6 +12,8 @@ taken on the corrupted run; for EAP-IG it is averaged over the runs whose input 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -58,9 +60,11 @@ def reader_gradients(
     graph: Graph,
     *,
     embed_shift: Tensor | None = None,
+    fixed: Sequence = (),
 ) -> Float[Tensor, "reader rows pos d_model"]:
     """``d sum_rows metric / d (reader input)`` for every reader of ``graph``, one forward and
-    one backward pass of ``tokens``; ``embed_shift`` is added to the input embeddings."""
+    one backward pass of ``tokens``; ``embed_shift`` is added to the input embeddings, ``fixed``
+    raw hooks go first."""
     rows, n_pos = tokens.shape
     zeros = torch.zeros(
         len(graph.readers), rows, n_pos, int(model.cfg.d_model), device=tokens.device
@@ -70,7 +74,7 @@ def reader_gradients(
     hooks = reader_hooks(model, [(r, everything, zeros[i]) for i, r in enumerate(graph.readers)])
     if embed_shift is not None:
         hooks.insert(0, ("blocks.0.hook_resid_pre", lambda act, hook: act + embed_shift))
-    logits = run_logits(model, tokens, before=hooks, grad=True)
+    logits = run_logits(model, tokens, before=[*fixed, *hooks], grad=True)
     (grad,) = torch.autograd.grad(metric(logits).sum(), [zeros])
     return grad.detach()
 
@@ -86,6 +90,7 @@ def gradient_scores(
     max_rows: int | None = None,
     max_bytes: int | str | None = None,
     held: int = 0,
+    fixed: Sequence = (),
 ) -> Float[Tensor, " edge"]:
     """The estimated change of the metric's dataset mean from patching each edge (graph order);
     ``steps=0``: EAP, else EAP-IG with ``steps`` points."""
@@ -106,7 +111,7 @@ def gradient_scores(
         for alpha in alphas:
             shift = part.embed * alpha if alpha else None
             grad = grad + reader_gradients(
-                model, tokens[lo:hi], rows_metric, graph, embed_shift=shift
+                model, tokens[lo:hi], rows_metric, graph, embed_shift=shift, fixed=fixed
             )
         grad = (grad / len(alphas)).flatten(1)  # [reader rows*pos*d_model]
         stacked = torch.stack([part[w] for w in graph.writers]).flatten(1)

@@ -119,10 +119,12 @@ def patched_metrics(
     max_bytes: int | str | None = None,
     held: int = 0,
     progress: bool = False,
+    fixed: Sequence = (),
 ) -> Float[Tensor, "runs rows"]:
     """The metric of every task row under each run (a set of edges patched), in batched
     passes: as many runs per pass as ``max_rows`` / ``max_bytes`` allow (rows split when not
-    even one run of every row fits). The numbers do not depend on the split."""
+    even one run of every row fits). The numbers do not depend on the split. ``fixed``: raw
+    hooks applied to every pass, before the edges' own."""
     n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
     per_pass, rows_at_once = task_blocks(
         model,
@@ -155,7 +157,7 @@ def patched_metrics(
             additions += [(reader, rows, delta) for reader, delta in into.items()]
         tokens = batch.corrupted[lo:hi].repeat(len(members), 1)
         hooks = reader_hooks(model, additions, check=number == 0)
-        logits = run_logits(model, tokens, before=hooks)
+        logits = run_logits(model, tokens.to(model.cfg.device), before=[*fixed, *hooks])
         task_rows = torch.arange(lo, hi).repeat(len(members))
         value = _tiled(metric, task_rows)(logits).float().cpu()
         values[members, lo:hi] = value.reshape(len(members), n)

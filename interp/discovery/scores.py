@@ -18,6 +18,7 @@ A positive score moves the metric toward the clean run.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -25,7 +26,7 @@ import torch
 from interp.discovery.gradients import gradient_scores
 from interp.discovery.graph import Graph
 from interp.discovery.runs import deltas_bytes, patched_metrics, writer_outputs
-from interp.engine import check_eval
+from interp.engine import HookFn, check_eval
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["edge_scores", "METHODS", "SCORE_COLUMNS"]
@@ -49,6 +50,7 @@ def edge_scores(
     max_rows: int | None = None,
     max_bytes: int | str | None = None,
     progress: bool = False,
+    interventions: Sequence[tuple[str, HookFn]] = (),
 ) -> pd.DataFrame:
     """Score every edge of ``model``'s graph on ``task``; one row per edge, graph order.
 
@@ -59,6 +61,9 @@ def edge_scores(
         max_rows: batch rows of one forward pass (exact: edges x task rows).
         max_bytes: a memory budget for what is held and each pass (bytes or ``"500MB"``);
             the scores do not depend on it.
+        interventions: raw forward hooks ``(name, fn)`` applied to every run, clean,
+            corrupted, patched and differentiated (e.g. attention patterns held fixed); each
+            must handle any batch size (patched passes repeat the rows).
 
     Returns ``edge, source, target, score`` (module docstring). ``attrs``: ``clean_metric``,
     ``corrupted_metric`` (dataset means), ``method``, ``n_rows``, ``recovered_undefined``
@@ -78,8 +83,8 @@ def edge_scores(
     task_metric = batch.metric(metric)
     device = model.cfg.device
     clean_tokens, corrupt_tokens = batch.clean.to(device), batch.corrupted.to(device)
-    clean_out, clean_logits = writer_outputs(model, clean_tokens, graph)
-    corrupt_out, corrupt_logits = writer_outputs(model, corrupt_tokens, graph)
+    clean_out, clean_logits = writer_outputs(model, clean_tokens, graph, interventions)
+    corrupt_out, corrupt_logits = writer_outputs(model, corrupt_tokens, graph, interventions)
     c = float(task_metric(clean_logits).double().mean())
     k = float(task_metric(corrupt_logits).double().mean())
     del clean_logits, corrupt_logits
@@ -99,6 +104,7 @@ def edge_scores(
             max_bytes=max_bytes,
             held=held,
             progress=progress,
+            fixed=interventions,
         )
         change = values.double().mean(dim=1) - k
     else:
@@ -112,6 +118,7 @@ def edge_scores(
             max_rows=max_rows,
             max_bytes=max_bytes,
             held=held,
+            fixed=interventions,
         )
     undefined = _undefined(c, k)
     score = torch.full_like(change, math.nan) if undefined else change / (c - k)
