@@ -184,3 +184,27 @@ def test_bad_input_is_refused(gpt2_model):
         edge_scores(gpt2_model, task, "acdc-ish")
     with pytest.raises(ValueError, match="not both"):
         edge_scores(gpt2_model, task, max_rows=2, max_bytes="1GB")
+
+
+def test_eap_ig_over_the_embeddings_edges_converges_to_exact_as_steps_grow(bundled_model):
+    """EAP-IG integrates along the input path, so the sum of its scores over every edge out of
+    ``embed`` is a Riemann sum of ``m(clean) - m(corrupted)``: its error against exact edge
+    patching of those edges together (the clean run) falls as ``ig_steps`` grows. Single edges
+    need not converge (docs/discovery.md has the table)."""
+    from interp.tasks import induction
+
+    task = induction(bundled_model, 4, seed=0, seq_len=6)
+    graph = Graph.from_model(bundled_model)
+    embed_edges = [e for e in graph.edges if e[0] == "embed"]
+    scores = edge_scores(bundled_model, task, "exact")
+    c, k = scores.attrs["clean_metric"], scores.attrs["corrupted_metric"]
+    exact = (float(_runs_mean(bundled_model, task, [embed_edges])[0]) - k) / (c - k)
+    assert abs(exact - 1.0) < ATOL  # every edge out of embed: the clean run
+    errors = []
+    for steps in (1, 8, 64):
+        ig = edge_scores(bundled_model, task, "eap-ig", ig_steps=steps)
+        errors.append(abs(ig.loc[ig["source"] == "embed", "score"].sum() - exact))
+    assert errors[0] > errors[1] > errors[2] and errors[2] < 0.01, errors
+    eap = edge_scores(bundled_model, task, "eap")
+    one = edge_scores(bundled_model, task, "eap-ig", ig_steps=1)
+    assert np.abs(eap["score"] - one["score"]).max() == 0  # one step is EAP
