@@ -66,16 +66,18 @@ def reader_gradients(
     one backward pass of ``tokens``; ``embed_shift`` is added to the input embeddings, ``fixed``
     raw hooks go first."""
     rows, n_pos = tokens.shape
-    zeros = torch.zeros(
-        len(graph.readers), rows, n_pos, int(model.cfg.d_model), device=tokens.device
-    )
-    zeros.requires_grad_(True)
+    shape = (rows, n_pos, int(model.cfg.d_model))
+    # one leaf per reader: views of one stacked leaf would each backpropagate a full-size zero
+    zeros = [torch.zeros(shape, device=tokens.device, requires_grad=True) for _ in graph.readers]
     everything = slice(None)
     hooks = reader_hooks(model, [(r, everything, zeros[i]) for i, r in enumerate(graph.readers)])
     if embed_shift is not None:
         hooks.insert(0, ("blocks.0.hook_resid_pre", lambda act, hook: act + embed_shift))
     logits = run_logits(model, tokens, before=[*fixed, *hooks], grad=True)
-    (grad,) = torch.autograd.grad(metric(logits).sum(), [zeros])
+    grads = torch.autograd.grad(
+        metric(logits).sum(), zeros, allow_unused=True, materialize_grads=True
+    )  # a reader nothing depends on (frozen patterns: q and k) has gradient zero
+    grad = torch.stack(grads)
     return grad.detach()
 
 
