@@ -20,7 +20,7 @@ from torch import Tensor
 
 from interp.discovery.graph import Graph
 from interp.discovery.inputs import reader_hooks
-from interp.discovery.runs import WriterOutputs, _tiled
+from interp.discovery.runs import WriterOutputs, rows_metric
 from interp.engine import (
     MemoryBudgetError,
     estimate_attribution_bytes,
@@ -107,13 +107,13 @@ def gradient_scores(
     for lo in range(0, n_rows, chunk):
         hi = min(lo + chunk, n_rows)
         part = deltas.rows(lo, hi)
-        rows_metric = _tiled(metric, torch.arange(lo, hi))
+        chunk_metric = rows_metric(metric, torch.arange(lo, hi))
         alphas = [k / steps for k in range(steps)] if steps else [0.0]
         grad = 0
         for alpha in alphas:
             shift = part.embed * alpha if alpha else None
             grad = grad + reader_gradients(
-                model, tokens[lo:hi], rows_metric, graph, embed_shift=shift, fixed=fixed
+                model, tokens[lo:hi], chunk_metric, graph, embed_shift=shift, fixed=fixed
             )
         grad = (grad / len(alphas)).flatten(1)  # [reader rows*pos*d_model]
         stacked = torch.stack([part[w] for w in graph.writers]).flatten(1)

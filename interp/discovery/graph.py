@@ -122,6 +122,7 @@ class Graph:
 
     @cached_property
     def writers(self) -> tuple[str, ...]:
+        """``embed``, then each layer's heads and its MLP."""
         out = ["embed"]
         for layer in range(self.n_layers):
             heads, mlps = self.layer_writers(layer)
@@ -130,6 +131,7 @@ class Graph:
 
     @cached_property
     def readers(self) -> tuple[Reader, ...]:
+        """Each layer's q, k, v readers and its MLP, then ``logits``."""
         out: list[Reader] = []
         for layer in range(self.n_layers):
             attn, mlps = self.layer_readers(layer)
@@ -153,6 +155,7 @@ class Graph:
 
     @cached_property
     def edge_names(self) -> tuple[str, ...]:
+        """``SOURCE->TARGET`` of every edge, in the order of :attr:`edges`."""
         return tuple(edge_name(w, str(r)) for w, r in self.edges)
 
     def __len__(self) -> int:

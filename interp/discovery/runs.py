@@ -25,7 +25,14 @@ from interp.engine import run_cached, run_logits, task_blocks
 from interp.engine.estimates import _itemsize
 from interp.tasks import TaskMetric, TaskTokens
 
-__all__ = ["WriterOutputs", "writer_outputs", "patched_metrics", "parse_writer", "deltas_bytes"]
+__all__ = [
+    "WriterOutputs",
+    "writer_outputs",
+    "patched_metrics",
+    "parse_writer",
+    "deltas_bytes",
+    "rows_metric",
+]
 
 _WRITER = re.compile(r"^(?:embed|L(\d+)H(\d+)|MLP(\d+))$")
 
@@ -100,7 +107,8 @@ def deltas_bytes(model, graph: Graph, n_rows: int, n_pos: int) -> int:
     return len(graph.writers) * n_rows * n_pos * int(model.cfg.d_model) * _itemsize(model)
 
 
-def _tiled(metric: TaskMetric, rows: Tensor) -> TaskMetric:
+def rows_metric(metric: TaskMetric, rows: Int[Tensor, " batch"]) -> TaskMetric:
+    """``metric`` for a batch whose row ``b`` is task row ``rows[b]`` (repeated runs)."""
     picked = rows.tolist()
     wrong = None if metric.wrong is None else tuple(metric.wrong[i] for i in picked)
     return TaskMetric(
@@ -159,7 +167,7 @@ def patched_metrics(
         hooks = reader_hooks(model, additions, check=number == 0)
         logits = run_logits(model, tokens.to(model.cfg.device), before=[*fixed, *hooks])
         task_rows = torch.arange(lo, hi).repeat(len(members))
-        value = _tiled(metric, task_rows)(logits).float().cpu()
+        value = rows_metric(metric, task_rows)(logits).float().cpu()
         values[members, lo:hi] = value.reshape(len(members), n)
         del logits
     return values

@@ -31,8 +31,8 @@ from interp.tasks import Task, TaskTokens
 
 __all__ = ["edge_scores", "METHODS", "SCORE_COLUMNS"]
 
-METHODS = ("exact", "eap", "eap-ig")
-SCORE_COLUMNS = ["edge", "source", "target", "score"]
+METHODS = ("exact", "eap", "eap-ig")  # edge_scores methods: the oracle and two estimates
+SCORE_COLUMNS = ["edge", "source", "target", "score"]  # edge_scores columns
 METRICS = ("logit_diff", "prob_diff")
 
 
