@@ -1,0 +1,19 @@
+"""Circuit discovery (layer 3): the graph of writers and readers of the residual stream, and
+every edge scored over a task by exact edge patching or a gradient estimate
+(docs/discovery.md)."""
+
+from __future__ import annotations
+
+from interp.discovery.graph import Graph, Reader, edge_count, edge_name, split_edge
+from interp.discovery.scores import METHODS, SCORE_COLUMNS, edge_scores
+
+__all__ = [
+    "Graph",
+    "Reader",
+    "edge_count",
+    "edge_name",
+    "split_edge",
+    "edge_scores",
+    "METHODS",
+    "SCORE_COLUMNS",
+]

@@ -1,0 +1,173 @@
+"""Writers' outputs and batched runs with sets of edges patched: what ``exact`` scoring (and
+later circuit evaluation) is built on.
+
+A *run* is a set of edges ``(writer, reader)``. It is the corrupted run of every task row with
+each edge's reader given ``clean - corrupted`` of the writer's output (the two unpatched runs'
+values) at its input only (:mod:`interp.discovery.inputs`); everything else is recomputed. A
+run of every edge out of one writer is therefore that writer's output patched. Many runs share
+a forward pass, each a block of rows; rows split freely under ``max_bytes``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from interp.discovery.graph import Graph, Reader
+from interp.discovery.inputs import reader_hooks
+from interp.engine import run_cached, run_logits, task_blocks
+from interp.engine.estimates import _itemsize
+from interp.tasks import TaskMetric, TaskTokens
+
+__all__ = [
+    "WriterOutputs",
+    "writer_outputs",
+    "patched_metrics",
+    "parse_writer",
+    "deltas_bytes",
+    "rows_metric",
+]
+
+_WRITER = re.compile(r"^(?:embed|L(\d+)H(\d+)|MLP(\d+))$")
+
+
+def parse_writer(name: str) -> tuple[str, int | None, int | None]:
+    """``("embed", None, None)``, ``("head", l, h)`` or ``("mlp", l, None)``."""
+    found = _WRITER.match(name)
+    if found is None:
+        raise ValueError(f"a writer is 'embed', 'L{{l}}H{{h}}' or 'MLP{{l}}', got {name!r}")
+    if found.group(1) is not None:
+        return "head", int(found.group(1)), int(found.group(2))
+    if found.group(3) is not None:
+        return "mlp", int(found.group(3)), None
+    return "embed", None, None
+
+
+@dataclass(frozen=True)
+class WriterOutputs:
+    """Every writer's output over the rows of one run: ``embed`` ``[rows pos d_model]``, the
+    heads ``[layer] -> [rows pos head d_model]`` (``z @ W_O``, no bias), the MLPs by layer."""
+
+    embed: Tensor
+    heads: tuple[Tensor, ...]
+    mlps: tuple[Tensor, ...]
+
+    def __getitem__(self, writer: str) -> Float[Tensor, "rows pos d_model"]:
+        kind, layer, head = parse_writer(writer)
+        if kind == "embed":
+            return self.embed
+        if kind == "head":
+            return self.heads[layer][:, :, head]
+        return self.mlps[layer]
+
+    def __sub__(self, other: WriterOutputs) -> WriterOutputs:
+        return WriterOutputs(
+            self.embed - other.embed,
+            tuple(a - b for a, b in zip(self.heads, other.heads, strict=True)),
+            tuple(a - b for a, b in zip(self.mlps, other.mlps, strict=True)),
+        )
+
+    def rows(self, lo: int, hi: int) -> WriterOutputs:
+        return WriterOutputs(
+            self.embed[lo:hi],
+            tuple(t[lo:hi] for t in self.heads),
+            tuple(t[lo:hi] for t in self.mlps),
+        )
+
+
+def writer_outputs(
+    model, tokens: Int[Tensor, "rows pos"], graph: Graph, interventions: Sequence = ()
+) -> tuple[WriterOutputs, Tensor]:
+    """One run of ``tokens``: every writer's output, and the logits."""
+    mlp_names = (
+        [f"blocks.{lay}.hook_mlp_out" for lay in range(graph.n_layers)] if graph.mlps else []
+    )
+    run = run_cached(
+        model,
+        tokens,
+        head_outputs=True,
+        hooks=["blocks.0.hook_resid_pre", *mlp_names],
+        interventions=interventions,
+    )
+    heads = tuple(run[f"blocks.{lay}.attn.hook_result"] for lay in range(graph.n_layers))
+    outputs = WriterOutputs(
+        run["blocks.0.hook_resid_pre"], heads, tuple(run[name] for name in mlp_names)
+    )
+    return outputs, run.logits
+
+
+def deltas_bytes(model, graph: Graph, n_rows: int, n_pos: int) -> int:
+    """Bytes of every writer's clean-minus-corrupted output over the task."""
+    return len(graph.writers) * n_rows * n_pos * int(model.cfg.d_model) * _itemsize(model)
+
+
+def rows_metric(metric: TaskMetric, rows: Int[Tensor, " batch"]) -> TaskMetric:
+    """``metric`` for a batch whose row ``b`` is task row ``rows[b]`` (repeated runs)."""
+    picked = rows.tolist()
+    wrong = None if metric.wrong is None else tuple(metric.wrong[i] for i in picked)
+    return TaskMetric(
+        metric.kind, tuple(metric.answers[i] for i in picked), wrong, metric.lengths[rows]
+    )
+
+
+def patched_metrics(
+    model,
+    batch: TaskTokens,
+    metric: TaskMetric,
+    deltas: WriterOutputs,
+    runs: Sequence[Sequence[tuple[str, Reader]]],
+    *,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+    held: int = 0,
+    progress: bool = False,
+    fixed: Sequence = (),
+) -> Float[Tensor, "runs rows"]:
+    """The metric of every task row under each run (a set of edges patched), in batched
+    passes: as many runs per pass as ``max_rows`` / ``max_bytes`` allow (rows split when not
+    even one run of every row fits). The numbers do not depend on the split. ``fixed``: raw
+    hooks applied to every pass, before the edges' own."""
+    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
+    per_pass, rows_at_once = task_blocks(
+        model,
+        n_pos,
+        n_rows,
+        max(1, len(runs)),
+        max_rows=max_rows,
+        max_bytes=max_bytes,
+        held=held,
+        held_what="the writers' clean-minus-corrupted outputs",
+    )
+    values = torch.full((len(runs), n_rows), float("nan"))
+    passes = [
+        (lo, list(range(i, min(i + per_pass, len(runs)))))
+        for lo in range(0, n_rows, rows_at_once)
+        for i in range(0, len(runs), per_pass)
+    ]
+    for number, (lo, members) in enumerate(
+        tqdm(passes, desc="edge patching", unit="pass", disable=not progress)
+    ):
+        hi = min(lo + rows_at_once, n_rows)
+        n = hi - lo
+        part = deltas.rows(lo, hi)
+        additions = []
+        for block, p in enumerate(members):
+            rows = slice(block * n, (block + 1) * n)
+            into: dict[Reader, Tensor] = {}
+            for writer, reader in runs[p]:
+                into[reader] = into.get(reader, 0) + part[writer]
+            additions += [(reader, rows, delta) for reader, delta in into.items()]
+        tokens = batch.corrupted[lo:hi].repeat(len(members), 1)
+        hooks = reader_hooks(model, additions, check=number == 0)
+        logits = run_logits(model, tokens.to(model.cfg.device), before=[*fixed, *hooks])
+        task_rows = torch.arange(lo, hi).repeat(len(members))
+        value = rows_metric(metric, task_rows)(logits).float().cpu()
+        values[members, lo:hi] = value.reshape(len(members), n)
+        del logits
+    return values

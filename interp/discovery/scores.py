@@ -1,0 +1,140 @@
+"""``edge_scores``: every edge of the graph scored over a task, by exact edge patching or by a
+gradient estimate of it (docs/discovery.md).
+
+With ``C`` and ``K`` the dataset means of the clean and corrupted metric:
+
+- ``exact`` (denoising): ``m(e)`` is the dataset mean of the corrupted run with edge ``e``'s
+  reader given its writer's clean output in place of the corrupted one (its input moved by
+  ``clean - corrupted`` of the writer's output), everything downstream recomputed;
+  ``score = (m(e) - K) / (C - K)``, the recovered fraction: 1 recovers the clean metric.
+- ``eap``: ``m(e) - K`` estimated to first order, ``mean_rows sum_pos (a_clean - a_corrupted)
+  . dm/d(reader input)`` with the gradient taken on the corrupted run, divided by ``C - K``.
+- ``eap-ig``: the same with the gradient averaged over ``ig_steps`` points on the straight
+  path from the corrupted to the clean input embeddings (EAP-IG-inputs, Hanna et al. 2024).
+
+A positive score moves the metric toward the clean run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+
+from interp.discovery.gradients import gradient_scores
+from interp.discovery.graph import Graph
+from interp.discovery.runs import deltas_bytes, patched_metrics, writer_outputs
+from interp.engine import HookFn, check_eval
+from interp.tasks import Task, TaskTokens
+
+__all__ = ["edge_scores", "METHODS", "SCORE_COLUMNS"]
+
+METHODS = ("exact", "eap", "eap-ig")  # edge_scores methods: the oracle and two estimates
+SCORE_COLUMNS = ["edge", "source", "target", "score"]  # edge_scores columns
+METRICS = ("logit_diff", "prob_diff")
+
+
+def _undefined(c: float, k: float) -> bool:
+    return not abs(c - k) > 1e-6 * max(1.0, abs(c), abs(k))
+
+
+def edge_scores(
+    model,
+    task: Task | TaskTokens,
+    method: str = "exact",
+    *,
+    metric: str = "logit_diff",
+    ig_steps: int = 5,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+    progress: bool = False,
+    interventions: Sequence[tuple[str, HookFn]] = (),
+) -> pd.DataFrame:
+    """Score every edge of ``model``'s graph on ``task``; one row per edge, graph order.
+
+    Args:
+        method: ``"exact"`` (edge patching, the oracle), ``"eap"`` (one forward per side and
+            one backward) or ``"eap-ig"`` (``ig_steps`` backward passes).
+        metric: a :meth:`interp.tasks.TaskTokens.metric` kind.
+        max_rows: batch rows of one forward pass (exact: edges x task rows).
+        max_bytes: a memory budget for what is held and each pass (bytes or ``"500MB"``);
+            the scores do not depend on it.
+        interventions: raw forward hooks ``(name, fn)`` applied to every run, clean,
+            corrupted, patched and differentiated (e.g. attention patterns held fixed); each
+            must handle any batch size (patched passes repeat the rows).
+
+    Returns ``edge, source, target, score`` (module docstring). ``attrs``: ``clean_metric``,
+    ``corrupted_metric`` (dataset means), ``method``, ``n_rows``, ``recovered_undefined``
+    (scores are NaN when the two means are too close to divide by).
+    """
+    check_eval(model)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if method == "eap-ig" and (not isinstance(ig_steps, int) or ig_steps < 1):
+        raise ValueError(f"ig_steps must be a whole number >= 1, got {ig_steps!r}")
+    if max_rows is not None and max_bytes is not None:
+        raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
+    graph = Graph.from_model(model)
+    batch = task.tokens(model) if isinstance(task, Task) else task
+    task_metric = batch.metric(metric)
+    device = model.cfg.device
+    clean_tokens, corrupt_tokens = batch.clean.to(device), batch.corrupted.to(device)
+    clean_out, clean_logits = writer_outputs(model, clean_tokens, graph, interventions)
+    corrupt_out, corrupt_logits = writer_outputs(model, corrupt_tokens, graph, interventions)
+    c = float(task_metric(clean_logits).double().mean())
+    k = float(task_metric(corrupt_logits).double().mean())
+    del clean_logits, corrupt_logits
+    deltas = clean_out - corrupt_out
+    del clean_out, corrupt_out
+    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
+    held = deltas_bytes(model, graph, n_rows, n_pos)
+    if method == "exact":
+        runs = [[edge] for edge in graph.edges]
+        values = patched_metrics(
+            model,
+            batch,
+            task_metric,
+            deltas,
+            runs,
+            max_rows=max_rows,
+            max_bytes=max_bytes,
+            held=held,
+            progress=progress,
+            fixed=interventions,
+        )
+        change = values.double().mean(dim=1) - k
+    else:
+        change = gradient_scores(
+            model,
+            batch,
+            task_metric,
+            graph,
+            deltas,
+            steps=ig_steps if method == "eap-ig" else 0,
+            max_rows=max_rows,
+            max_bytes=max_bytes,
+            held=held,
+            fixed=interventions,
+        )
+    undefined = _undefined(c, k)
+    score = torch.full_like(change, math.nan) if undefined else change / (c - k)
+    frame = pd.DataFrame(
+        {
+            "edge": list(graph.edge_names),
+            "source": [w for w, _ in graph.edges],
+            "target": [str(r) for _, r in graph.edges],
+            "score": score.numpy(),
+        }
+    )
+    frame.attrs.update(
+        clean_metric=c,
+        corrupted_metric=k,
+        method=method,
+        n_rows=n_rows,
+        recovered_undefined=undefined,
+    )
+    return frame
