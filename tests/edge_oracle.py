@@ -98,11 +98,13 @@ def patch_edges(
         return model(base)
 
 
-def attribution_edge(model, batch, edge: str, *, at: str = "corrupted") -> float:
+def attribution_edge(model, batch, edge: str, *, at: str = "corrupted", ig_steps: int = 0) -> float:
     """Attribution patching of one edge in metric units (divide by clean - corrupted for
     recovered): the gradient of the mean ``batch.logit_diff`` with respect to the reader's
     input on the ``at`` run (``"clean"`` or ``"corrupted"``), dotted with the sender's clean -
-    corrupted output, summed over positions."""
+    corrupted output, summed over positions. ``ig_steps=m > 0``: integrated gradients along
+    the input path instead (EAP-IG-inputs), the gradient averaged over the runs whose token
+    embeddings are ``corrupted + k/m (clean - corrupted)``, ``k = 1 .. m``."""
     sender, reader = edge.split("->")
     with torch.no_grad():
         _, clean_cache = model.run_with_cache(batch.clean)
@@ -123,7 +125,15 @@ def attribution_edge(model, batch, edge: str, *, at: str = "corrupted") -> float
 
         hooks = [(f"blocks.{layer}.attn.hook_{which}", move)]
     tokens = batch.clean if at == "clean" else batch.corrupted
-    with torch.enable_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
-        batch.logit_diff(logits).mean().backward()
-    return float((reader_input.grad * delta).sum())
+    alphas = [k / ig_steps for k in range(1, ig_steps + 1)] if ig_steps else [None]
+    for alpha in alphas:
+        if alpha is not None:  # position embeddings are equal in both runs
+            tokens = batch.corrupted
+            step = alpha * (clean_cache["hook_embed"] - corrupt_cache["hook_embed"])
+            hooks_here = [*hooks, ("hook_embed", lambda x, hook, step=step: x + step)]
+        else:
+            hooks_here = hooks
+        with torch.enable_grad():
+            logits = model.run_with_hooks(tokens, fwd_hooks=hooks_here)
+            batch.logit_diff(logits).mean().backward()  # gradients add up over the steps
+    return float((reader_input.grad * delta).sum()) / len(alphas)
