@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from interp import Task
 from interp.interventions.paths import path_patch
 from tests.circuit_models import TRUE_EDGES, chain_model
 from tests.edge_oracle import all_edges, attribution_edge, patch_edges
@@ -184,3 +185,18 @@ def test_integrated_gradients_find_the_chain(setup):
         few = attribution_edge(model, batch, edge, ig_steps=5) / (clean - corrupted)
         many = attribution_edge(model, batch, edge, ig_steps=50) / (clean - corrupted)
         assert few >= 0.2 and many == pytest.approx(exact, abs=0.01), (edge, few, many)
+
+
+def test_a_wrong_answer_of_c_would_add_a_value_edge():
+    """The zero of ``embed->L1H0.v`` rests on ``wrong`` not being ``c`` (the corrupting
+    token): with ``wrong = c`` the value edge moves the metric, and the zero test would fail."""
+    model, task, _ = chain_model()
+    records = task.to_records()
+    for r in records:
+        r["wrong"] = next(y for x, y in zip(r["clean"], r["corrupted"], strict=True) if x != y)
+    batch = Task.from_records(records).tokens(model)
+    with torch.no_grad():
+        clean = float(batch.logit_diff(model(batch.clean)).mean())
+        corrupted = float(batch.logit_diff(model(batch.corrupted)).mean())
+    setup = (False, model, batch, TRUE_EDGES, clean, corrupted)
+    assert _recovered(setup, ["embed->L1H0.v"]) > 0.05
