@@ -200,3 +200,23 @@ def test_a_wrong_answer_of_c_would_add_a_value_edge():
         corrupted = float(batch.logit_diff(model(batch.corrupted)).mean())
     setup = (False, model, batch, TRUE_EDGES, clean, corrupted)
     assert _recovered(setup, ["embed->L1H0.v"]) > 0.05
+
+
+def test_the_true_circuit_is_faithful_and_each_edge_needed(setup):
+    """Faithfulness as evaluate_circuit defines it: the clean run with every edge outside the
+    circuit given its corrupted sender. The true circuit gives 1; without any one true edge
+    the chain breaks (below 0.01); the empty circuit is the corrupted run (0)."""
+    _, model, batch, _, clean, corrupted = setup
+    edges = all_edges(model)
+
+    def faithfulness(circuit) -> float:
+        outside = [e for e in edges if e not in circuit]
+        with torch.no_grad():
+            logits = patch_edges(model, batch.clean, batch.corrupted, outside)
+        return (float(batch.logit_diff(logits).mean()) - corrupted) / (clean - corrupted)
+
+    assert faithfulness(TRUE_EDGES) == pytest.approx(1.0, abs=1e-5)
+    assert faithfulness(edges) == pytest.approx(1.0, abs=1e-5)
+    assert faithfulness([]) == pytest.approx(0.0, abs=1e-5)
+    for dropped in TRUE_EDGES:
+        assert faithfulness([e for e in TRUE_EDGES if e != dropped]) < 0.01, dropped
