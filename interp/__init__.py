@@ -37,6 +37,9 @@ _EXPORTS = {
     "patch_activations": "interp.interventions",
     "run_patched": "interp.interventions",
     "path_patch": "interp.interventions",
+    "path_patch_senders": "interp.interventions",
+    "ablation_effects": "interp.interventions",
+    "edge_scores": "interp.discovery",
     "Task": "interp.tasks",
 }
 
