@@ -128,11 +128,15 @@ def patched_metrics(
     held: int = 0,
     progress: bool = False,
     fixed: Sequence = (),
+    base: Int[Tensor, "rows pos"] | None = None,
 ) -> Float[Tensor, "runs rows"]:
     """The metric of every task row under each run (a set of edges patched), in batched
     passes: as many runs per pass as ``max_rows`` / ``max_bytes`` allow (rows split when not
     even one run of every row fits). The numbers do not depend on the split. ``fixed``: raw
-    hooks applied to every pass, before the edges' own."""
+    hooks applied to every pass, before the edges' own. ``base``: the tokens each run starts
+    from (default the corrupted prompts; pass ``batch.clean`` with ``deltas`` of ablated minus
+    clean outputs to remove edges from the clean run, as circuit evaluation and ACDC do)."""
+    base = batch.corrupted if base is None else base
     n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
     per_pass, rows_at_once = task_blocks(
         model,
@@ -163,7 +167,7 @@ def patched_metrics(
             for writer, reader in runs[p]:
                 into[reader] = into.get(reader, 0) + part[writer]
             additions += [(reader, rows, delta) for reader, delta in into.items()]
-        tokens = batch.corrupted[lo:hi].repeat(len(members), 1)
+        tokens = base[lo:hi].repeat(len(members), 1)
         hooks = reader_hooks(model, additions, check=number == 0)
         logits = run_logits(model, tokens.to(model.cfg.device), before=[*fixed, *hooks])
         task_rows = torch.arange(lo, hi).repeat(len(members))
