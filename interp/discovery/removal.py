@@ -1,0 +1,176 @@
+"""Runs of the clean prompts with sets of edges removed: what circuit evaluation is built on.
+
+A removed edge ``W->R`` gives ``R`` the writer's *ablated* output (its corrupted output, a
+mean, or zero) in place of the output ``W`` has in this run, in ``R``'s input only
+(:mod:`interp.discovery.inputs`); everything else is recomputed. So ``R``'s input moves by
+``ablated(W) - live(W)``, where ``live(W)`` is ``W``'s output in the run itself, which differs
+from the unpatched clean output wherever an edge upstream of ``W`` was removed. With every edge
+removed and ``ablated`` the corrupted outputs, every reader reads the corrupted stream: the run
+is the corrupted run. (Edge patching of single edges, :func:`interp.discovery.runs.
+patched_metrics`, may use the unpatched outputs: a single edge's writer is upstream of it.)
+
+The changes are built during the pass: after each group of writers (``embed``, a layer's
+heads, a layer's MLP) fires, the readers whose writers are now complete get
+``sum over removed W of ablated(W) - live(W)``, one block of batch rows per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from interp.discovery.graph import Graph, Reader
+from interp.discovery.inputs import reader_hooks
+from interp.discovery.runs import WriterOutputs, rows_metric
+from interp.engine import rows_per_pass, run_logits
+from interp.engine.estimates import _itemsize
+from interp.tasks import TaskMetric, TaskTokens
+
+__all__ = ["removed_metrics"]
+
+
+def _groups(graph: Graph) -> list[tuple[str, str, int | None, list[str]]]:
+    """Writer groups in forward order: ``(capture hook, kind, layer, writers)``."""
+    groups = [("blocks.0.hook_resid_pre", "embed", None, ["embed"])]
+    for layer in range(graph.n_layers):
+        heads, mlps = graph.layer_writers(layer)
+        groups.append((f"blocks.{layer}.attn.hook_z", "heads", layer, heads))
+        if mlps:
+            groups.append((f"blocks.{layer}.hook_mlp_out", "mlp", layer, mlps))
+    return groups
+
+
+def _fill_after(graph: Graph, groups) -> list[list[Reader]]:
+    """For each writer group, the readers whose last writer is in it."""
+    done_at: dict[str, int] = {w: g for g, (_, _, _, ws) in enumerate(groups) for w in ws}
+    last: dict[Reader, int] = {}
+    for writer, reader in graph.edges:
+        last[reader] = max(last.get(reader, 0), done_at[writer])
+    fill: list[list[Reader]] = [[] for _ in groups]
+    for reader in graph.readers:  # readers with no writer before them have no edges
+        if reader in last:
+            fill[last[reader]].append(reader)
+    return fill
+
+
+def removed_metrics(
+    model,
+    batch: TaskTokens,
+    metric: TaskMetric,
+    ablated: WriterOutputs,
+    runs: Sequence[Sequence[tuple[str, Reader]]],
+    graph: Graph,
+    *,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+    held: int = 0,
+    progress: bool = False,
+) -> Float[Tensor, "runs rows"]:
+    """The metric of every task row of the clean run with each run's edges removed (module
+    docstring); ``ablated``: each writer's replacement output over the task rows (tensors may
+    be broadcast views). Runs share passes, each a block of rows, as many as ``max_rows`` /
+    ``max_bytes`` allow; the numbers do not depend on the split."""
+    n_rows, n_pos = (int(d) for d in batch.clean.shape)
+    groups = _groups(graph)
+    fill = _fill_after(graph, groups)
+    widest = max(len(f) for f in fill)
+    d_model = int(model.cfg.d_model)
+    kept = (len(graph.writers) + 2 * widest) * n_pos * d_model * _itemsize(model)
+    size = rows_per_pass(
+        model,
+        n_pos,
+        max(1, len(runs)) * n_rows,
+        max_rows,
+        max_bytes,
+        held,
+        "the writers' ablated outputs",
+        kept_per_row=kept,
+        what="one run with edges removed",
+        advice="raise max_bytes or evaluate fewer rows",
+    )
+    per_pass, rows_at_once = (1, max(1, size)) if size < n_rows else (size // n_rows, n_rows)
+    per_pass = max(1, min(per_pass, len(runs)))
+    # masks[p][group] : [writers of the group, readers filled later] (1 = removed)
+    index = {w: (g, i) for g, (_, _, _, ws) in enumerate(groups) for i, w in enumerate(ws)}
+    slot = {r: (g, j) for g, readers in enumerate(fill) for j, r in enumerate(readers)}
+    values = torch.full((len(runs), n_rows), float("nan"))
+    passes = [
+        (lo, list(range(i, min(i + per_pass, len(runs)))))
+        for lo in range(0, n_rows, rows_at_once)
+        for i in range(0, len(runs), per_pass)
+    ]
+    for number, (lo, members) in enumerate(
+        tqdm(passes, desc="circuit runs", unit="pass", disable=not progress)
+    ):
+        hi = min(lo + rows_at_once, n_rows)
+        values[members, lo:hi] = _one_pass(
+            model, batch, metric, ablated.rows(lo, hi), [runs[p] for p in members], graph,
+            groups, fill, index, slot, lo, hi, check=number == 0,
+        )  # fmt: skip
+    return values
+
+
+def _one_pass(
+    model, batch, metric, ablated, runs, graph, groups, fill, index, slot, lo, hi, *, check
+):
+    n, n_runs = hi - lo, len(runs)
+    device = model.cfg.device
+    # mask[g_fill][g_writer]: [runs, writers of g_writer, readers of g_fill]
+    masks: dict[tuple[int, int], Tensor] = {}
+    used: set[Reader] = set()
+    for p, edges in enumerate(runs):
+        for writer, reader in edges:
+            gw, i = index[writer]
+            gr, j = slot[reader]
+            key = (gr, gw)
+            if key not in masks:
+                masks[key] = torch.zeros(n_runs, len(groups[gw][3]), len(fill[gr]))
+            masks[key][p, i, j] = 1.0
+            used.add(reader)
+    widest = max(len(f) for f in fill)
+    buffer = torch.zeros(n_runs * n, batch.clean.shape[1], widest, int(model.cfg.d_model))
+    buffer = buffer.to(device=device, dtype=ablated.embed.dtype)
+    additions = []
+    for p in range(n_runs):
+        rows = slice(p * n, (p + 1) * n)
+        for reader in used:
+            additions.append((reader, rows, buffer[rows, :, slot[reader][1]]))
+    diffs: dict[int, Tensor] = {}  # group -> [runs, n, pos, writers, d_model]: ablated - live
+    W_O = model.W_O
+
+    def capture(g: int):
+        _, kind, layer, writers = groups[g]
+
+        def hook(act: Tensor, hook) -> None:
+            if kind == "heads":
+                live = torch.einsum("bphd,hdm->bphm", act, W_O[layer].to(act.dtype))
+                gone = ablated.heads[layer]
+            else:
+                live = act[:, :, None]
+                gone = (ablated.embed if kind == "embed" else ablated.mlps[layer])[:, :, None]
+            live = live.reshape(n_runs, n, *live.shape[1:])
+            diffs[g] = gone.to(live.dtype)[None] - live
+            if fill[g]:
+                _fill(g)
+
+        return hook
+
+    def _fill(g: int) -> None:
+        width = len(fill[g])
+        out = torch.zeros_like(buffer[:, :, :width]).reshape(n_runs, n, -1, width, buffer.shape[-1])
+        for (gr, gw), mask in masks.items():
+            if gr == g:
+                mask = mask.to(device=device, dtype=out.dtype)
+                out += torch.einsum("rbpwd,rwj->rbpjd", diffs[gw], mask)
+        buffer[:, :, :width] = out.reshape(n_runs * n, *out.shape[2:])
+
+    hooks = [(name, capture(g)) for g, (name, _, _, _) in enumerate(groups)]
+    hooks += reader_hooks(model, additions, check=check)
+    tokens = batch.clean[lo:hi].repeat(n_runs, 1).to(device)
+    logits = run_logits(model, tokens, before=hooks)
+    task_rows = torch.arange(lo, hi).repeat(n_runs)
+    return rows_metric(metric, task_rows)(logits).float().cpu().reshape(n_runs, n)
