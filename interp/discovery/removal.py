@@ -32,6 +32,8 @@ from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = ["removed_metrics"]
 
+DEFAULT_KEPT_BYTES = 512 * 2**20  # without a budget: the writers' changes held in one pass
+
 
 def _groups(graph: Graph) -> list[tuple[str, str, int | None, list[str]]]:
     """Writer groups in forward order: ``(capture hook, kind, layer, writers)``."""
@@ -92,11 +94,11 @@ def removed_metrics(
         what="one run with edges removed",
         advice="raise max_bytes or evaluate fewer rows",
     )
+    if max_rows is None and max_bytes is None:  # the writers' changes dominate: cap them too
+        size = min(size, max(1, DEFAULT_KEPT_BYTES // kept))
     per_pass, rows_at_once = (1, max(1, size)) if size < n_rows else (size // n_rows, n_rows)
     per_pass = max(1, min(per_pass, len(runs)))
-    # masks[p][group] : [writers of the group, readers filled later] (1 = removed)
-    index = {w: (g, i) for g, (_, _, _, ws) in enumerate(groups) for i, w in enumerate(ws)}
-    slot = {r: (g, j) for g, readers in enumerate(fill) for j, r in enumerate(readers)}
+    masks = _masks(runs, groups, fill)
     values = torch.full((len(runs), n_rows), float("nan"))
     passes = [
         (lo, list(range(i, min(i + per_pass, len(runs)))))
@@ -107,43 +109,55 @@ def removed_metrics(
         tqdm(passes, desc="circuit runs", unit="pass", disable=not progress)
     ):
         hi = min(lo + rows_at_once, n_rows)
+        chosen = torch.tensor(members)
         values[members, lo:hi] = _one_pass(
-            model, batch, metric, ablated.rows(lo, hi), [runs[p] for p in members], graph,
-            groups, fill, index, slot, lo, hi, check=number == 0,
-        )  # fmt: skip
+            model,
+            batch.clean[lo:hi],
+            rows_metric(metric, torch.arange(lo, hi).repeat(len(members))),
+            ablated.rows(lo, hi),
+            {key: (mask[chosen], readers) for key, (mask, readers) in masks.items()},
+            groups,
+            fill,
+            n_runs=len(members),
+            check=number == 0,
+        )
     return values
 
 
-def _one_pass(
-    model, batch, metric, ablated, runs, graph, groups, fill, index, slot, lo, hi, *, check
-):
-    n, n_runs = hi - lo, len(runs)
-    device = model.cfg.device
-    # mask[g_fill][g_writer]: [runs, writers of g_writer, readers of g_fill]
+def _masks(runs, groups, fill) -> dict[tuple[int, int], tuple[Tensor, list[Reader]]]:
+    """``(fill group, writer group) -> (mask [runs writers readers], readers)``: 1 where the
+    run removes the edge from that writer to that reader (filled after that fill group)."""
+    index = {w: (g, i) for g, (_, _, _, ws) in enumerate(groups) for i, w in enumerate(ws)}
+    slot = {r: (g, j) for g, readers in enumerate(fill) for j, r in enumerate(readers)}
     masks: dict[tuple[int, int], Tensor] = {}
-    used: set[Reader] = set()
     for p, edges in enumerate(runs):
         for writer, reader in edges:
             gw, i = index[writer]
             gr, j = slot[reader]
-            key = (gr, gw)
-            if key not in masks:
-                masks[key] = torch.zeros(n_runs, len(groups[gw][3]), len(fill[gr]))
-            masks[key][p, i, j] = 1.0
-            used.add(reader)
+            if (gr, gw) not in masks:
+                masks[gr, gw] = torch.zeros(len(runs), len(groups[gw][3]), len(fill[gr]))
+            masks[gr, gw][p, i, j] = 1.0
+    return {key: (mask, fill[key[0]]) for key, mask in masks.items()}
+
+
+def _one_pass(model, tokens, metric, ablated, masks, groups, fill, *, n_runs, check) -> Tensor:
+    """One pass: ``tokens`` ``[n pos]`` repeated once per run, each run a block of rows."""
+    n, device = int(tokens.shape[0]), model.cfg.device
     widest = max(len(f) for f in fill)
-    buffer = torch.zeros(n_runs * n, batch.clean.shape[1], widest, int(model.cfg.d_model))
-    buffer = buffer.to(device=device, dtype=ablated.embed.dtype)
+    shape = (n_runs * n, int(tokens.shape[1]), widest, int(model.cfg.d_model))
+    buffer = torch.zeros(shape, device=device, dtype=ablated.embed.dtype)
     additions = []
-    for p in range(n_runs):
-        rows = slice(p * n, (p + 1) * n)
-        for reader in used:
-            additions.append((reader, rows, buffer[rows, :, slot[reader][1]]))
-    diffs: dict[int, Tensor] = {}  # group -> [runs, n, pos, writers, d_model]: ablated - live
+    for mask, readers in masks.values():
+        for j, reader in enumerate(readers):
+            for p in torch.nonzero(mask[:, :, j].any(dim=1)).flatten().tolist():
+                rows = slice(p * n, (p + 1) * n)
+                additions.append((reader, rows, buffer[rows, :, j]))
+    additions = list({(str(r), s.start): (r, s, d) for r, s, d in additions}.values())
+    diffs: dict[int, Tensor] = {}  # group -> [runs n pos writers d_model]: ablated - live
     W_O = model.W_O
 
     def capture(g: int):
-        _, kind, layer, writers = groups[g]
+        _, kind, layer, _ = groups[g]
 
         def hook(act: Tensor, hook) -> None:
             if kind == "heads":
@@ -155,14 +169,15 @@ def _one_pass(
             live = live.reshape(n_runs, n, *live.shape[1:])
             diffs[g] = gone.to(live.dtype)[None] - live
             if fill[g]:
-                _fill(g)
+                deliver(g)
 
         return hook
 
-    def _fill(g: int) -> None:
+    def deliver(g: int) -> None:
+        """The changes of the readers filled after group ``g``, into the buffer's slots."""
         width = len(fill[g])
-        out = torch.zeros_like(buffer[:, :, :width]).reshape(n_runs, n, -1, width, buffer.shape[-1])
-        for (gr, gw), mask in masks.items():
+        out = torch.zeros(n_runs, n, shape[1], width, shape[3], device=device, dtype=buffer.dtype)
+        for (gr, gw), (mask, _) in masks.items():
             if gr == g:
                 mask = mask.to(device=device, dtype=out.dtype)
                 out += torch.einsum("rbpwd,rwj->rbpjd", diffs[gw], mask)
@@ -170,7 +185,5 @@ def _one_pass(
 
     hooks = [(name, capture(g)) for g, (name, _, _, _) in enumerate(groups)]
     hooks += reader_hooks(model, additions, check=check)
-    tokens = batch.clean[lo:hi].repeat(n_runs, 1).to(device)
-    logits = run_logits(model, tokens, before=hooks)
-    task_rows = torch.arange(lo, hi).repeat(n_runs)
-    return rows_metric(metric, task_rows)(logits).float().cpu().reshape(n_runs, n)
+    logits = run_logits(model, tokens.repeat(n_runs, 1).to(device), before=hooks)
+    return metric(logits).float().cpu().reshape(n_runs, n)
