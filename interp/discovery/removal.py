@@ -98,7 +98,7 @@ def removed_metrics(
         size = min(size, max(1, DEFAULT_KEPT_BYTES // kept))
     per_pass, rows_at_once = (1, max(1, size)) if size < n_rows else (size // n_rows, n_rows)
     per_pass = max(1, min(per_pass, len(runs)))
-    masks = _masks(runs, groups, fill)
+    masks = _masks(runs, groups, fill, len(graph.writers))
     values = torch.full((len(runs), n_rows), float("nan"))
     passes = [
         (lo, list(range(i, min(i + per_pass, len(runs)))))
@@ -115,7 +115,7 @@ def removed_metrics(
             batch.clean[lo:hi],
             rows_metric(metric, torch.arange(lo, hi).repeat(len(members))),
             ablated.rows(lo, hi),
-            {key: (mask[chosen], readers) for key, (mask, readers) in masks.items()},
+            [None if mask is None else mask[chosen] for mask in masks],
             groups,
             fill,
             n_runs=len(members),
@@ -124,64 +124,69 @@ def removed_metrics(
     return values
 
 
-def _masks(runs, groups, fill) -> dict[tuple[int, int], tuple[Tensor, list[Reader]]]:
-    """``(fill group, writer group) -> (mask [runs writers readers], readers)``: 1 where the
-    run removes the edge from that writer to that reader (filled after that fill group)."""
-    index = {w: (g, i) for g, (_, _, _, ws) in enumerate(groups) for i, w in enumerate(ws)}
+def _masks(runs, groups, fill, n_writers: int) -> list[Tensor | None]:
+    """For each writer group, the mask of the readers filled after it ``[runs writers
+    readers]`` (writers in graph order, up to that group): 1 where the run removes the edge."""
+    index = {w: i for i, w in enumerate(w for _, _, _, ws in groups for w in ws)}
     slot = {r: (g, j) for g, readers in enumerate(fill) for j, r in enumerate(readers)}
-    masks: dict[tuple[int, int], Tensor] = {}
+    masks = [torch.zeros(len(runs), n_writers, len(f)) if f else None for f in fill]
     for p, edges in enumerate(runs):
         for writer, reader in edges:
-            gw, i = index[writer]
-            gr, j = slot[reader]
-            if (gr, gw) not in masks:
-                masks[gr, gw] = torch.zeros(len(runs), len(groups[gw][3]), len(fill[gr]))
-            masks[gr, gw][p, i, j] = 1.0
-    return {key: (mask, fill[key[0]]) for key, mask in masks.items()}
+            g, j = slot[reader]
+            masks[g][p, index[writer], j] = 1.0
+    return masks
 
 
 def _one_pass(model, tokens, metric, ablated, masks, groups, fill, *, n_runs, check) -> Tensor:
-    """One pass: ``tokens`` ``[n pos]`` repeated once per run, each run a block of rows."""
-    n, device = int(tokens.shape[0]), model.cfg.device
+    """One pass: ``tokens`` ``[n pos]`` repeated once per run, each run a block of rows.
+
+    Every writer's ``ablated - live`` output goes into ``diffs`` ``[runs n pos d_model
+    writers]`` as its group fires; after a group, the readers filled there get one batched
+    matrix product of ``diffs`` (the writers so far) with their masks, into the slots of
+    ``buffer``, which the reader hooks read when the reader comes (slots are reused: a
+    group's readers have read theirs before the next group fills)."""
+    n, n_pos, d_model = int(tokens.shape[0]), int(tokens.shape[1]), int(model.cfg.d_model)
+    device, dtype = model.cfg.device, ablated.embed.dtype
+    n_writers = masks[-1].shape[1] if masks[-1] is not None else sum(len(g[3]) for g in groups)
     widest = max(len(f) for f in fill)
-    shape = (n_runs * n, int(tokens.shape[1]), widest, int(model.cfg.d_model))
-    buffer = torch.zeros(shape, device=device, dtype=ablated.embed.dtype)
+    buffer = torch.zeros(n_runs * n, n_pos, d_model, widest, device=device, dtype=dtype)
+    diffs = torch.zeros(n_runs, n, n_pos, d_model, n_writers, device=device, dtype=dtype)
     additions = []
-    for mask, readers in masks.values():
+    for mask, readers in zip(masks, fill, strict=True):
+        if mask is None:
+            continue
         for j, reader in enumerate(readers):
             for p in torch.nonzero(mask[:, :, j].any(dim=1)).flatten().tolist():
                 rows = slice(p * n, (p + 1) * n)
-                additions.append((reader, rows, buffer[rows, :, j]))
-    additions = list({(str(r), s.start): (r, s, d) for r, s, d in additions}.values())
-    diffs: dict[int, Tensor] = {}  # group -> [runs n pos writers d_model]: ablated - live
+                additions.append((reader, rows, buffer[rows, :, :, j]))
+    masks = [None if m is None else m.to(device=device, dtype=dtype) for m in masks]
     W_O = model.W_O
+    starts = [0]
+    for _, _, _, writers in groups:
+        starts.append(starts[-1] + len(writers))
 
     def capture(g: int):
         _, kind, layer, _ = groups[g]
 
         def hook(act: Tensor, hook) -> None:
             if kind == "heads":
-                live = torch.einsum("bphd,hdm->bphm", act, W_O[layer].to(act.dtype))
-                gone = ablated.heads[layer]
+                live = torch.einsum("bphd,hdm->bpmh", act, W_O[layer].to(act.dtype))
+                gone = ablated.heads[layer].transpose(-1, -2)
             else:
-                live = act[:, :, None]
-                gone = (ablated.embed if kind == "embed" else ablated.mlps[layer])[:, :, None]
+                live = act[..., None]
+                gone = (ablated.embed if kind == "embed" else ablated.mlps[layer])[..., None]
             live = live.reshape(n_runs, n, *live.shape[1:])
-            diffs[g] = gone.to(live.dtype)[None] - live
-            if fill[g]:
+            diffs[..., starts[g] : starts[g + 1]] = gone.to(dtype)[None] - live
+            if masks[g] is not None:
                 deliver(g)
 
         return hook
 
     def deliver(g: int) -> None:
-        """The changes of the readers filled after group ``g``, into the buffer's slots."""
-        width = len(fill[g])
-        out = torch.zeros(n_runs, n, shape[1], width, shape[3], device=device, dtype=buffer.dtype)
-        for (gr, gw), (mask, _) in masks.items():
-            if gr == g:
-                mask = mask.to(device=device, dtype=out.dtype)
-                out += torch.einsum("rbpwd,rwj->rbpjd", diffs[gw], mask)
-        buffer[:, :, :width] = out.reshape(n_runs * n, *out.shape[2:])
+        known, width = starts[g + 1], len(fill[g])
+        seen = diffs[..., :known].reshape(n_runs, n * n_pos * d_model, known)
+        out = torch.bmm(seen, masks[g][:, :known])  # [runs (n pos d_model) readers]
+        buffer[..., :width] = out.reshape(n_runs * n, n_pos, d_model, width)
 
     hooks = [(name, capture(g)) for g, (name, _, _, _) in enumerate(groups)]
     hooks += reader_hooks(model, additions, check=check)
