@@ -13,7 +13,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-__all__ = ["all_edges", "patch_edges", "attribution_edge", "head_output"]
+__all__ = ["all_edges", "patch_edges", "replace_edges", "attribution_edge", "head_output"]
 
 
 def all_edges(model) -> list[str]:
@@ -56,6 +56,16 @@ def patch_edges(
     place of the sender's value in this run; everything downstream is recomputed. A head's
     q/k/v input moves by ``change @ W_Q/K/V`` for that head only; ``logits`` by ``change``."""
     _, source_cache = model.run_with_cache(source, names_filter=lambda n: n in _writer_hooks(model))
+    return replace_edges(model, base, lambda s: _writer(model, source_cache, s), edges)
+
+
+def replace_edges(
+    model, base: Int[Tensor, "batch pos"], value, edges
+) -> Float[Tensor, "batch pos d_vocab"]:
+    """Run ``base`` and give each reader, for each of ``edges`` into it, ``value(sender)`` (a
+    tensor broadcasting to ``[batch pos d_model]``) in place of the sender's value in this run;
+    everything downstream is recomputed. ``patch_edges`` is this with the source run's values;
+    circuit evaluation removes edges from the clean run with corrupted, mean or zero values."""
     live: dict[str, Tensor] = {}
 
     def keep(name):
@@ -70,7 +80,7 @@ def patch_edges(
         by_reader.setdefault(reader, []).append(sender)
 
     def change(senders) -> Tensor:
-        return sum(_writer(model, source_cache, s) - _writer(model, live, s) for s in senders)
+        return sum(value(s) - _writer(model, live, s) for s in senders)
 
     def move_qkv(layer, which):
         heads = {

@@ -1,9 +1,16 @@
 """Circuit discovery (layer 3): the graph of writers and readers of the residual stream, and
 every edge scored over a task by exact edge patching or a gradient estimate
-(docs/discovery.md)."""
+(docs/discovery.md); circuits found from the scores and evaluated by faithfulness."""
 
 from __future__ import annotations
 
+from interp.discovery.circuit import CIRCUIT_METHODS, Circuit, discover_circuit
+from interp.discovery.evaluate import (
+    ABLATIONS,
+    CURVE_FRACTIONS,
+    CircuitEvaluation,
+    evaluate_circuit,
+)
 from interp.discovery.graph import Graph, Reader, edge_count, edge_name, split_edge
 from interp.discovery.scores import METHODS, SCORE_COLUMNS, edge_scores
 
@@ -16,4 +23,11 @@ __all__ = [
     "edge_scores",
     "METHODS",
     "SCORE_COLUMNS",
+    "Circuit",
+    "discover_circuit",
+    "CIRCUIT_METHODS",
+    "CircuitEvaluation",
+    "evaluate_circuit",
+    "CURVE_FRACTIONS",
+    "ABLATIONS",
 ]

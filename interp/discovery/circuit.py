@@ -1,0 +1,114 @@
+"""``discover_circuit``: a set of edges that carries a task, from edge scores or ACDC
+(docs/discovery.md).
+
+Scored methods (``exact``, ``eap``, ``eap-ig``) score every edge with
+:func:`interp.discovery.scores.edge_scores` and keep the top ``top_n`` by ``|score|`` (ties in
+graph order, as EAP-IG and MIB rank them) or every edge with ``|score| >= threshold``.
+``acdc`` prunes the graph itself (:mod:`interp.discovery.acdc`) and keeps what survives.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import pandas as pd
+
+from interp.discovery.evaluate import ranked_edges
+from interp.discovery.graph import Graph
+from interp.discovery.scores import METHODS, edge_scores
+from interp.tasks import Task, TaskTokens
+
+__all__ = ["Circuit", "discover_circuit", "CIRCUIT_METHODS"]
+
+CIRCUIT_METHODS = (*METHODS, "acdc")  # discover_circuit methods
+
+
+@dataclass(frozen=True)
+class Circuit:
+    """A set of edges found on a task."""
+
+    edges: tuple[str, ...]  # edge names "SOURCE->TARGET", graph order
+    method: str  # "exact" | "eap" | "eap-ig" | "acdc" | "given"
+    params: dict  # e.g. {"top_n": 20} or {"threshold": 0.01, "ig_steps": 5, "metric": "logit_diff"}
+    scores: pd.DataFrame | None  # edge_scores' frame with an in_circuit column
+
+    def __len__(self) -> int:
+        return len(self.edges)
+
+    def __contains__(self, edge: object) -> bool:
+        return edge in self.edges
+
+
+def _acdc():
+    try:
+        return importlib.import_module("interp.discovery.acdc").acdc
+    except ModuleNotFoundError as err:
+        if err.name != "interp.discovery.acdc":
+            raise
+        raise ValueError(
+            "method 'acdc' is not available in this version of interp (interp.discovery.acdc "
+            "is missing); use 'exact', 'eap' or 'eap-ig'"
+        ) from None
+
+
+def discover_circuit(
+    model,
+    task: Task | TaskTokens,
+    method: str = "eap-ig",
+    *,
+    top_n: int | None = None,
+    threshold: float | None = None,
+    metric: str = "logit_diff",
+    ig_steps: int = 5,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+    progress: bool = False,
+) -> Circuit:
+    """The circuit of ``task`` found by ``method`` (module docstring).
+
+    Args:
+        method: ``"exact"``, ``"eap"``, ``"eap-ig"`` (scored: pass ``top_n`` or ``threshold``)
+            or ``"acdc"`` (pass ``threshold``: the metric change, as a fraction of clean -
+            corrupted, below which an edge is pruned).
+        top_n: keep the ``top_n`` edges by ``|score|``.
+        threshold: keep the edges with ``|score| >= threshold``.
+        metric, ig_steps, max_rows, max_bytes, progress: as :func:`edge_scores`.
+
+    Returns a :class:`Circuit`: its edges in graph order, the method, the parameters and the
+    score frame with an ``in_circuit`` column.
+    """
+    if method not in CIRCUIT_METHODS:
+        raise ValueError(f"method must be one of {', '.join(CIRCUIT_METHODS)}, got {method!r}")
+    if (top_n is None) == (threshold is None):
+        raise ValueError("pass exactly one of top_n (the number of edges) or threshold")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0):
+        raise ValueError(f"top_n must be a whole number >= 0, got {top_n!r}")
+    if threshold is not None and not float(threshold) >= 0:
+        raise ValueError(f"threshold must be a number >= 0, got {threshold!r}")
+    params: dict = {"metric": metric}
+    budget = {"max_rows": max_rows, "max_bytes": max_bytes, "progress": progress}
+    if method == "acdc":
+        if threshold is None:
+            raise ValueError("method 'acdc' takes threshold (it prunes edges), not top_n")
+        frame = _acdc()(model, task, threshold=float(threshold), metric=metric, **budget)
+        params["threshold"] = float(threshold)
+        edges = tuple(frame.loc[frame["in_circuit"].astype(bool), "edge"])
+        return Circuit(edges=edges, method=method, params=params, scores=frame)
+    frame = edge_scores(model, task, method, metric=metric, ig_steps=ig_steps, **budget)
+    if method == "eap-ig":
+        params["ig_steps"] = ig_steps
+    graph = Graph.from_model(model)
+    ranked = ranked_edges(frame, graph)  # refuses NaN scores
+    if top_n is not None:
+        if top_n > len(ranked):
+            raise ValueError(f"top_n={top_n} is more than the graph's {len(ranked)} edges")
+        params["top_n"] = top_n
+        kept = set(ranked[:top_n])
+    else:
+        params["threshold"] = float(threshold)
+        kept = set(frame.loc[frame["score"].abs() >= float(threshold), "edge"])
+    frame = frame.copy()
+    frame["in_circuit"] = frame["edge"].isin(kept)
+    edges = tuple(e for e in graph.edge_names if e in kept)
+    return Circuit(edges=edges, method=method, params=params, scores=frame)

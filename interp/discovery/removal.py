@@ -1,0 +1,194 @@
+"""Runs of the clean prompts with sets of edges removed: what circuit evaluation is built on.
+
+A removed edge ``W->R`` gives ``R`` the writer's *ablated* output (its corrupted output, a
+mean, or zero) in place of the output ``W`` has in this run, in ``R``'s input only
+(:mod:`interp.discovery.inputs`); everything else is recomputed. So ``R``'s input moves by
+``ablated(W) - live(W)``, where ``live(W)`` is ``W``'s output in the run itself, which differs
+from the unpatched clean output wherever an edge upstream of ``W`` was removed. With every edge
+removed and ``ablated`` the corrupted outputs, every reader reads the corrupted stream: the run
+is the corrupted run. (Edge patching of single edges, :func:`interp.discovery.runs.
+patched_metrics`, may use the unpatched outputs: a single edge's writer is upstream of it.)
+
+The changes are built during the pass: after each group of writers (``embed``, a layer's
+heads, a layer's MLP) fires, the readers whose writers are now complete get
+``sum over removed W of ablated(W) - live(W)``, one block of batch rows per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from interp.discovery.graph import Graph, Reader
+from interp.discovery.inputs import reader_hooks
+from interp.discovery.runs import WriterOutputs, rows_metric
+from interp.engine import rows_per_pass, run_logits
+from interp.engine.estimates import _itemsize
+from interp.tasks import TaskMetric, TaskTokens
+
+__all__ = ["removed_metrics"]
+
+DEFAULT_KEPT_BYTES = 512 * 2**20  # without a budget: the writers' changes held in one pass
+
+
+def _groups(graph: Graph) -> list[tuple[str, str, int | None, list[str]]]:
+    """Writer groups in forward order: ``(capture hook, kind, layer, writers)``."""
+    groups = [("blocks.0.hook_resid_pre", "embed", None, ["embed"])]
+    for layer in range(graph.n_layers):
+        heads, mlps = graph.layer_writers(layer)
+        groups.append((f"blocks.{layer}.attn.hook_z", "heads", layer, heads))
+        if mlps:
+            groups.append((f"blocks.{layer}.hook_mlp_out", "mlp", layer, mlps))
+    return groups
+
+
+def _fill_after(graph: Graph, groups) -> list[list[Reader]]:
+    """For each writer group, the readers whose last writer is in it."""
+    done_at: dict[str, int] = {w: g for g, (_, _, _, ws) in enumerate(groups) for w in ws}
+    last: dict[Reader, int] = {}
+    for writer, reader in graph.edges:
+        last[reader] = max(last.get(reader, 0), done_at[writer])
+    fill: list[list[Reader]] = [[] for _ in groups]
+    for reader in graph.readers:  # readers with no writer before them have no edges
+        if reader in last:
+            fill[last[reader]].append(reader)
+    return fill
+
+
+def removed_metrics(
+    model,
+    batch: TaskTokens,
+    metric: TaskMetric,
+    ablated: WriterOutputs,
+    runs: Sequence[Sequence[tuple[str, Reader]]],
+    graph: Graph,
+    *,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+    held: int = 0,
+    progress: bool = False,
+) -> Float[Tensor, "runs rows"]:
+    """The metric of every task row of the clean run with each run's edges removed (module
+    docstring); ``ablated``: each writer's replacement output over the task rows (tensors may
+    be broadcast views). Runs share passes, each a block of rows, as many as ``max_rows`` /
+    ``max_bytes`` allow; the numbers do not depend on the split."""
+    n_rows, n_pos = (int(d) for d in batch.clean.shape)
+    groups = _groups(graph)
+    fill = _fill_after(graph, groups)
+    widest = max(len(f) for f in fill)
+    d_model = int(model.cfg.d_model)
+    kept = (len(graph.writers) + 2 * widest) * n_pos * d_model * _itemsize(model)
+    size = rows_per_pass(
+        model,
+        n_pos,
+        max(1, len(runs)) * n_rows,
+        max_rows,
+        max_bytes,
+        held,
+        "the writers' ablated outputs",
+        kept_per_row=kept,
+        what="one run with edges removed",
+        advice="raise max_bytes or evaluate fewer rows",
+    )
+    if max_rows is None and max_bytes is None:  # the writers' changes dominate: cap them too
+        size = min(size, max(1, DEFAULT_KEPT_BYTES // kept))
+    per_pass, rows_at_once = (1, max(1, size)) if size < n_rows else (size // n_rows, n_rows)
+    per_pass = max(1, min(per_pass, len(runs)))
+    masks = _masks(runs, groups, fill, len(graph.writers))
+    values = torch.full((len(runs), n_rows), float("nan"))
+    passes = [
+        (lo, list(range(i, min(i + per_pass, len(runs)))))
+        for lo in range(0, n_rows, rows_at_once)
+        for i in range(0, len(runs), per_pass)
+    ]
+    for number, (lo, members) in enumerate(
+        tqdm(passes, desc="circuit runs", unit="pass", disable=not progress)
+    ):
+        hi = min(lo + rows_at_once, n_rows)
+        chosen = torch.tensor(members)
+        values[members, lo:hi] = _one_pass(
+            model,
+            batch.clean[lo:hi],
+            rows_metric(metric, torch.arange(lo, hi).repeat(len(members))),
+            ablated.rows(lo, hi),
+            [None if mask is None else mask[chosen] for mask in masks],
+            groups,
+            fill,
+            n_runs=len(members),
+            check=number == 0,
+        )
+    return values
+
+
+def _masks(runs, groups, fill, n_writers: int) -> list[Tensor | None]:
+    """For each writer group, the mask of the readers filled after it ``[runs writers
+    readers]`` (writers in graph order, up to that group): 1 where the run removes the edge."""
+    index = {w: i for i, w in enumerate(w for _, _, _, ws in groups for w in ws)}
+    slot = {r: (g, j) for g, readers in enumerate(fill) for j, r in enumerate(readers)}
+    masks = [torch.zeros(len(runs), n_writers, len(f)) if f else None for f in fill]
+    for p, edges in enumerate(runs):
+        for writer, reader in edges:
+            g, j = slot[reader]
+            masks[g][p, index[writer], j] = 1.0
+    return masks
+
+
+def _one_pass(model, tokens, metric, ablated, masks, groups, fill, *, n_runs, check) -> Tensor:
+    """One pass: ``tokens`` ``[n pos]`` repeated once per run, each run a block of rows.
+
+    Every writer's ``ablated - live`` output goes into ``diffs`` ``[runs n pos d_model
+    writers]`` as its group fires; after a group, the readers filled there get one batched
+    matrix product of ``diffs`` (the writers so far) with their masks, into the slots of
+    ``buffer``, which the reader hooks read when the reader comes (slots are reused: a
+    group's readers have read theirs before the next group fills)."""
+    n, n_pos, d_model = int(tokens.shape[0]), int(tokens.shape[1]), int(model.cfg.d_model)
+    device, dtype = model.cfg.device, ablated.embed.dtype
+    n_writers = masks[-1].shape[1] if masks[-1] is not None else sum(len(g[3]) for g in groups)
+    widest = max(len(f) for f in fill)
+    buffer = torch.zeros(n_runs * n, n_pos, d_model, widest, device=device, dtype=dtype)
+    diffs = torch.zeros(n_runs, n, n_pos, d_model, n_writers, device=device, dtype=dtype)
+    additions = []
+    for mask, readers in zip(masks, fill, strict=True):
+        if mask is None:
+            continue
+        for j, reader in enumerate(readers):
+            for p in torch.nonzero(mask[:, :, j].any(dim=1)).flatten().tolist():
+                rows = slice(p * n, (p + 1) * n)
+                additions.append((reader, rows, buffer[rows, :, :, j]))
+    masks = [None if m is None else m.to(device=device, dtype=dtype) for m in masks]
+    W_O = model.W_O
+    starts = [0]
+    for _, _, _, writers in groups:
+        starts.append(starts[-1] + len(writers))
+
+    def capture(g: int):
+        _, kind, layer, _ = groups[g]
+
+        def hook(act: Tensor, hook) -> None:
+            if kind == "heads":
+                live = torch.einsum("bphd,hdm->bpmh", act, W_O[layer].to(act.dtype))
+                gone = ablated.heads[layer].transpose(-1, -2)
+            else:
+                live = act[..., None]
+                gone = (ablated.embed if kind == "embed" else ablated.mlps[layer])[..., None]
+            live = live.reshape(n_runs, n, *live.shape[1:])
+            diffs[..., starts[g] : starts[g + 1]] = gone.to(dtype)[None] - live
+            if masks[g] is not None:
+                deliver(g)
+
+        return hook
+
+    def deliver(g: int) -> None:
+        known, width = starts[g + 1], len(fill[g])
+        seen = diffs[..., :known].reshape(n_runs, n * n_pos * d_model, known)
+        out = torch.bmm(seen, masks[g][:, :known])  # [runs (n pos d_model) readers]
+        buffer[..., :width] = out.reshape(n_runs * n, n_pos, d_model, width)
+
+    hooks = [(name, capture(g)) for g, (name, _, _, _) in enumerate(groups)]
+    hooks += reader_hooks(model, additions, check=check)
+    logits = run_logits(model, tokens.repeat(n_runs, 1).to(device), before=hooks)
+    return metric(logits).float().cpu().reshape(n_runs, n)
