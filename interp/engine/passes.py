@@ -10,19 +10,37 @@ enters ``ln_final`` and applies ``ln_final`` and the unembedding to that one pos
 row, instead of ``[batch pos d_vocab]`` logits (GPT-2 small's unembedding costs about five of
 its layers per token). :func:`reads_like_forward` checks, on one row, that a model's logits
 are that (a model that changes them after the unembedding, say by soft-capping, is not).
+
+Given ``prefix`` (:func:`prefix_cache`), :func:`forward_read` runs only the tokens after a
+prefix whose keys and values another pass recorded (:func:`record_states`): the attention of
+every layer reads the prefix's keys and values, repeated over the batch as hooks repeat its
+rows, and the positions continue after it. The engine injects them into each attention module
+itself (TransformerLens's attention reads ``past_key_values``, which Hugging Face now passes as
+``cache``); :func:`interp.engine.suffix.suffix_like_forward` checks a model on one row first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from interp.engine.allocator import drop_retained_patterns, release_retained
 
-__all__ = ["HookFn", "forward", "forward_read", "reads_like_forward", "store_hook"]
+__all__ = [
+    "HookFn",
+    "forward",
+    "forward_read",
+    "reads_like_forward",
+    "store_hook",
+    "record_states",
+    "prefix_cache",
+]
 
 HookFn = Callable[..., Tensor | None]  # a forward hook: (activation, hook) -> new value or None
 
@@ -55,17 +73,104 @@ class _Stop(Exception):
     """Raised at :data:`READ_HOOK` once the residual is kept: the rest of the pass is unread."""
 
 
+class _PrefixLayer(DynamicLayer):
+    """One layer's recorded keys and values ``[rows kv_heads prefix d_head]``, put before the
+    pass's own and repeated to its batch (run-major, as the hooks repeat rows); never grown."""
+
+    def __init__(self, keys: Tensor, values: Tensor):
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.is_initialized, self.device = True, keys.device
+
+    def update(self, keys: Tensor, values: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        repeat = keys.shape[0] // self.keys.shape[0]
+        old_k, old_v = self.keys, self.values
+        if repeat > 1:
+            old_k, old_v = old_k.repeat(repeat, 1, 1, 1), old_v.repeat(repeat, 1, 1, 1)
+        return torch.cat([old_k, keys], dim=-2), torch.cat([old_v, values], dim=-2)
+
+
+def prefix_cache(
+    states: DynamicCache, rows: slice, length: int
+) -> Cache:  # keys, values [rows kv_heads pos d_head] per layer
+    """The first ``length`` positions of ``rows`` of recorded ``states``
+    (:func:`record_states`), as a prefix for :func:`forward_read`."""
+    return Cache(
+        layers=[
+            _PrefixLayer(layer.keys[rows, :, :length], layer.values[rows, :, :length])
+            for layer in states.layers
+        ]
+    )
+
+
+@contextmanager
+def _attention_reads(model, cache: Cache | None) -> Iterator[None]:
+    """While open, every block's attention gets ``cache`` as ``past_key_values``."""
+    if cache is None:
+        yield
+        return
+
+    def give(module, args: tuple, kwargs: dict):
+        if kwargs.get("past_key_values") is None and kwargs.get("layer_past") is None:
+            return args, {**kwargs, "past_key_values": cache}
+        return None
+
+    handles = [
+        block.attn.register_forward_pre_hook(give, with_kwargs=True) for block in model.blocks
+    ]
+    try:
+        with warnings.catch_warnings():  # Hugging Face renames past_key_values to cache
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _run(model, tokens, fwd_hooks, cache: Cache | None) -> None:
+    extra = {} if cache is None else {"past_key_values": cache}
+    with _attention_reads(model, cache), model.hooks(fwd_hooks=fwd_hooks, reset_hooks_end=True):
+        model(tokens, return_type="logits", use_cache=cache is not None, **extra)
+
+
+def record_states(
+    model, tokens: Int[Tensor, "batch pos"], hooks: Sequence[tuple[str, HookFn]] = ()
+) -> DynamicCache:
+    """Every layer's attention keys and values of ``tokens`` (as the attention reads them:
+    rotated, on rotary models), with ``hooks`` applied; the pass stops before ``ln_final``."""
+    states = DynamicCache()
+
+    def stop(act: Tensor, hook) -> None:
+        raise _Stop
+
+    fwd_hooks = [*hooks, *drop_retained_patterns(model), (READ_HOOK, stop)]
+    try:
+        with torch.inference_mode():
+            try:
+                _run(model, tokens, fwd_hooks, states)
+            except _Stop:
+                pass
+    finally:
+        release_retained(model)
+    if len(states.layers) != len(model.blocks):
+        raise RuntimeError("the model's attention did not record its keys and values")
+    return states
+
+
 def forward_read(
     model,
     tokens: Int[Tensor, "batch pos"],
     hooks: Sequence[tuple[str, HookFn]],
     read_at: Int[Tensor, " batch"],
+    *,
+    prefix: Cache | None = None,
 ) -> Float[Tensor, "batch d_vocab"]:
     """The logits of ``tokens`` with ``hooks`` applied, at position ``read_at[b]`` of each row
     ``b`` only: the residual entering ``ln_final`` is gathered there and the pass stops;
     ``ln_final`` and the unembedding then run on ``[batch 1 d_model]``. Callers check the
     model with :func:`reads_like_forward` first; ``hooks`` must not be at or after
-    ``ln_final.hook_in`` (they would see one position)."""
+    ``ln_final.hook_in`` (they would see one position). ``prefix``: ``tokens`` continue a
+    recorded prefix (module docstring); ``read_at`` then counts from the first of ``tokens``."""
     late = [name for name, _ in hooks if name.startswith(_AFTER_READ)]
     if late:
         raise ValueError(f"forward_read cannot apply hooks at or after {READ_HOOK}: {late}")
@@ -80,8 +185,7 @@ def forward_read(
     try:
         with torch.inference_mode():
             try:
-                with model.hooks(fwd_hooks=fwd_hooks, reset_hooks_end=True):
-                    model(tokens, return_type="logits", use_cache=False)
+                _run(model, tokens, fwd_hooks, prefix)
             except _Stop:
                 pass
             if "resid" not in kept:

@@ -32,7 +32,15 @@ from tqdm.auto import tqdm
 from interp.engine.batched import check_eval, rows_per_pass
 from interp.engine.hooks import compile_hooks
 from interp.engine.passes import HookFn, forward, forward_read, reads_like_forward
+from interp.engine.plan import MemoryBudgetError
 from interp.engine.sites import Intervention
+from interp.engine.suffix import (
+    base_states,
+    run_offset,
+    state_bytes,
+    suffix_like_forward,
+    suffix_pass,
+)
 
 __all__ = ["run_patched_task", "task_blocks", "RowMetricFn", "TASK_KINDS"]
 
@@ -159,6 +167,11 @@ def _check_read_at(read_at, n_rows: int, n_pos: int) -> Int[Tensor, " rows"]:
     return read_at
 
 
+def _hooks(model, start: int, n_rows: int, runs, fixed_hooks) -> list[tuple[str, HookFn]]:
+    """The fixed hooks, then each run's in its block of ``n_rows`` rows repeated at ``start``."""
+    return fixed_hooks + _block_hooks(start, n_rows, [compile_hooks(model, run) for run in runs])
+
+
 def run_patched_task(
     model,
     tokens: Int[Tensor, "rows pos"],
@@ -208,41 +221,51 @@ def run_patched_task(
         names += [item.site.hook_name for run in runs for item in run]
         if not reads_like_forward(model, tokens, read_at, names):
             read_at = None
-    per_pass, rows_at_once = task_blocks(
-        model,
-        n_pos,
-        n_rows,
-        len(runs),
-        max_rows=max_rows,
-        max_bytes=max_bytes,
-        held=held,
-        held_what=held_what,
-        read_one=read_at is not None,
-    )
-    groups: dict[int, list[int]] = {}
-    for p, run in enumerate(runs):
-        groups.setdefault(min((item.site.layer for item in run), default=0), []).append(p)
+    offsets, states = [0] * len(runs), None
+    if read_at is not None and not fixed_hooks and runs:  # runs from their first position
+        first = int(read_at.min())
+        offsets = [min(run_offset(run, n_pos), first) for run in runs]
+        if not any(offsets) or not suffix_like_forward(model, tokens, read_at):
+            offsets = [0] * len(runs)
+    plan = dict(max_rows=max_rows, max_bytes=max_bytes, held_what=held_what)
+    plan.update(read_one=read_at is not None)
+    if any(offsets):
+        try:
+            kept = held + state_bytes(model, n_rows, n_pos)
+            per_pass, rows_at_once = task_blocks(model, n_pos, n_rows, len(runs), held=kept, **plan)
+        except MemoryBudgetError:  # the base run's states do not fit: the dense passes
+            offsets = [0] * len(runs)
+    if any(offsets):
+        states = base_states(model, tokens)
+    else:
+        per_pass, rows_at_once = task_blocks(model, n_pos, n_rows, len(runs), held=held, **plan)
+    groups: dict[tuple[int, int], list[int]] = {}
+    layers = [min((item.site.layer for item in run), default=0) for run in runs]
+    for p in sorted(range(len(runs)), key=lambda p: layers[p]):
+        # dense passes: one start layer each; suffix passes: one offset, rows join as they start
+        groups.setdefault((offsets[p], 0 if offsets[p] else layers[p]), []).append(p)
     passes = [
-        (start, lo, members[i : i + per_pass])
-        for start, members in sorted(groups.items())
+        (offset, start, lo, members[i : i + per_pass])
+        for (offset, start), members in sorted(groups.items())
         for lo in range(0, n_rows, rows_at_once)
         for i in range(0, len(members), per_pass)
     ]
     values = torch.full((len(runs), n_rows), float("nan"))
-    for start, lo, members in tqdm(passes, desc="patching", unit="pass", disable=not progress):
+    for offset, start, lo, members in tqdm(
+        passes, desc="patching", unit="pass", disable=not progress
+    ):
         hi = min(lo + rows_at_once, n_rows)
-        compiled = [
-            compile_hooks(model, [_for_rows(item, lo, hi, n_rows) for item in runs[p]])
-            for p in members
-        ]
-        hooks = fixed_hooks + _block_hooks(start, hi - lo, compiled)
+        cut = [[_for_rows(item, lo, hi, n_rows) for item in runs[p]] for p in members]
         with _masks_follow_rows(model):
-            if read_at is None:
-                logits = forward(model, tokens[lo:hi], hooks)
+            if offset:
+                logits = suffix_pass(model, tokens, offset, cut, states, read_at, slice(lo, hi))
             else:
-                logits = forward_read(
-                    model, tokens[lo:hi], hooks, read_at[lo:hi].repeat(len(members))
-                )
+                hooks = _hooks(model, start, hi - lo, cut, fixed_hooks)
+                if read_at is None:
+                    logits = forward(model, tokens[lo:hi], hooks)
+                else:
+                    at = read_at[lo:hi].repeat(len(members))
+                    logits = forward_read(model, tokens[lo:hi], hooks, at)
         rows = torch.arange(lo, hi).repeat(len(members))
         value = torch.as_tensor(metric(logits, rows)).float()
         if value.shape != rows.shape:
