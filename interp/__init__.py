@@ -40,6 +40,9 @@ _EXPORTS = {
     "path_patch_senders": "interp.interventions",
     "ablation_effects": "interp.interventions",
     "edge_scores": "interp.discovery",
+    "discover_circuit": "interp.discovery",
+    "evaluate_circuit": "interp.discovery",
+    "Circuit": "interp.discovery",
     "Task": "interp.tasks",
 }
 
