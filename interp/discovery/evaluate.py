@@ -31,18 +31,7 @@ from interp.tasks import Task, TaskTokens
 
 __all__ = ["CircuitEvaluation", "evaluate_circuit", "CURVE_FRACTIONS", "ABLATIONS", "ranked_edges"]
 
-CURVE_FRACTIONS = (
-    0.001,
-    0.002,
-    0.005,
-    0.01,
-    0.02,
-    0.05,
-    0.1,
-    0.2,
-    0.5,
-    1.0,
-)  # the MIB curve's fractions of edges
+CURVE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB fractions
 ABLATIONS = ("patch", "mean", "zero")  # what a removed edge's reader gets
 
 
