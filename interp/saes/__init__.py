@@ -1,0 +1,1 @@
+"""Sparse autoencoders (SAELens's format and conventions) on TransformerLens 4 models."""
