@@ -13,8 +13,9 @@ toolkit will see it, not from the training process's in-memory model:
 - K-composition scores of every layer-0 head into every layer-1 head, from the weights,
   against a baseline of random matrices of the same shapes.
 
-The batch builder `repeated_random_tokens` is shared with the training script, so the
-model is trained and judged on the same kind of sequence.
+The batch builder `repeated_random_tokens` (in `interp.saes.data`) is shared with the training
+script and with `interp.train_sae`, so the model is trained, judged and read by SAEs on the
+same kind of sequence.
 """
 
 from __future__ import annotations
@@ -30,25 +31,10 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.saes.data import repeated_random_tokens  # also what train_sae draws
+
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[1] / "interp" / "bundled" / "tiny-induction"
 REP_LENS = (10, 20, 30, 40, 50, 60)
-N_SPECIAL = 1  # id 0 is <|endoftext|>; random "ordinary" tokens are drawn from the rest
-
-
-def repeated_random_tokens(
-    d_vocab: int,
-    rep_len: int,
-    batch: int,
-    generator: torch.Generator,
-    *,
-    bos_id: int | None,
-) -> Int[Tensor, "batch pos"]:
-    """``[BOS] + a + a`` (or ``a + a`` when bos_id is None), a uniform over ordinary ids."""
-    half = torch.randint(N_SPECIAL, d_vocab, (batch, rep_len), generator=generator)
-    parts = [half, half]
-    if bos_id is not None:
-        parts.insert(0, torch.full((batch, 1), bos_id, dtype=torch.long))
-    return torch.cat(parts, dim=1)
 
 
 def head_scores(

@@ -36,8 +36,6 @@ import json
 import math
 import os
 import platform
-import random
-import sysconfig
 import time
 from pathlib import Path
 
@@ -53,17 +51,16 @@ from measure_bundled_model import (  # noqa: E402
     half_losses,
     head_scores,
     measure,
-    repeated_random_tokens,
 )
 from torch import Tensor  # noqa: E402
 from tqdm import tqdm  # noqa: E402
+
+from interp.saes.data import repeated_random_tokens, stdlib_sources  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "interp" / "bundled" / "tiny-induction"
 DEFAULT_FIGURE = REPO / "docs" / "img" / "bundled_model_training.svg"
 EOT = "<|endoftext|>"
-# package folders that are mostly tests or GUI code, not representative Python
-SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,28 +107,6 @@ class TrainConfig:
 SMOKE = dict(
     steps=60, tie_until=30, vocab_size=512, max_text_chars=300_000, eval_every=20, eval_batch=8
 )
-
-
-def stdlib_sources(max_chars: int, seed: int) -> list[str]:
-    """The standard library's .py files (no tests), shuffled by seed, up to max_chars."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(f for f in root.rglob("*.py") if not SKIP_DIRS & set(f.relative_to(root).parts))
-    random.Random(seed).shuffle(files)
-    texts, total = [], 0
-    for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue  # a few files are latin-1 test fixtures; not worth special-casing
-        texts.append(text)
-        total += len(text)
-        if total >= max_chars:
-            break
-    if not texts:
-        raise RuntimeError(
-            f"no readable .py files under {root}; is the standard library installed?"
-        )
-    return texts
 
 
 def train_tokenizer(texts: list[str], vocab_size: int, n_ctx: int, out: Path):
