@@ -1,10 +1,10 @@
-"""``interp models``: list the bundled models that load offline."""
+"""``interp models``: list the bundled models and SAEs that load offline."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "list the models bundled with interp (they load offline by short name)"
+HELP = "list the models and SAEs bundled with interp (they load offline by short name)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,10 +13,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from interp.cli.sources import BUNDLED_DIR, bundled_models  # interp.loading's, torch-free
+    from interp.saes.bundled import bundled_sae_info, bundled_saes  # torch-free too
 
     names = bundled_models()
     for name in names:
         print(f"{name}\t{BUNDLED_DIR / name}")
     if not names:
         print("no bundled models are installed")
+    for name in bundled_saes():  # the same two columns, then what the SAE reads
+        info = bundled_sae_info(name)
+        print(
+            f"{name}\t{info['path']}\tSAE of {info['model'] or 'an unnamed model'} at "
+            f"{info['hook']}: {info['architecture']}, {info['d_in']} -> {info['d_sae']} features"
+        )
     return 0

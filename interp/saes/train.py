@@ -133,7 +133,7 @@ def train_sae(
     *,
     d_sae: int,
     architecture: str = "standard",
-    l1_coefficient: float = 5.0,
+    l1_coefficient: float = 1.0,
     k: int | None = None,
     steps: int = 2000,
     batch_tokens: int = 1024,
