@@ -24,7 +24,7 @@ from torch import Tensor
 __all__ = ["SKIP_DIRS", "TokenRows", "repeated_random_tokens", "stdlib_sources"]
 
 # package folders that are mostly tests or GUI code, not representative Python
-SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo"}
+SKIP_DIRS = ("idlelib", "lib2to3", "site-packages", "test", "tests", "turtledemo")
 N_SPECIAL = 1  # id 0 is <|endoftext|> in the bundled tokenizer; ordinary ids are the rest
 WINDOW = 128  # tokens per text row: the bundled model's training windows
 BUNDLED_CHARS = 3_000_000  # of stdlib source for texts=None: ~1M tokens, tokenised in seconds
@@ -35,7 +35,9 @@ BOS_PROB = 0.5  # share of synthetic rows that start with BOS, as in training
 def stdlib_sources(max_chars: int, seed: int) -> list[str]:
     """The standard library's .py files (no tests), shuffled by seed, up to max_chars."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(f for f in root.rglob("*.py") if not SKIP_DIRS & set(f.relative_to(root).parts))
+    files = sorted(
+        f for f in root.rglob("*.py") if not set(SKIP_DIRS) & set(f.relative_to(root).parts)
+    )
     random.Random(seed).shuffle(files)
     texts, total = [], 0
     for f in files:

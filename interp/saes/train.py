@@ -39,6 +39,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -48,7 +49,9 @@ from tqdm.auto import tqdm
 
 from interp.engine import check_hook_names, run_cached
 from interp.saes.data import TokenRows
-from interp.saes.sae import SAE
+
+if TYPE_CHECKING:
+    from interp.saes.sae import SAE
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "activations_at", "train_sae"]
 
@@ -248,6 +251,8 @@ def train_sae(
 def _fold(p: dict[str, Tensor], scale: float, architecture, k, hook: str, context: int) -> SAE:
     """The trained weights in the model's units with unit-norm decoder rows: feature j
     scaled by n_j / c (see the module docstring)."""
+    from interp.saes.sae import SAE  # until branch saecore is merged here
+
     norms = p["W_dec"].norm(dim=1).clamp_min(1e-12) if k is None else torch.ones_like(p["b_enc"])
     cfg = {
         "architecture": architecture,
