@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     sae.cfg["model_name"] = MODEL
     args.out.mkdir(parents=True, exist_ok=True)
     sae.save(args.out)
+    for path in args.out.iterdir():
+        path.chmod(0o644)  # safetensors saves owner-only; this is package data
     report.history.to_csv(args.out / "training_log.csv", index=False, float_format="%.5g")
     figures = {
         "l0": round(report.l0, 3),

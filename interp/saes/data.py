@@ -158,11 +158,12 @@ class TokenRows:
         """Rows of the held-out text (and, with texts=None, repeats), drawn from their own
         seed so that evaluation does not move the training draws."""
         gen = torch.Generator().manual_seed(seed)
-        rows = max(1, -(-n_tokens // self.window))
+        text_tokens = n_tokens // 2 if self.synthetic else n_tokens
+        rows = max(1, -(-text_tokens // self.window))
         batches = [self._windows(self.held_ids, rows, gen)]
-        if self.synthetic:
-            rep_len = 20  # fixed: the evaluation is the same for every run
-            rows = max(1, n_tokens // (2 * rep_len))
+        if self.synthetic:  # the other half: repeats of a fixed length, the same every run
+            rep_len = 20
+            rows = max(1, (n_tokens - rows * self.window) // (2 * rep_len))
             ids = repeated_random_tokens(self.d_vocab, rep_len, rows, gen, bos_id=None)
             batches.append(ids)
         return batches
