@@ -5,6 +5,9 @@ from its weight file on the bundled model's held-out tokens."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from interp.saes.bundled import bundled_sae_info, bundled_sae_path, bundled_saes
 from interp.saes.data import TokenRows
 from interp.sources import BUNDLED_DIR, bundled_models
 
+ROOT = Path(__file__).resolve().parents[1]
 NAME = "tiny-induction-sae"
 FOLDER = BUNDLED_DIR / NAME
 MAX_BYTES = 400_000  # "a few hundred KB at most"
@@ -87,3 +91,15 @@ def test_the_training_figures_equal_a_recomputation(bundled_model):
     assert figures["l0"] == pytest.approx((f > 0).sum(1).double().mean().item(), abs=ROUNDING)
     assert figures["dead_features"] == int(((f > 0).sum(0) == 0).sum())
     assert figures["tokens"] == meta["config"]["steps"] * meta["config"]["batch_tokens"]
+
+
+def test_interp_models_lists_the_saes_without_torch():
+    code = (
+        "import sys; from interp.cli import main; main(['models']); "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert NAME in proc.stdout
