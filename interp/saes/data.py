@@ -7,7 +7,8 @@ repeats of uniform random ordinary tokens. :func:`stdlib_sources` and
 so ``train_sae(model, hook)`` with no texts sees the distribution the model was trained on.
 
 :class:`TokenRows` turns either source into seeded batches of token rows; every random draw
-comes from the one ``torch.Generator`` it is given.
+comes from the one ``torch.Generator`` it is given. :func:`activations_at` reads their
+activations at a hook through the engine (``run_cached``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
-__all__ = ["SKIP_DIRS", "TokenRows", "repeated_random_tokens", "stdlib_sources"]
+from interp.engine import run_cached
+
+__all__ = [
+    "SKIP_DIRS",
+    "TokenRows",
+    "activations_at",
+    "repeated_random_tokens",
+    "stdlib_sources",
+]
 
 # package folders that are mostly tests or GUI code, not representative Python
 SKIP_DIRS = ("idlelib", "lib2to3", "site-packages", "test", "tests", "turtledemo")
@@ -167,3 +176,23 @@ class TokenRows:
             ids = repeated_random_tokens(self.d_vocab, rep_len, rows, gen, bos_id=None)
             batches.append(ids)
         return batches
+
+
+def activations_at(model, hook: str, batches: Sequence[Tensor]) -> Float[Tensor, "n d_in"]:
+    """The activations at ``hook`` of every token of ``batches`` (rows of token ids), as one
+    ``[n d_in]`` tensor; a BOS token at position 0 is left out."""
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    out = []
+    for tokens in batches:
+        run = run_cached(model, tokens, hooks=[hook], keep_logits=False, prepend_bos=False)
+        acts = run.activations[hook]
+        if acts.dim() != 3:
+            raise ValueError(
+                f"hook '{hook}' gives activations of shape {tuple(acts.shape)}; an SAE trains "
+                "on [batch pos d] hooks such as blocks.L.hook_resid_pre"
+            )
+        keep = torch.ones(tokens.shape, dtype=torch.bool)
+        if bos is not None:
+            keep[:, 0] = tokens[:, 0] != bos
+        out.append(acts[keep.to(acts.device)].float().clone())
+    return torch.cat(out)

@@ -47,13 +47,13 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.engine import check_hook_names, run_cached
-from interp.saes.data import TokenRows
+from interp.engine import check_hook_names
+from interp.saes.data import TokenRows, activations_at
 
 if TYPE_CHECKING:
     from interp.saes.sae import SAE
 
-__all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "activations_at", "train_sae"]
+__all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "train_sae"]
 
 TRAINABLE = ("standard", "topk")
 EVAL_TOKENS = 32768  # held-out tokens the report's figures are measured on
@@ -80,26 +80,6 @@ class TrainingReport:
     history: pd.DataFrame = field(repr=False)  # step, loss, mse, l0, explained_variance, ...
     seconds: float = 0.0  # wall time of the run
     scaling_factor: float = 1.0  # c: the training-time activation scale, folded in
-
-
-def activations_at(model, hook: str, batches: Sequence[Tensor]) -> Float[Tensor, "n d_in"]:
-    """The activations at ``hook`` of every token of ``batches`` (rows of token ids), as one
-    ``[n d_in]`` tensor; a BOS token at position 0 is left out."""
-    bos = getattr(model.tokenizer, "bos_token_id", None)
-    out = []
-    for tokens in batches:
-        run = run_cached(model, tokens, hooks=[hook], keep_logits=False, prepend_bos=False)
-        acts = run.activations[hook]
-        if acts.dim() != 3:
-            raise ValueError(
-                f"hook '{hook}' gives activations of shape {tuple(acts.shape)}; an SAE trains "
-                "on [batch pos d] hooks such as blocks.L.hook_resid_pre"
-            )
-        keep = torch.ones(tokens.shape, dtype=torch.bool)
-        if bos is not None:
-            keep[:, 0] = tokens[:, 0] != bos
-        out.append(acts[keep.to(acts.device)].float().clone())
-    return torch.cat(out)
 
 
 def _check(architecture: str, d_sae: int, k: int | None, steps: int, batch_tokens: int) -> None:
