@@ -148,3 +148,13 @@ def test_an_unknown_hook_is_refused(planted):
     model, _, texts = planted
     with pytest.raises(KeyError, match="did you mean"):
         train_sae(model, "blocks.0.hook_resid_pree", texts, d_sae=8)
+
+
+@pytest.mark.parametrize(
+    "texts, match",
+    [("one string", "list of strings"), (["", ""], "texts is empty"), (["a b"], "pass at least")],
+)
+def test_bad_texts_are_refused_in_one_line(planted, texts, match):
+    with pytest.raises(ValueError, match=match) as info:
+        train_sae(planted[0], HOOK, texts, d_sae=8)
+    assert "\n" not in str(info.value)
