@@ -143,6 +143,8 @@ def train_sae(
     Returns:
         ``(sae, report)``: the SAE in the model's units, and its figures on held-out tokens.
     """
+    from interp.saes.sae import SAE  # here, not at the top, until branch saecore is merged
+
     _check(architecture, d_sae, k, steps, batch_tokens)
     check_hook_names(model, [hook])
     start = time.perf_counter()
@@ -214,7 +216,7 @@ def train_sae(
                 bar.set_postfix(
                     l0=f"{history[-1]['l0']:.1f}", ev=f"{history[-1]['explained_variance']:.3f}"
                 )
-    sae = _fold(p, scale, architecture, k, hook, rows.window)
+    sae = _fold(SAE, p, scale, architecture, k, hook, rows.window)
     held = activations_at(model, hook, rows.held_out(EVAL_TOKENS, EVAL_SEED)).to(device)
     figures = _figures(sae, held)
     report = TrainingReport(
@@ -229,11 +231,9 @@ def train_sae(
 
 
 @torch.no_grad()
-def _fold(p: dict[str, Tensor], scale: float, architecture, k, hook: str, context: int) -> SAE:
+def _fold(SAE, p: dict[str, Tensor], scale: float, architecture, k, hook: str, context: int) -> SAE:
     """The trained weights in the model's units with unit-norm decoder rows: feature j
     scaled by n_j / c (see the module docstring)."""
-    from interp.saes.sae import SAE  # until branch saecore is merged here
-
     norms = p["W_dec"].norm(dim=1).clamp_min(1e-12) if k is None else torch.ones_like(p["b_enc"])
     cfg = {
         "architecture": architecture,
