@@ -103,3 +103,23 @@ def test_interp_models_lists_the_saes_without_torch():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert NAME in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_training_script_smoke(tmp_path):
+    """experiments/train_bundled_sae.py --smoke writes a folder that lists and loads."""
+    pytest.importorskip("interp.saes.sae", reason="the SAE class comes with branch saecore")
+    out = tmp_path / "sae"
+    script = ROOT / "experiments" / "train_bundled_sae.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = json.loads((out / "cfg.json").read_text())
+    assert (cfg["d_sae"], cfg["k"], cfg["model_name"]) == (64, 4, "tiny-induction")
+    meta = json.loads((out / "TRAINING.json").read_text())
+    assert meta["figures"]["steps"] == 40
+    assert set(load_file(out / "sae_weights.safetensors")) >= {"W_enc", "b_enc", "W_dec", "b_dec"}
