@@ -107,6 +107,8 @@ def test_reported_figures_equal_an_independent_computation(planted):
     dead = tuple(torch.nonzero((f > 0).sum(0) == 0).flatten().tolist())
     assert report.dead_features == dead
     assert report.dead_fraction == len(dead) / sae.d_sae
+    html = report._repr_html_()
+    assert f"{report.explained_variance:.4f}" in html and "<script" not in html
     history = report.history
     assert list(history.columns[:5]) == ["step", "loss", "mse", "l0", "explained_variance"]
     assert history["step"].iloc[-1] == 199

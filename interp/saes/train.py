@@ -48,6 +48,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.engine import check_hook_names
+from interp.formatting import summary_html, table_html
 from interp.saes.data import TokenRows, activations_at
 
 if TYPE_CHECKING:
@@ -80,6 +81,18 @@ class TrainingReport:
     history: pd.DataFrame = field(repr=False)  # step, loss, mse, l0, explained_variance, ...
     seconds: float = 0.0  # wall time of the run
     scaling_factor: float = 1.0  # c: the training-time activation scale, folded in
+
+    def _repr_html_(self) -> str:
+        items = {
+            "steps, tokens": f"{self.steps}, {self.tokens:,}",
+            "L0": f"{self.l0:.2f}",
+            "explained variance": f"{self.explained_variance:.4f}",
+            "MSE": f"{self.mse:.4g}",
+            "dead features": f"{len(self.dead_features)} ({self.dead_fraction:.1%})",
+            "time": f"{self.seconds:.0f} s",
+        }
+        history = table_html(self.history.tail(5), max_rows=5)
+        return summary_html("SAE training", items, table=history, table_title="last history rows")
 
 
 def _check(architecture: str, d_sae: int, k: int | None, steps: int, batch_tokens: int) -> None:
