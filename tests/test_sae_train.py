@@ -7,17 +7,9 @@ import pytest
 import torch
 
 from interp.loading import load_model
+from interp.saes.data import TokenRows
+from interp.saes.train import EVAL_SEED, EVAL_TOKENS, train_sae
 from tests.checkpoints import make_checkpoint
-
-try:  # until branch saecore lands the SAE class, a minimal private one (this test only)
-    import interp.saes.sae  # noqa: F401
-except ImportError:
-    from tests.sae_stub import install
-
-    install()
-
-from interp.saes.data import TokenRows  # noqa: E402
-from interp.saes.train import EVAL_SEED, EVAL_TOKENS, train_sae  # noqa: E402
 
 HOOK = "blocks.0.hook_resid_pre"  # = the token's embedding: no position embedding (rotary)
 N_PLANTED = 12

@@ -39,7 +39,6 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -50,9 +49,7 @@ from tqdm.auto import tqdm
 from interp.engine import check_hook_names
 from interp.formatting import summary_html, table_html
 from interp.saes.data import TokenRows, activations_at
-
-if TYPE_CHECKING:
-    from interp.saes.sae import SAE
+from interp.saes.sae import SAE
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "train_sae"]
 
@@ -156,7 +153,6 @@ def train_sae(
     Returns:
         ``(sae, report)``: the SAE in the model's units, and its figures on held-out tokens.
     """
-    from interp.saes.sae import SAE  # here, not at the top, until branch saecore is merged
 
     _check(architecture, d_sae, k, steps, batch_tokens)
     check_hook_names(model, [hook])
@@ -229,7 +225,7 @@ def train_sae(
                 bar.set_postfix(
                     l0=f"{history[-1]['l0']:.1f}", ev=f"{history[-1]['explained_variance']:.3f}"
                 )
-    sae = _fold(SAE, p, scale, architecture, k, hook, rows.window)
+    sae = _fold(p, scale, architecture, k, hook, rows.window)
     held = activations_at(model, hook, rows.held_out(EVAL_TOKENS, EVAL_SEED)).to(device)
     figures = _figures(sae, held)
     report = TrainingReport(
@@ -244,7 +240,7 @@ def train_sae(
 
 
 @torch.no_grad()
-def _fold(SAE, p: dict[str, Tensor], scale: float, architecture, k, hook: str, context: int) -> SAE:
+def _fold(p: dict[str, Tensor], scale: float, architecture, k, hook: str, context: int) -> SAE:
     """The trained weights in the model's units with unit-norm decoder rows: feature j
     scaled by n_j / c (see the module docstring)."""
     norms = p["W_dec"].norm(dim=1).clamp_min(1e-12) if k is None else torch.ones_like(p["b_enc"])
