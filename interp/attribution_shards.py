@@ -23,17 +23,28 @@ from interp.attribution_task import task_attribution
 from interp.interventions.shards import shard_rows, task_fingerprint
 from interp.tasks import Task
 
-__all__ = ["attribution_partial_sums", "merge_attribution_sums", "ATTRIBUTION_FORMAT"]
+__all__ = [
+    "attribution_partial_sums",
+    "merge_attribution_sums",
+    "merge_attribution_rows",
+    "ATTRIBUTION_FORMAT",
+]
 
 ATTRIBUTION_FORMAT = "interp-attribute-partial/1"  # merge refuses other formats
 _KEYS = ["component", "layer", "head"]
 
 
 def attribution_partial_sums(
-    model, task: Task, *, shard: tuple[int, int] = (0, 1), max_bytes: int | str | None = None
+    model,
+    task: Task,
+    *,
+    shard: tuple[int, int] = (0, 1),
+    per_row: bool = False,
+    max_bytes: int | str | None = None,
 ) -> dict:
     """Attribute shard ``shard = (index, count)`` of ``task``; its partial sums as a JSON-ready
-    dict (module docstring). ``shard=(0, 1)`` is the whole task."""
+    dict (module docstring). ``shard=(0, 1)`` is the whole task. ``per_row`` also keeps each
+    row's contributions (``values``, rows x components), for :func:`merge_attribution_rows`."""
     index, count = shard
     rows = shard_rows(len(task), index, count)
     part = Task(tuple(task.rows[i] for i in rows), source=task.source)
@@ -41,13 +52,14 @@ def attribution_partial_sums(
     first = frame[frame["row"] == 0][_KEYS].reset_index(drop=True)
     values = frame["contribution"].to_numpy(dtype="float64").reshape(len(rows), len(first))
     row_attrs = frame.attrs["rows"]
-    return {
+    part = {
         "format": ATTRIBUTION_FORMAT,
         "settings": {
             "task": task_fingerprint(task),
             "n_rows": len(task),
             "shards": count,
             "wrong": task.has_wrong,
+            "per_row": per_row,
         },
         "shard": index,
         "rows": rows,
@@ -65,6 +77,9 @@ def attribution_partial_sums(
             "sumsq": [float(v) for v in (values**2).sum(axis=0)],
         },
     }
+    if per_row:
+        part["values"] = values.tolist()
+    return part
 
 
 def _checked(parts: Sequence[dict]) -> list[int]:
@@ -139,3 +154,27 @@ def merge_attribution_sums(parts: Sequence[dict]) -> pd.DataFrame:
         "shards": parts[0]["settings"]["shards"],
     }
     return frame
+
+
+def merge_attribution_rows(parts: Sequence[dict]) -> pd.DataFrame:
+    """Each row's contributions from shards made with ``per_row=True``: the columns of
+    ``logit_attribution(model, task, per_row=True)`` (``row`` first, 0-based), in task order."""
+    _checked(parts)
+    if not all("values" in p for p in parts):
+        raise ValueError("the shards hold no per-row values; run them with per_row=True")
+    first = parts[0]["components"]
+    found = {row: values for p in parts for row, values in zip(p["rows"], p["values"], strict=True)}
+    n = len(first["component"])
+    frames = [
+        pd.DataFrame(
+            {
+                "row": [row] * n,
+                "component": first["component"],
+                "layer": pd.array(first["layer"], dtype="Int64"),
+                "head": pd.array(first["head"], dtype="Int64"),
+                "contribution": found[row],
+            }
+        )
+        for row in sorted(found)
+    ]
+    return pd.concat(frames, ignore_index=True)

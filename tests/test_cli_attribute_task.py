@@ -99,6 +99,33 @@ def test_three_shards_merge_into_the_whole_run(whole, task_file, tmp_path, capsy
     assert not (tmp_path / "never").exists()
 
 
+def test_per_row_writes_each_rows_table_and_shards_keep_it(task_file, tmp_path, bundled_model):
+    rows = logit_attribution(bundled_model, Task.from_jsonl(task_file), per_row=True)
+    whole = tmp_path / "whole"
+    argv = ["attribute", "--task", str(task_file), "--per-row"]
+    assert main([*argv, "--out", str(whole)]) == 0
+    table = pd.read_csv(whole / "attribution_rows.csv").astype({"layer": "Int64", "head": "Int64"})
+    assert list(table.columns) == ["row", *KEYS, "contribution"]
+    pd.testing.assert_frame_equal(table[["row", *KEYS]], rows[["row", *KEYS]])
+    assert np.allclose(table["contribution"], rows["contribution"], atol=ATOL, rtol=0)
+    # each row's components (not the total) add up to that row's own logit
+    summary = json.loads((whole / "summary.json").read_text())
+    parts = table[table["component"] != "total"].groupby("row")["contribution"].sum()
+    assert np.allclose(parts.to_numpy(), summary["reference_rows"], atol=1e-4, rtol=0)
+    # the mean of the rows is the table without --per-row
+    means = table.groupby(KEYS, sort=False, dropna=False)["contribution"].mean().to_numpy()
+    assert np.allclose(means, read(whole)["contribution"], atol=1e-12, rtol=0)
+    folders = []
+    for i in range(2):
+        folders.append(str(tmp_path / f"s{i}"))
+        assert main([*argv, "--shard", f"{i}/2", "--out", folders[-1]]) == 0
+    merged = tmp_path / "merged"
+    assert main(["merge", *folders, "--out", str(merged)]) == 0
+    assert (merged / "attribution_rows.csv").read_text() == (
+        whole / "attribution_rows.csv"
+    ).read_text()
+
+
 def test_a_task_of_one_row_equals_the_pair_command(tmp_path, bundled_model):
     path = tmp_path / "one.jsonl"
     row = {"clean": PROMPT, "corrupted": PROMPT, "answer": " sys", "wrong": " os"}
@@ -166,6 +193,7 @@ def test_option_mixes_are_refused_before_loading(
     [
         (["--shard", "0/2", "--prompt", "a", "--answer", "b"], "--shard is for --task"),
         (["--prompt", "a"], "pass --prompt and --answer"),
+        (["--per-row", "--prompt", "a", "--answer", "b"], "--per-row is for --task"),
         ([], "or --task FILE.jsonl"),
     ],
 )

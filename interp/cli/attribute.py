@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "combine the shards with interp merge",
     )
     parser.add_argument(
+        "--per-row",
+        action="store_true",
+        help="with --task: also write attribution_rows.csv, each row's own contributions",
+    )
+    parser.add_argument(
         "--wrong",
         default=None,
         help="a counterfactual single token: explain the logit difference "
@@ -153,8 +158,11 @@ def run(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     if args.task is not None:
         return attribute_task.run_task(args, out, say)
-    if args.shard is not None:
-        raise UsageError("--shard is for --task; pass --task FILE.jsonl, or leave --shard out")
+    for option, value in (("--shard", args.shard), ("--per-row", args.per_row or None)):
+        if value is not None:
+            raise UsageError(
+                f"{option} is for --task; pass --task FILE.jsonl, or leave {option} out"
+            )
     if args.prompt is None or args.answer is None:
         raise UsageError(
             "pass --prompt and --answer (the text and the token to explain), or --task FILE.jsonl"

@@ -23,7 +23,10 @@ __all__ = ["PAIR_OPTIONS", "run_task", "write_results", "is_attribution_partial"
 
 PAIR_OPTIONS = ("--prompt", "--answer", "--wrong", "--pos", "--top-k")  # not with --task
 CSV_COLUMNS = ["component", "layer", "head", "contribution", "contribution_sem"]
-FILES = ["attribution.csv", "summary.json", "report.html", "partial.json"]  # every file it owns
+# every file it owns: a pair run writes the first and the report, a task run the first three
+# (and attribution_rows.csv with --per-row), a shard partial.json
+FILES = ["attribution.csv", "summary.json", "report.html", "attribution_rows.csv", "partial.json"]
+ROW_COLUMNS = ["row", "component", "layer", "head", "contribution"]
 TOP_N = 15  # contributors drawn in the report
 TERMINAL_N = 10  # and listed on the terminal
 
@@ -81,7 +84,7 @@ def run_task(args: argparse.Namespace, out: Path, say) -> int:
         )
     rows = len(range(index, len(task), count))
     say(f"folding LayerNorm into a copy of the model and attributing {rows} of {len(task)} rows")
-    partial = attribution_partial_sums(model, task, shard=(index, count))
+    partial = attribution_partial_sums(model, task, shard=(index, count), per_row=args.per_row)
     partial["source"] = {"model": str(args.model), "task": str(args.task)}
     if args.shard is not None:
         with staged_output(out, owns=FILES) as stage:
@@ -202,7 +205,7 @@ def build_report(summary: dict, frame):
     report.add_heading("Rows")
     rows = pd.DataFrame(
         {
-            "row": range(1, attrs["n_rows"] + 1),
+            "row": range(attrs["n_rows"]),
             "tokens": attrs["n_tokens_rows"],
             "answer": attrs["answer_rows"],
             "wrong": ["" if w is None else w for w in attrs["wrong_rows"]],
@@ -210,20 +213,32 @@ def build_report(summary: dict, frame):
             "identity_error": attrs["identity_rows"],
         }
     )
-    report.add_table(rows, caption=f"Each row's {target} (value), what its components add up to.")
+    report.add_table(
+        rows,
+        caption=f"Each row's {target} (value), what its components add up to; row is 0-based "
+        "(the task file's line 1 is row 0).",
+    )
     report.add_heading("All components")
     report.add_table(_display(frame), max_rows=len(frame))
     return report
 
 
 def write_results(out: Path, parts: list[dict], frame) -> int:
-    """attribution.csv, summary.json and report.html of a task run (whole or merged)."""
+    """attribution.csv, summary.json and report.html of a task run (whole or merged), and
+    attribution_rows.csv when the shards kept each row (``--per-row``)."""
+    from interp.attribution_shards import merge_attribution_rows
+
     summary = summary_of(parts, frame)
     html = build_report(summary, frame).to_html()
+    rows = None
+    if parts[0]["settings"].get("per_row"):  # row: 0-based, as task[row] and per_row=True
+        rows = merge_attribution_rows(parts)[ROW_COLUMNS].to_csv(index=False)
     with staged_output(out, owns=FILES) as stage:
         stage.write_text("attribution.csv", frame[CSV_COLUMNS].to_csv(index=False))
         stage.write_text("summary.json", json.dumps(summary, indent=2) + "\n")
         stage.write_text("report.html", html)
+        if rows is not None:
+            stage.write_text("attribution_rows.csv", rows)
     sem = summary["mean_total_sem"]
     print(
         f"mean {summary['explained']} over {summary['task']['n_rows']} rows: "
