@@ -217,3 +217,21 @@ def test_the_tokenizer_refuses_a_row_before_any_forward_pass(tmp_path, capsys, m
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("interp attribute: error: --task") and "row 1: 'answer'" in err
     assert not out.exists()
+
+
+def test_the_report_draws_error_bars_and_keeps_the_page_rules(whole):
+    from tests.test_html import parse
+    from tests.test_pages import figures
+
+    path = whole / "report.html"
+    drawn = figures(path)
+    assert all(f["layout"]["title"]["text"].strip() for f in drawn)
+    bars = next(f["data"][0] for f in drawn if f["data"][0]["type"] == "bar")
+    table = read(whole)
+    sems = table.set_index(table["contribution"].round(10))["contribution_sem"]
+    for value, error in zip(bars["x"], bars["error_x"]["array"], strict=True):
+        assert error == pytest.approx(sems[round(value, 10)], abs=1e-9)  # each bar's own sem
+    heat = next(f["data"][0] for f in drawn if f["data"][0]["type"] == "heatmap")
+    assert heat["zmid"] == 0 and heat["zmin"] == -heat["zmax"]
+    parser = parse(path.read_text(encoding="utf-8"))
+    assert "" not in parser.text["th"] and "<NA>" not in parser.text["td"]
