@@ -235,3 +235,25 @@ def test_the_report_draws_error_bars_and_keeps_the_page_rules(whole):
     assert heat["zmid"] == 0 and heat["zmin"] == -heat["zmax"]
     parser = parse(path.read_text(encoding="utf-8"))
     assert "" not in parser.text["th"] and "<NA>" not in parser.text["td"]
+
+
+def test_a_row_longer_than_the_context_is_refused_before_any_forward_pass(
+    tmp_path, capsys, monkeypatch, bundled_model
+):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a forward pass ran before the task was checked")
+
+    monkeypatch.setattr(TransformerBridge, "forward", refuse)
+    n = int(bundled_model.cfg.n_ctx) + 1
+    rows = [{"clean": [3] * 4, "corrupted": [4] * 4, "answer": 5}]
+    rows.append({"clean": [3] * n, "corrupted": [4] * n, "answer": 5})
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert main(["attribute", "--task", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("interp attribute: error: --task") and "row 2" in err
+    assert f"{n} tokens but the model's context is {n - 1}" in err
+    assert not out.exists()

@@ -71,17 +71,10 @@ def run_task(args: argparse.Namespace, out: Path, say) -> int:
     from interp.attribution_shards import attribution_partial_sums, merge_attribution_sums
     from interp.tasks import TaskError
 
-    try:  # every row against the tokenizer, before any forward pass
-        batch = task.tokens(model)
+    try:  # every row against the tokenizer and the context, before any forward pass
+        task.tokens(model)
     except TaskError as exc:
         raise UsageError(f"--task: {exc}") from None
-    longest = int(batch.lengths.max())
-    if longest > int(model.cfg.n_ctx):
-        row = int(batch.lengths.argmax()) + 1
-        raise UsageError(
-            f"--task: row {row} has {longest} tokens, more than the model's context "
-            f"({model.cfg.n_ctx}); shorten it"
-        )
     rows = len(range(index, len(task), count))
     say(f"folding LayerNorm into a copy of the model and attributing {rows} of {len(task)} rows")
     partial = attribution_partial_sums(model, task, shard=(index, count), per_row=args.per_row)
