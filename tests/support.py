@@ -426,6 +426,7 @@ from tests.support_interventions import (  # noqa: E402
     check_patch_task,
     check_path_patch,
 )
+from tests.support_tasks import check_cli_attribute_task  # noqa: E402
 
 ANALYSES: dict[str, Callable[[Case], None]] = {
     "load_model": check_load,
@@ -438,6 +439,7 @@ ANALYSES: dict[str, Callable[[Case], None]] = {
     "fold_layernorm": check_fold_layernorm,
     "interp induction": check_cli_induction,
     "interp attribute": check_cli_attribute,
+    "interp attribute --task": check_cli_attribute_task,
     "interp circuits": check_cli_circuits,
     "interp attention": check_cli_attention,
     "patch_activations": check_patch_activations,
