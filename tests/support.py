@@ -6,8 +6,8 @@ of interp's documented errors with a one-line reason) or ``FAILS`` (a crash, a n
 not match, or a refusal that is not one clear line). ``experiments/support_table.py`` writes
 the table of these outcomes into docs/support.md; tests/test_model_zoo.py re-derives it.
 The intervention checks (patching, over a pair and over a task, path patching, ablation,
-``interp patch``) are in
-tests/support_interventions.py.
+``interp patch``) are in tests/support_interventions.py, the discovery checks (``edge_scores``
+by each method, ``evaluate_circuit``) in tests/support_discovery.py.
 """
 
 from __future__ import annotations
@@ -413,6 +413,12 @@ def check_cli_attention(case: Case) -> None:
 
 
 # the intervention checks use the helpers above: imported only once those exist
+from tests.support_discovery import (  # noqa: E402
+    check_edge_scores_eap,
+    check_edge_scores_eap_ig,
+    check_edge_scores_exact,
+    check_evaluate_circuit,
+)
 from tests.support_interventions import (  # noqa: E402
     check_ablation,
     check_cli_patch,
@@ -420,6 +426,7 @@ from tests.support_interventions import (  # noqa: E402
     check_patch_task,
     check_path_patch,
 )
+from tests.support_tasks import check_cli_attribute_task  # noqa: E402
 
 ANALYSES: dict[str, Callable[[Case], None]] = {
     "load_model": check_load,
@@ -432,6 +439,7 @@ ANALYSES: dict[str, Callable[[Case], None]] = {
     "fold_layernorm": check_fold_layernorm,
     "interp induction": check_cli_induction,
     "interp attribute": check_cli_attribute,
+    "interp attribute --task": check_cli_attribute_task,
     "interp circuits": check_cli_circuits,
     "interp attention": check_cli_attention,
     "patch_activations": check_patch_activations,
@@ -439,6 +447,11 @@ ANALYSES: dict[str, Callable[[Case], None]] = {
     "path_patch": check_path_patch,
     "ablation": check_ablation,
     "interp patch": check_cli_patch,
+    "edge_scores (exact)": check_edge_scores_exact,
+    "edge_scores (eap)": check_edge_scores_eap,
+    "edge_scores (eap-ig)": check_edge_scores_eap_ig,
+    # the columns of `edge_scores (acdc)` and `interp discover` go here when those exist
+    "evaluate_circuit": check_evaluate_circuit,
 }
 
 
@@ -484,8 +497,10 @@ def render_table(results: dict[str, dict[str, Outcome]]) -> str:
         "dense reference; patched metrics equal to transformers' and to plain hooks; a task of",
         "rows of different lengths, patched at once, equal to each row as a single pair; ablated",
         "logits equal to transformers' with the head's slice of its output projection zeroed",
-        "or mean-set). **refused** means it stopped with the one-line reason listed below;",
-        "**n/a**: the check cannot be posed (a command loads a checkpoint afresh).",
+        "or mean-set; edge scores equal to path patching's direct effects and to autograd",
+        "through plain hooks; a circuit's runs equal to transformers' and to plain hooks:",
+        "tests/support_discovery.py). **refused** means it stopped with the one-line reason",
+        "listed below; **n/a**: the check cannot be posed (a command loads a checkpoint afresh).",
         "**FAILS**: a known bug: it crashed or its identity did not hold (the error is listed",
         "below); `tests/test_model_zoo.py` names each one as an expected failure until fixed.",
         "`tests/test_model_zoo.py` re-derives this table and fails if it is out of date.",

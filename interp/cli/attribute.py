@@ -6,27 +6,51 @@ import argparse
 import sys
 from pathlib import Path
 
+from interp.cli import attribute_task
+from interp.cli.attribute_task import _display, _label
 from interp.cli.options import add_model_option, check_at_most, device, int_between
 from interp.cli.output import UsageError, check_out_dir, staged_output, terminal_table
+from interp.cli.patch_task import shard
 from interp.cli.sources import load_model
 
 HELP = (
-    "direct logit attribution of an answer (or answer - wrong) and the logit lens; "
-    "write attribution.csv and report.html"
+    "direct logit attribution of an answer (or answer - wrong) and the logit lens, or its "
+    "mean over a task file (--task); write attribution.csv and report.html"
 )
 CSV_COLUMNS = ["component", "layer", "head", "contribution"]
 TOP_N = 15  # contributors listed in the report and on the terminal
-FILES = ["attribution.csv", "report.html"]
+FILES = attribute_task.FILES  # a pair run writes two of them and removes the others
 MAX_TOP_K = 100  # logit-lens tokens per row: more is unreadable and only costs time
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_option(parser)
-    parser.add_argument("--prompt", required=True, help="the text the model reads")
+    parser.add_argument("--prompt", default=None, help="the text the model reads")
     parser.add_argument(
         "--answer",
-        required=True,
+        default=None,
         help="the next token to explain; must be a single token, e.g. ' Paris'",
+    )
+    parser.add_argument(
+        "--task",
+        type=Path,
+        default=None,
+        metavar="FILE.jsonl",
+        help="a task file (JSONL or CSV, docs/tasks.md) instead of --prompt/--answer/--wrong: "
+        "every row attributed to its own answer (minus wrong), means with standard errors",
+    )
+    parser.add_argument(
+        "--shard",
+        type=shard,
+        default=None,
+        metavar="I/N",
+        help="with --task: attribute rows I, I+N, ... (0-based) and write partial.json; "
+        "combine the shards with interp merge",
+    )
+    parser.add_argument(
+        "--per-row",
+        action="store_true",
+        help="with --task: also write attribution_rows.csv, each row's own contributions",
     )
     parser.add_argument(
         "--wrong",
@@ -38,14 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pos",
         type=int_between(),
-        default=-1,
+        default=None,
         help="position whose prediction is explained (default -1, the last; "
         "negative counts from the end)",
     )
     parser.add_argument(
         "--top-k",
         type=int_between(1, MAX_TOP_K),
-        default=5,
+        default=None,
         help=f"top tokens per logit-lens row, 1 to {MAX_TOP_K} (default 5)",
     )
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
@@ -127,29 +151,24 @@ def build_report(model_name: str, prompt: str, attribution, lens):
     return report
 
 
-def _display(frame):
-    """Blank (not ``<NA>``) where a row has no layer or head."""
-    shown = frame.copy()
-    for column in ("layer", "head", "neuron"):
-        if column in shown.columns:
-            shown[column] = [
-                ("" if value is None or str(value) == "<NA>" else int(value))
-                for value in shown[column]
-            ]
-    return shown
-
-
-def _label(component: str, layer, head) -> str:
-    if component == "head":
-        return f"L{layer}H{head}"
-    return component if layer is None or str(layer) == "<NA>" else f"{component} L{layer}"
-
-
 def run(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
     out = check_out_dir(args.out)
+    if args.task is not None:
+        return attribute_task.run_task(args, out, say)
+    for option, value in (("--shard", args.shard), ("--per-row", args.per_row or None)):
+        if value is not None:
+            raise UsageError(
+                f"{option} is for --task; pass --task FILE.jsonl, or leave {option} out"
+            )
+    if args.prompt is None or args.answer is None:
+        raise UsageError(
+            "pass --prompt and --answer (the text and the token to explain), or --task FILE.jsonl"
+        )
+    args.pos = -1 if args.pos is None else args.pos
+    args.top_k = 5 if args.top_k is None else args.top_k
     if not args.prompt:
         raise UsageError("--prompt is empty; pass the text the model reads")
     if not args.answer:

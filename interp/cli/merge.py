@@ -1,4 +1,5 @@
-"""``interp merge``: the shards of ``interp patch --task ... --shard I/N`` into the whole run.
+"""``interp merge``: the shards of ``interp patch --task ... --shard I/N`` (or of ``interp
+attribute --task ... --shard I/N``) into the whole run.
 
     interp patch --task t.jsonl --shard 0/3 --out s0   # on three machines, any order
     interp patch --task t.jsonl --shard 1/3 --out s1
@@ -17,9 +18,13 @@ import argparse
 import json
 from pathlib import Path
 
+from interp.cli import attribute_task
 from interp.cli.output import UsageError, check_out_dir
 
-HELP = "combine the partial.json of every shard of interp patch --task --shard into the whole run"
+HELP = (
+    "combine the partial.json of every shard of interp patch --task --shard (or interp "
+    "attribute --task --shard) into the whole run"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +50,8 @@ def _read(folder: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     parts = [_read(folder) for folder in args.shards]
+    if attribute_task.is_attribution_partial(parts[0]):
+        return _merge_attribution(out, args.shards, parts)
     from interp.cli.patch_task import write_results
     from interp.interventions.shards import merge_partial_sums
 
@@ -53,3 +60,14 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as exc:
         raise UsageError(f"cannot merge {', '.join(map(str, args.shards))}: {exc}") from None
     return write_results(out, parts, frame)
+
+
+def _merge_attribution(out: Path, folders: list[Path], parts: list[dict]) -> int:
+    """The shards of ``interp attribute --task ... --shard I/N``: attribution.csv and the rest."""
+    from interp.attribution_shards import merge_attribution_sums
+
+    try:
+        frame = merge_attribution_sums(parts)
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"cannot merge {', '.join(map(str, folders))}: {exc}") from None
+    return attribute_task.write_results(out, parts, frame)
