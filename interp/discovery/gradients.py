@@ -19,6 +19,7 @@ product of the stacked writer deltas with that layer's reader gradients.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import torch
@@ -73,14 +74,69 @@ def _site_names(model, graph: Graph) -> tuple[list[list[str]], str]:
     return layers, "ln_final.hook_in"
 
 
-def _norm_backward(norm, x: Tensor, grads: Float[Tensor, "n rows pos d_model"]) -> Tensor:
-    """``J_norm(x)^T g`` for each of ``grads``, one batched backward pass of ``norm``."""
-    n, rows, n_pos, d = grads.shape
-    with torch.enable_grad():
-        inputs = x.unsqueeze(0).expand(n, rows, n_pos, d).reshape(n * rows, n_pos, d)
-        inputs = inputs.detach().requires_grad_(True)
-        (out,) = torch.autograd.grad(norm(inputs), inputs, grads.reshape(n * rows, n_pos, d))
-    return out.reshape(n, rows, n_pos, d)
+def _python_layernorm(norm) -> bool:
+    """A bridge LayerNorm computed by TransformerLens's own python path (GPT-2, OPT, GPT-J):
+    ``(x - mean) / sqrt(var + eps) * w + b``, whose backward is written out below."""
+    from transformer_lens.model_bridge.generalized_components.normalization import (
+        NormalizationBridge,
+    )
+
+    return (
+        type(norm) is NormalizationBridge
+        and isinstance(norm.original_component, torch.nn.LayerNorm)
+        and not norm.use_native_layernorm_autograd
+        and not getattr(norm.config, "layer_norm_folding", False)
+        and norm._uses_weight_offset_override is not True
+    )
+
+
+def _layer_gradients(
+    norm, x: Tensor, heads: list[tuple[Tensor, Tensor]], at_norm: Tensor | None
+) -> Float[Tensor, "reader rows pos d_model"]:
+    """Gradients at ``x`` (the norm's input) of each head's reader, given ``g`` at its
+    ``hook_q/k/v`` (``heads``: ``(g [rows pos n d_head], W [n d_model d_head])``), then of the
+    norm's other reader (``at_norm``: a gradient at the norm's output, or None)."""
+    rows, n_pos, d = x.shape
+    if not _python_layernorm(norm):  # autograd, the norm's backward batched over readers
+        outs = [torch.einsum("rphe,hde->hrpd", g, W) for g, W in heads]
+        outs += [] if at_norm is None else [at_norm.unsqueeze(0)]
+        with torch.enable_grad():
+            inputs = x.detach().requires_grad_(True)
+            (found,) = torch.autograd.grad(
+                norm(inputs), inputs, torch.cat(outs), is_grads_batched=True
+            )
+        return found
+    # LayerNorm's backward is (u - mean(u) - xhat mean(u xhat)) / s with u = w * gradient at
+    # its output: the weight and the centring fold into W, 1/s into g, and the last term is
+    # one multiply-add per head (xhat W) . g
+    xf = x.float()
+    centred = xf - xf.mean(-1, keepdim=True)
+    scale = (centred.pow(2).mean(-1, keepdim=True) + getattr(norm.config, "eps", 1e-05)).sqrt()
+    normed = centred / scale
+    weight = norm.weight.detach().float()
+    n_total = sum(g.shape[2] for g, _ in heads) + (at_norm is not None)
+    out = torch.empty(n_total, rows * n_pos, d, device=x.device)
+    i = 0
+    for g, W in heads:
+        n = g.shape[2]
+        folded = weight[:, None] * W.float()
+        folded = folded - folded.mean(dim=1, keepdim=True)  # [n d_model d_head]
+        g = g.float() / scale.unsqueeze(-1)  # [rows pos n d_head]
+        torch.bmm(
+            g.permute(2, 0, 1, 3).reshape(n, rows * n_pos, -1),
+            folded.transpose(1, 2),
+            out=out[i : i + n],
+        )
+        along = (g * torch.einsum("rpd,nde->rpne", normed, folded)).sum(-1) / d
+        out[i : i + n].addcmul_(
+            normed.reshape(1, rows * n_pos, d), along.permute(2, 0, 1).reshape(n, -1, 1), value=-1
+        )
+        i += n
+    if at_norm is not None:
+        u = at_norm.float() * weight
+        u = u - u.mean(-1, keepdim=True) - normed * (u * normed).mean(-1, keepdim=True)
+        out[i] = (u / scale).reshape(rows * n_pos, d)
+    return out.reshape(n_total, rows, n_pos, d).to(x.dtype)
 
 
 def reader_gradients(
@@ -130,16 +186,12 @@ def reader_gradients(
     leaves.clear()
     shared = shared_norm(model)
     for layer, names in enumerate(layer_names):
-        at_norm = [  # the gradient at ln1's output of each q, k, v head: g[h] @ W[h]^T
-            torch.einsum("rphe,hde->hrpd", grads.pop(name), weights[kind][layer])
-            for name, kind in zip(names[:3], QKV, strict=True)
-        ]
-        if graph.mlps and shared:
-            at_norm.append(grads.pop(names[3]).unsqueeze(0))
-        found = [_norm_backward(model.blocks[layer].ln1, inputs.pop(layer), torch.cat(at_norm))]
+        heads = [(grads.pop(n), weights[k][layer]) for n, k in zip(names[:3], QKV, strict=True)]
+        at_norm = grads.pop(names[3]) if graph.mlps and shared else None
+        found = _layer_gradients(model.blocks[layer].ln1, inputs.pop(layer), heads, at_norm)
         if graph.mlps and not shared:
-            found.append(grads.pop(names[3]).unsqueeze(0))
-        yield layer, torch.cat(found).detach()
+            found = torch.cat([found, grads.pop(names[3]).unsqueeze(0)])
+        yield layer, found.detach()
     yield None, grads.pop(final).unsqueeze(0)
 
 
@@ -187,6 +239,12 @@ def gradient_scores(
     ``steps=0``: EAP, else EAP-IG with ``steps`` points. A pass holds ``max_rows`` (or as many
     as ``max_bytes`` allows) of the task's rows times steps, row by row, each row's steps
     together; the numbers do not depend on the split."""
+    for name, _ in fixed:
+        if re.fullmatch(r"blocks\.\d+\.ln1\..*", name):
+            raise ValueError(
+                f"an intervention at {name} is not seen by the q/k/v readers' gradients (ln1's "
+                "backward is taken apart from the run); use method='exact' for it"
+            )
     n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
     n_steps = max(1, steps)
     total_rows = n_rows * n_steps  # (row, step) pairs, row-major
