@@ -65,7 +65,7 @@ def edge_scores(
         interventions: raw forward hooks ``(name, fn)`` applied to every run, clean,
             corrupted, patched and differentiated (e.g. attention patterns held fixed); each
             must handle any batch size (patched passes repeat the rows); eap and eap-ig
-            refuse one at `ln1`'s hooks.
+            refuse one at ``ln1``'s hooks.
 
     Returns ``edge, source, target, score`` (module docstring). ``attrs``: ``clean_metric``,
     ``corrupted_metric`` (dataset means), ``method``, ``n_rows``, ``recovered_undefined``
