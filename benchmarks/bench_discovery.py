@@ -201,14 +201,14 @@ def exact(args) -> None:
     rows, n_tokens = (4, 8) if args.quick else (8, 12)
     print(f"\n== exact edge patching: task {rows} rows x {n_tokens} tokens; device {args.device}")
     print(
-        f"{'model':>24} {'edges':>6} {'seconds':>8} {'fwd units':>9} {'passes':>6} "
-        f"{'edges/pass':>10}"
+        f"{'model (zoo: 2 layers)':>24} {'edges':>6} {'seconds':>8} {'fwd units':>9} "
+        f"{'per edge':>8} {'passes':>6} {'edges/pass':>10}"
     )
     models = [
         (f"zoo {n} (2 layers)", lambda n=n: load_model(zoo.directory(n), device=args.device))
         for n in names
     ]
-    models.append(("gpt2 4 layers, d 128", lambda: _gpt2(args, 4, 4, 128)))
+    models.append(("gpt2, 4 layers, d 128", lambda: _gpt2(args, 4, 4, 128)))
     for label, build in models:
         model = build()
         try:
@@ -236,11 +236,11 @@ def exact(args) -> None:
         n = counter["passes"]
         print(
             f"{label:>24} {len(graph):>6} {seconds:>8.2f} {seconds / one:>9.0f} "
-            f"{n:>6} {len(graph) / n:>10.1f}"
+            f"{seconds / one / len(graph):>8.2f} {n:>6} {len(graph) / n:>10.1f}"
         )
     print(
         "(passes: patched passes, beside the clean and corrupted runs; fwd units: seconds / "
-        "one forward pass of the task's batch)"
+        "one forward pass of the task's batch; per edge: fwd units / edges)"
     )
 
 

@@ -84,9 +84,10 @@ def _python_layernorm(norm) -> bool:
     return (
         type(norm) is NormalizationBridge
         and isinstance(norm.original_component, torch.nn.LayerNorm)
+        and norm.original_component.weight is not None
         and not norm.use_native_layernorm_autograd
         and not getattr(norm.config, "layer_norm_folding", False)
-        and norm._uses_weight_offset_override is not True
+        and not norm.uses_weight_offset
     )
 
 
@@ -113,7 +114,7 @@ def _layer_gradients(
     centred = xf - xf.mean(-1, keepdim=True)
     scale = (centred.pow(2).mean(-1, keepdim=True) + getattr(norm.config, "eps", 1e-05)).sqrt()
     normed = centred / scale
-    weight = norm.weight.detach().float()
+    weight = norm.original_component.weight.detach().float()
     n_total = sum(g.shape[2] for g, _ in heads) + (at_norm is not None)
     out = torch.empty(n_total, rows * n_pos, d, device=x.device)
     i = 0
