@@ -204,10 +204,7 @@ def exact(args) -> None:
         f"{'model (zoo: 2 layers)':>24} {'edges':>6} {'seconds':>8} {'fwd units':>9} "
         f"{'per edge':>8} {'passes':>6} {'edges/pass':>10}"
     )
-    models = [
-        (f"zoo {n} (2 layers)", lambda n=n: load_model(zoo.directory(n), device=args.device))
-        for n in names
-    ]
+    models = [(n, lambda n=n: load_model(zoo.directory(n), device=args.device)) for n in names]
     models.append(("gpt2, 4 layers, d 128", lambda: _gpt2(args, 4, 4, 128)))
     for label, build in models:
         model = build()
