@@ -166,7 +166,7 @@ def test_eap_equals_transformer_lens_edge_attribution(gpt2_dir):
     assert np.abs(tl - ours["score"].to_numpy() * span).max() <= 1e-4 * np.abs(tl).max()
 
 
-@pytest.mark.parametrize("method", ["exact", "eap"])
+@pytest.mark.parametrize("method", ["exact", "eap", "eap-ig"])
 def test_budgets_change_no_number(zoo, method):
     model = zoo.model("llama")
     task = _task(model, seed=4, rows=4)
@@ -184,6 +184,9 @@ def test_bad_input_is_refused(gpt2_model):
         edge_scores(gpt2_model, task, "acdc-ish")
     with pytest.raises(ValueError, match="not both"):
         edge_scores(gpt2_model, task, max_rows=2, max_bytes="1GB")
+    frozen_scale = ("blocks.1.ln1.hook_scale", lambda act, hook: act)
+    with pytest.raises(ValueError, match="use method='exact'"):
+        edge_scores(gpt2_model, task, "eap", interventions=[frozen_scale])
 
 
 def test_eap_ig_over_the_embeddings_edges_converges_to_exact_as_steps_grow(bundled_model):
@@ -208,3 +211,34 @@ def test_eap_ig_over_the_embeddings_edges_converges_to_exact_as_steps_grow(bundl
     eap = edge_scores(bundled_model, task, "eap")
     one = edge_scores(bundled_model, task, "eap-ig", ig_steps=1)
     assert np.abs(eap["score"] - one["score"]).max() == 0  # one step is EAP
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "opt", "gptj", "llama"])
+def test_reader_gradients_through_the_norm_equal_autograd(zoo, arch):
+    """A layer's q/k/v readers' gradients (LayerNorm's backward written out and folded into
+    the weights; other norms: autograd batched) equal autograd through ``ln1(x) @ W[h]``, one
+    head at a time; and the norm's other reader (GPT-J's MLP) through ``ln1(x)``."""
+    from interp.discovery.gradients import _layer_gradients, _python_layernorm
+
+    model = zoo.model(arch)
+    norm = model.blocks[1].ln1
+    assert _python_layernorm(norm) == (arch in ("gpt2", "gptj"))  # both paths covered
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 5, int(model.cfg.d_model), generator=g) * 3 + 1
+    heads = [
+        (torch.randn(3, 5, W.shape[1], W.shape[3], generator=g), W[1].detach())
+        for W in (model.W_Q, model.W_K, model.W_V)
+    ]
+    at_norm = torch.randn(3, 5, int(model.cfg.d_model), generator=g)
+    ours = _layer_gradients(norm, x, heads, at_norm)
+    expected = []
+    for grad, W in heads:
+        for h in range(W.shape[0]):
+            leaf = x.clone().requires_grad_(True)
+            (found,) = torch.autograd.grad(norm(leaf) @ W[h], leaf, grad[:, :, h])
+            expected.append(found)
+    leaf = x.clone().requires_grad_(True)
+    expected.append(torch.autograd.grad(norm(leaf), leaf, at_norm)[0])
+    expected = torch.stack(expected)
+    assert ours.shape == expected.shape
+    assert (ours - expected).abs().max() < 1e-5 * expected.abs().max()

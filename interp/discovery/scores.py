@@ -58,12 +58,14 @@ def edge_scores(
         method: ``"exact"`` (edge patching, the oracle), ``"eap"`` (one forward per side and
             one backward) or ``"eap-ig"`` (``ig_steps`` backward passes).
         metric: a :meth:`interp.tasks.TaskTokens.metric` kind.
-        max_rows: batch rows of one forward pass (exact: edges x task rows).
+        max_rows: batch rows of one forward pass (exact: edges x task rows; eap-ig: task
+            rows x steps).
         max_bytes: a memory budget for what is held and each pass (bytes or ``"500MB"``);
             the scores do not depend on it.
         interventions: raw forward hooks ``(name, fn)`` applied to every run, clean,
             corrupted, patched and differentiated (e.g. attention patterns held fixed); each
-            must handle any batch size (patched passes repeat the rows).
+            must handle any batch size (patched passes repeat the rows); eap and eap-ig
+            refuse one at ``ln1``'s hooks.
 
     Returns ``edge, source, target, score`` (module docstring). ``attrs``: ``clean_metric``,
     ``corrupted_metric`` (dataset means), ``method``, ``n_rows``, ``recovered_undefined``

@@ -1,0 +1,25 @@
+"""benchmarks/bench_discovery.py --quick runs end to end on the CPU: every section prints, and
+its checks of numbers (EAP against TransformerLens, rows split) pass; speed is not asserted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_quick_benchmark_runs_and_its_scores_agree():
+    script = Path(__file__).parents[1] / "benchmarks" / "bench_discovery.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    for header in ("== eap:", "== exact edge patching:", "== acdc"):
+        assert header in out, out
+    assert "(target <= 1e-4): OK" in out, out  # our EAP equals TransformerLens's
+    split = float(out.split("max |split - whole| = ")[1].split()[0])
+    assert split < 1e-5, out
