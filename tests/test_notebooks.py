@@ -49,6 +49,7 @@ TITLES = {
     "Attribution of ' data' vs ' text'": (2, 0),
     "Patching ' data' vs ' text'": (2, 0),
     "Patching over an induction task": (1, 0),
+    "Discovering the induction circuit": (2, 0),
 }
 PAGE_CHECKS = {
     "iframes": "document.querySelectorAll('iframe[sandbox]').length",
@@ -101,6 +102,8 @@ def test_tour_runs_in_a_clean_kernel(tour):
     text = "\n".join(o.get("text", "") for c in code for o in c.outputs)
     assert "refused:" in text  # the reference model refuses the rotary bundled model
     assert "induction heads: ['L1H" in text
+    assert "EAP-IG against exact over every edge: correlation" in text
+    assert "the circuit without its edges into keys: faithfulness" in text
 
 
 def _page_sources(nb) -> list[str]:
@@ -135,7 +138,7 @@ def test_tour_page_loads_nothing_from_the_network(tour):
 @pytest.mark.browser
 def test_tour_page_renders_in_a_browser(tour, browser):
     _, page = tour
-    default, browser.timeout_s = browser.timeout_s, 90  # five frames of plotly and CircuitsVis
+    default, browser.timeout_s = browser.timeout_s, 90  # seven frames of plotly and CircuitsVis
     try:
         top, frames = browser.open_frames(
             page,
