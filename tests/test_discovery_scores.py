@@ -166,7 +166,7 @@ def test_eap_equals_transformer_lens_edge_attribution(gpt2_dir):
     assert np.abs(tl - ours["score"].to_numpy() * span).max() <= 1e-4 * np.abs(tl).max()
 
 
-@pytest.mark.parametrize("method", ["exact", "eap"])
+@pytest.mark.parametrize("method", ["exact", "eap", "eap-ig"])
 def test_budgets_change_no_number(zoo, method):
     model = zoo.model("llama")
     task = _task(model, seed=4, rows=4)
