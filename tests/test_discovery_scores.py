@@ -178,6 +178,18 @@ def test_budgets_change_no_number(zoo, method):
     assert list(whole.columns) == ["edge", "source", "target", "score"]
 
 
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_gradient_methods_run_with_gradients_switched_off(gpt2_model, method):
+    """A notebook that starts with torch.set_grad_enabled(False) (the tour does) still gets
+    gradient scores, the same numbers as with gradients on."""
+    task = _task(gpt2_model)
+    on = edge_scores(gpt2_model, task, method)
+    with torch.no_grad():
+        off = edge_scores(gpt2_model, task, method)
+    assert np.abs(off["score"] - on["score"]).max() == 0
+    assert torch.is_grad_enabled()
+
+
 def test_bad_input_is_refused(gpt2_model):
     task = _task(gpt2_model)
     with pytest.raises(ValueError, match="method must be one of"):

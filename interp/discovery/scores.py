@@ -110,18 +110,19 @@ def edge_scores(
         )
         change = values.double().mean(dim=1) - k
     else:
-        change = gradient_scores(
-            model,
-            batch,
-            task_metric,
-            graph,
-            deltas,
-            steps=ig_steps if method == "eap-ig" else 0,
-            max_rows=max_rows,
-            max_bytes=max_bytes,
-            held=held,
-            fixed=interventions,
-        )
+        with torch.enable_grad():  # also under a caller's torch.no_grad() or set_grad_enabled
+            change = gradient_scores(
+                model,
+                batch,
+                task_metric,
+                graph,
+                deltas,
+                steps=ig_steps if method == "eap-ig" else 0,
+                max_rows=max_rows,
+                max_bytes=max_bytes,
+                held=held,
+                fixed=interventions,
+            )
     undefined = _undefined(c, k)
     score = torch.full_like(change, math.nan) if undefined else change / (c - k)
     frame = pd.DataFrame(
