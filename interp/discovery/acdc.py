@@ -175,7 +175,7 @@ def acdc(
         return values.double().mean(dim=1).tolist()
 
     removed, scores, final, calls, runs = prune(
-        acdc_order(graph), measure, c, c - k, threshold, progress=progress
+        acdc_order(graph), measure, c, c - k, threshold, window=WINDOW, progress=progress
     )
     gone = set(removed)
     frame = pd.DataFrame(
