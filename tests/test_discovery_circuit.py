@@ -6,7 +6,6 @@ and budgets change no number."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 
 import numpy as np
@@ -211,9 +210,6 @@ def test_bad_input_is_refused():
     )
     with pytest.raises(ValueError, match="NaN"):  # clean == corrupted: scores undefined
         discover_circuit(model, same, "eap", top_n=3)
-    if importlib.util.find_spec("interp.discovery.acdc") is None:
-        with pytest.raises(ValueError, match="acdc"):
-            discover_circuit(model, task, "acdc", threshold=0.1)
 
 
 def test_curve_and_its_areas():

@@ -9,11 +9,11 @@ graph order, as EAP-IG and MIB rank them) or every edge with ``|score| >= thresh
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import pandas as pd
 
+from interp.discovery.acdc import acdc
 from interp.discovery.evaluate import ranked_edges
 from interp.discovery.graph import Graph
 from interp.discovery.scores import METHODS, edge_scores
@@ -21,7 +21,7 @@ from interp.tasks import Task, TaskTokens
 
 __all__ = ["Circuit", "discover_circuit", "CIRCUIT_METHODS"]
 
-CIRCUIT_METHODS = (*METHODS, "acdc")  # discover_circuit methods
+CIRCUIT_METHODS = METHODS  # discover_circuit methods: the scored ones and acdc
 
 
 @dataclass(frozen=True)
@@ -38,18 +38,6 @@ class Circuit:
 
     def __contains__(self, edge: object) -> bool:
         return edge in self.edges
-
-
-def _acdc():
-    try:
-        return importlib.import_module("interp.discovery.acdc").acdc
-    except ModuleNotFoundError as err:
-        if err.name != "interp.discovery.acdc":
-            raise
-        raise ValueError(
-            "method 'acdc' is not available in this version of interp (interp.discovery.acdc "
-            "is missing); use 'exact', 'eap' or 'eap-ig'"
-        ) from None
 
 
 def discover_circuit(
@@ -91,7 +79,7 @@ def discover_circuit(
     if method == "acdc":
         if threshold is None:
             raise ValueError("method 'acdc' takes threshold (it prunes edges), not top_n")
-        frame = _acdc()(model, task, threshold=float(threshold), metric=metric, **budget)
+        frame = acdc(model, task, threshold=float(threshold), metric=metric, **budget)
         params["threshold"] = float(threshold)
         edges = tuple(frame.loc[frame["in_circuit"].astype(bool), "edge"])
         return Circuit(edges=edges, method=method, params=params, scores=frame)

@@ -34,7 +34,13 @@ __all__ = [
     "rows_metric",
 ]
 
+METRICS = ("logit_diff", "prob_diff")  # the task metrics discovery reads
 _WRITER = re.compile(r"^(?:embed|L(\d+)H(\d+)|MLP(\d+))$")
+
+
+def _undefined(c: float, k: float) -> bool:
+    """True when the means ``c`` (clean) and ``k`` (corrupted) are too close to divide by."""
+    return not abs(c - k) > 1e-6 * max(1.0, abs(c), abs(k))
 
 
 def parse_writer(name: str) -> tuple[str, int | None, int | None]:

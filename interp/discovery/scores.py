@@ -23,21 +23,24 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from interp.discovery.acdc import acdc
 from interp.discovery.gradients import gradient_scores
 from interp.discovery.graph import Graph
-from interp.discovery.runs import deltas_bytes, patched_metrics, writer_outputs
+from interp.discovery.runs import (
+    METRICS,
+    _undefined,
+    deltas_bytes,
+    patched_metrics,
+    writer_outputs,
+)
 from interp.engine import HookFn, check_eval
 from interp.tasks import Task, TaskTokens
 
-__all__ = ["edge_scores", "METHODS", "SCORE_COLUMNS"]
+__all__ = ["edge_scores", "METHODS", "SCORED_METHODS", "SCORE_COLUMNS"]
 
-METHODS = ("exact", "eap", "eap-ig")  # edge_scores methods: the oracle and two estimates
+SCORED_METHODS = ("exact", "eap", "eap-ig")  # the oracle and two estimates: every edge scored
+METHODS = (*SCORED_METHODS, "acdc")  # edge_scores methods; acdc prunes (interp.discovery.acdc)
 SCORE_COLUMNS = ["edge", "source", "target", "score"]  # edge_scores columns
-METRICS = ("logit_diff", "prob_diff")
-
-
-def _undefined(c: float, k: float) -> bool:
-    return not abs(c - k) > 1e-6 * max(1.0, abs(c), abs(k))
 
 
 def edge_scores(
@@ -47,6 +50,7 @@ def edge_scores(
     *,
     metric: str = "logit_diff",
     ig_steps: int = 5,
+    threshold: float | None = None,
     max_rows: int | None = None,
     max_bytes: int | str | None = None,
     progress: bool = False,
@@ -56,7 +60,9 @@ def edge_scores(
 
     Args:
         method: ``"exact"`` (edge patching, the oracle), ``"eap"`` (one forward per side and
-            one backward) or ``"eap-ig"`` (``ig_steps`` backward passes).
+            one backward), ``"eap-ig"`` (``ig_steps`` backward passes) or ``"acdc"``
+            (ACDC's pruning, :func:`interp.discovery.acdc.acdc`: pass ``threshold``; the
+            frame has an ``in_circuit`` column).
         metric: a :meth:`interp.tasks.TaskTokens.metric` kind.
         max_rows: batch rows of one forward pass (exact: edges x task rows; eap-ig: task
             rows x steps).
@@ -74,6 +80,18 @@ def edge_scores(
     check_eval(model)
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if (method == "acdc") != (threshold is not None):
+        raise ValueError(
+            "pass threshold with method 'acdc' (the score below which it prunes an edge), and "
+            "only with it"
+        )
+    if method == "acdc":
+        if interventions:
+            raise ValueError("method 'acdc' takes no interventions; use 'exact', 'eap' or 'eap-ig'")
+        return acdc(
+            model, task, threshold=threshold, metric=metric,
+            max_rows=max_rows, max_bytes=max_bytes, progress=progress,
+        )  # fmt: skip
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     if method == "eap-ig" and (not isinstance(ig_steps, int) or ig_steps < 1):
