@@ -86,10 +86,14 @@ def _counted(module, fn, *args, **kwargs):
         module.run_logits = original
 
 
-def acdc_timings(threshold: float = 0.01, rows: int = 8, n_pos: int = 16) -> list[dict]:
+def acdc_timings(
+    threshold: float = 0.01, rows: int = 8, n_pos: int = 16, quick: bool = False
+) -> list[dict]:
     """Print (and return) time, forward passes and edges per pass of exact edge patching,
-    batched ACDC and sequential ACDC on each model (module docstring)."""
-    models = {f"{arch} (zoo)": (arch, {}) for arch in ARCHS} | FOUR_LAYERS
+    batched ACDC and sequential ACDC on each model (module docstring); ``quick``: the 2-layer
+    zoo models only."""
+    models = {f"{arch} (zoo)": (arch, {}) for arch in ARCHS}
+    models |= {} if quick else FOUR_LAYERS
     print(f"{rows} rows x {n_pos} tokens, threshold {threshold}, threads {torch.get_num_threads()}")
     header = "model | edges | exact s / passes / edges per pass | acdc s / passes / edges per pass"
     print(header + " / calls / kept | sequential acdc s / passes")

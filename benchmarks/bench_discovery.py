@@ -242,17 +242,14 @@ def exact(args) -> None:
 
 
 def acdc(args) -> None:
-    """ACDC's timings (benchmarks/bench_acdc.py, another branch), where present."""
-    try:
-        from benchmarks.bench_acdc import acdc_timings
-    except ImportError:
-        print("\n== acdc: ABSENT: benchmarks/bench_acdc.py is not on this branch; no ACDC figures")
-        return
+    """ACDC's timings against exact edge patching and sequential ACDC (benchmarks/bench_acdc.py)."""
+    from benchmarks.bench_acdc import acdc_timings
+
     print("\n== acdc")
-    acdc_timings()
+    acdc_timings(rows=min(args.rows, 8), quick=args.quick)
 
 
-# The sections, in the order they run. The lead adds or rewires ACDC's here (bench_acdc.py).
+# The sections, in the order they run.
 SECTIONS = {"eap": eap, "exact": exact, "acdc": acdc}
 
 
