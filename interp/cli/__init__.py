@@ -24,6 +24,7 @@ COMMANDS = {
     "attribute": "interp.cli.attribute",
     "patch": "interp.cli.patch",
     "task": "interp.cli.task",
+    "discover": "interp.cli.discover",
     "merge": "interp.cli.merge",
     "models": "interp.cli.models",
 }

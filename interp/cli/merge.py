@@ -23,7 +23,7 @@ from interp.cli.output import UsageError, check_out_dir
 
 HELP = (
     "combine the partial.json of every shard of interp patch --task --shard (or interp "
-    "attribute --task --shard) into the whole run"
+    "attribute --task --shard, or interp discover --shard) into the whole run"
 )
 
 
@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     parts = [_read(folder) for folder in args.shards]
     if attribute_task.is_attribution_partial(parts[0]):
         return _merge_attribution(out, args.shards, parts)
+    if str(parts[0].get("format", "")).startswith("interp-discover-partial/"):
+        return _merge_discovery(out, args.shards, parts)
     from interp.cli.patch_task import write_results
     from interp.interventions.shards import merge_partial_sums
 
@@ -71,3 +73,44 @@ def _merge_attribution(out: Path, folders: list[Path], parts: list[dict]) -> int
     except (ValueError, KeyError) as exc:
         raise UsageError(f"cannot merge {', '.join(map(str, folders))}: {exc}") from None
     return attribute_task.write_results(out, parts, frame)
+
+
+def _merge_discovery(out: Path, folders: list[Path], parts: list[dict]) -> int:
+    """The shards of ``interp discover ... --shard I/N``: the whole task's edge scores and
+    circuit (edges.csv, circuit.json, summary.json, report.html); no faithfulness, which needs
+    the model (docs/discovery.md)."""
+    from interp.cli.discover import write_results
+    from interp.discovery.circuit import circuit_from_scores
+    from interp.discovery.shards import merge_discovery_sums
+
+    names = ", ".join(map(str, folders))
+    try:
+        frame = merge_discovery_sums(parts)
+        cuts = [p["circuit"] for p in parts]
+        if any(c != cuts[0] for c in cuts):
+            raise ValueError("the shards were run with other --top-n, --threshold or --ablation")
+        cut = cuts[0]
+        settings = parts[0]["settings"]
+        params = {"metric": settings["metric"]}
+        if settings["ig_steps"] is not None:
+            params["ig_steps"] = settings["ig_steps"]
+        circuit = circuit_from_scores(
+            frame, settings["method"], top_n=cut["top_n"], threshold=cut["threshold"], params=params
+        )
+    except (ValueError, KeyError) as exc:
+        raise UsageError(f"cannot merge {names}: {exc}") from None
+    first = next(p for p in parts if p["shard"] == 0)
+    info = {
+        "model": first["source"]["model"],
+        "task": {
+            "source": first["source"]["task"],
+            "n_rows": settings["n_rows"],
+            "fingerprint": settings["task"],
+            "shards": settings["shards"],
+            "generated": first["source"]["generated"],
+        },
+        "examples": first["source"]["examples"],
+    }
+    scores = circuit.scores
+    scores.attrs = frame.attrs
+    return write_results(out, info, circuit.method, circuit.params, scores, None, cut["ablation"])

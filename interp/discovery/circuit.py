@@ -10,16 +10,16 @@ graph order, as EAP-IG and MIB rank them) or every edge with ``|score| >= thresh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pandas as pd
 
 from interp.discovery.acdc import acdc
 from interp.discovery.evaluate import ranked_edges
-from interp.discovery.graph import Graph
 from interp.discovery.scores import METHODS, edge_scores
 from interp.tasks import Task, TaskTokens
 
-__all__ = ["Circuit", "discover_circuit", "CIRCUIT_METHODS"]
+__all__ = ["Circuit", "discover_circuit", "circuit_from_scores", "CIRCUIT_METHODS"]
 
 CIRCUIT_METHODS = METHODS  # discover_circuit methods: the scored ones and acdc
 
@@ -86,8 +86,27 @@ def discover_circuit(
     frame = edge_scores(model, task, method, metric=metric, ig_steps=ig_steps, **budget)
     if method == "eap-ig":
         params["ig_steps"] = ig_steps
-    graph = Graph.from_model(model)
-    ranked = ranked_edges(frame, graph)  # refuses NaN scores
+    return circuit_from_scores(frame, method, top_n=top_n, threshold=threshold, params=params)
+
+
+def circuit_from_scores(
+    scores: pd.DataFrame,
+    method: str,
+    *,
+    top_n: int | None = None,
+    threshold: float | None = None,
+    params: dict | None = None,
+) -> Circuit:
+    """The circuit a scored method keeps from an :func:`edge_scores` frame (rows in graph
+    order, as edge_scores and a merged ``interp discover --shard`` give them): the top
+    ``top_n`` edges by ``|score|`` (ties in graph order), or every edge with ``|score| >=
+    threshold``. ``params`` (e.g. the metric) are kept in the circuit, with top_n or threshold.
+    """
+    if (top_n is None) == (threshold is None):
+        raise ValueError("pass exactly one of top_n (the number of edges) or threshold")
+    order = tuple(scores["edge"])
+    ranked = ranked_edges(scores, SimpleNamespace(edge_names=order))  # refuses NaN scores
+    params = dict(params or {})
     if top_n is not None:
         if top_n > len(ranked):
             raise ValueError(f"top_n={top_n} is more than the graph's {len(ranked)} edges")
@@ -95,8 +114,8 @@ def discover_circuit(
         kept = set(ranked[:top_n])
     else:
         params["threshold"] = float(threshold)
-        kept = set(frame.loc[frame["score"].abs() >= float(threshold), "edge"])
-    frame = frame.copy()
+        kept = set(scores.loc[scores["score"].abs() >= float(threshold), "edge"])
+    frame = scores.copy()
     frame["in_circuit"] = frame["edge"].isin(kept)
-    edges = tuple(e for e in graph.edge_names if e in kept)
+    edges = tuple(e for e in order if e in kept)
     return Circuit(edges=edges, method=method, params=params, scores=frame)

@@ -36,7 +36,7 @@ from interp.discovery.runs import (
 from interp.engine import HookFn, check_eval
 from interp.tasks import Task, TaskTokens
 
-__all__ = ["edge_scores", "METHODS", "SCORED_METHODS", "SCORE_COLUMNS"]
+__all__ = ["edge_scores", "edge_changes", "METHODS", "SCORED_METHODS", "SCORE_COLUMNS"]
 
 SCORED_METHODS = ("exact", "eap", "eap-ig")  # the oracle and two estimates: every edge scored
 METHODS = (*SCORED_METHODS, "acdc")  # edge_scores methods; acdc prunes (interp.discovery.acdc)
@@ -92,6 +92,50 @@ def edge_scores(
             model, task, threshold=threshold, metric=metric,
             max_rows=max_rows, max_bytes=max_bytes, progress=progress,
         )  # fmt: skip
+    graph, change, c, k, n_rows = edge_changes(
+        model, task, method, metric=metric, ig_steps=ig_steps, max_rows=max_rows,
+        max_bytes=max_bytes, progress=progress, interventions=interventions,
+    )  # fmt: skip
+    undefined = _undefined(c, k)
+    score = torch.full_like(change, math.nan) if undefined else change / (c - k)
+    frame = pd.DataFrame(
+        {
+            "edge": list(graph.edge_names),
+            "source": [w for w, _ in graph.edges],
+            "target": [str(r) for _, r in graph.edges],
+            "score": score.numpy(),
+        }
+    )
+    frame.attrs.update(
+        clean_metric=c,
+        corrupted_metric=k,
+        method=method,
+        n_rows=n_rows,
+        recovered_undefined=undefined,
+    )
+    return frame
+
+
+def edge_changes(
+    model,
+    task: Task | TaskTokens,
+    method: str,
+    *,
+    metric: str = "logit_diff",
+    ig_steps: int = 5,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+    progress: bool = False,
+    interventions: Sequence[tuple[str, HookFn]] = (),
+) -> tuple[Graph, torch.Tensor, float, float, int]:
+    """The scored methods' numbers before normalisation: ``(graph, change, C, K, n_rows)``,
+    ``change[e]`` the dataset mean of edge ``e``'s metric change (exact: ``m(e) - K``; eap,
+    eap-ig: its estimate), ``C`` and ``K`` the clean and corrupted dataset means. Means over
+    rows, so shards of a task combine by their row counts (:mod:`interp.discovery.shards`).
+    Arguments as :func:`edge_scores` (``method`` one of :data:`SCORED_METHODS`)."""
+    check_eval(model)
+    if method not in SCORED_METHODS:
+        raise ValueError(f"method must be one of {', '.join(SCORED_METHODS)}, got {method!r}")
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     if method == "eap-ig" and (not isinstance(ig_steps, int) or ig_steps < 1):
@@ -141,21 +185,4 @@ def edge_scores(
                 held=held,
                 fixed=interventions,
             )
-    undefined = _undefined(c, k)
-    score = torch.full_like(change, math.nan) if undefined else change / (c - k)
-    frame = pd.DataFrame(
-        {
-            "edge": list(graph.edge_names),
-            "source": [w for w, _ in graph.edges],
-            "target": [str(r) for _, r in graph.edges],
-            "score": score.numpy(),
-        }
-    )
-    frame.attrs.update(
-        clean_metric=c,
-        corrupted_metric=k,
-        method=method,
-        n_rows=n_rows,
-        recovered_undefined=undefined,
-    )
-    return frame
+    return graph, change, c, k, n_rows

@@ -1,0 +1,315 @@
+"""``interp discover``: find the circuit of a task (edges between heads, MLPs, embeddings and
+logits) and measure how much of the task it carries.
+
+    interp discover --task induction --method eap-ig --top-n 20 --out circuit/
+
+Scored methods (``exact``, ``eap``, ``eap-ig``) take ``--top-n N`` or ``--threshold T``; ``acdc``
+takes ``--threshold`` only. The task file is read (its structure checked row by row) before the
+model loads and checked against the tokenizer right after, before any forward pass; every
+option is checked before loading; a refusal exits 2 and writes nothing. ``--shard I/N``
+(scored methods) scores rows ``I, I+N, ...`` into ``partial.json``; ``interp merge`` combines
+the shards (:mod:`interp.discovery.shards`), without the model, so the merged folder has the
+scores and the circuit but no faithfulness (docs/discovery.md, "From the command line").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from interp.cli.options import MAX_SEED, add_model_option, device, int_between, memory_size
+from interp.cli.output import UsageError, check_out_dir, staged_output, terminal_table
+from interp.cli.patch_task import TASK_METRICS, read_task, shard
+from interp.cli.sources import load_model
+
+HELP = (
+    "find a task's circuit (exact edge patching, EAP, EAP-IG or ACDC) and its faithfulness; "
+    "write edges.csv, circuit.json, curve.csv, summary.json and report.html"
+)
+METHODS = ("exact", "eap", "eap-ig", "acdc")  # interp.discovery.METHODS, torch-free (tested)
+SCORED = METHODS[:3]
+ABLATIONS = ("patch", "mean", "zero")  # interp.discovery.ABLATIONS, torch-free (tested)
+GENERATED = ("induction", "ioi")  # --task names built with interp.tasks' generators
+FILES = ["edges.csv", "circuit.json", "curve.csv", "summary.json", "report.html", "partial.json"]
+EDGE_COLUMNS = ["edge", "source", "target", "score", "in_circuit"]
+CURVE_COLUMNS = ["fraction", "n_edges", "faithfulness"]
+MAX_ROWS = 100_000  # as interp task
+EXAMPLES = 5  # task rows shown in the report
+TERMINAL_N = 10
+NOT_EVALUATED = (
+    "Not evaluated: the shards were merged without the model, so there is no faithfulness or "
+    "curve here. Evaluate the circuit with interp.discovery.evaluate_circuit(model, task, "
+    "edges, scores=...) on circuit.json's edges and edges.csv (docs/discovery.md)."
+)
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_option(parser)
+    parser.add_argument(
+        "--task",
+        required=True,
+        metavar="FILE.jsonl|induction|ioi",
+        help="a task file (JSONL or CSV, docs/tasks.md), or induction / ioi to generate one "
+        "for the model (--n rows, --seed)",
+    )
+    parser.add_argument("--method", choices=METHODS, required=True, help="how edges are found")
+    parser.add_argument(
+        "--top-n", type=int_between(1), default=None, help="scored methods: keep the N largest"
+    )
+    parser.add_argument(
+        "--threshold",
+        type=_threshold,
+        default=None,
+        help="keep edges with |score| >= T (acdc: prune edges whose removal moves the metric "
+        "by at most T of clean - corrupted)",
+    )
+    parser.add_argument(
+        "--ablation",
+        choices=ABLATIONS,
+        default="patch",
+        help="what an edge outside the circuit gets when it is evaluated (default patch: the "
+        "corrupted run's value)",
+    )
+    parser.add_argument("--metric", choices=TASK_METRICS, default="logit_diff", help="row metric")
+    parser.add_argument(
+        "--ig-steps", type=int_between(1, 1000), default=None, help="eap-ig: steps (default 5)"
+    )
+    parser.add_argument(
+        "--n", type=int_between(1, MAX_ROWS), default=None, help="generated task: rows (16)"
+    )
+    parser.add_argument(
+        "--seed", type=int_between(0, MAX_SEED), default=None, help="generated task: seed (0)"
+    )
+    parser.add_argument(
+        "--shard",
+        type=shard,
+        default=None,
+        metavar="I/N",
+        help="scored methods: score rows I, I+N, ... and write partial.json; combine the "
+        "shards with interp merge",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=memory_size,
+        default=None,
+        help="memory budget per forward pass, e.g. 500MB (same results)",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every refusal that needs no model, in one line each."""
+    if args.method == "acdc":
+        if args.top_n is not None or args.threshold is None:
+            raise UsageError(
+                "--method acdc prunes edges: pass --threshold T (and no --top-n), e.g. 0.01"
+            )
+        if args.shard is not None:
+            raise UsageError(
+                "--method acdc has no shards (each decision depends on the ones before it, "
+                "over every row); leave out --shard, or shard exact, eap or eap-ig"
+            )
+    elif (args.top_n is None) == (args.threshold is None):
+        raise UsageError(f"--method {args.method}: pass exactly one of --top-n N or --threshold T")
+    if args.ig_steps is not None and args.method != "eap-ig":
+        raise UsageError(f"--ig-steps is for --method eap-ig, not {args.method}; leave it out")
+    if args.task not in GENERATED:
+        given = [o for o in ("--n", "--seed") if getattr(args, o[2:]) is not None]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} are for a generated task (--task induction or ioi); a task "
+                "file has its own rows"
+            )
+
+
+def _task(args: argparse.Namespace, model):
+    from interp.tasks import TaskError, induction, ioi
+
+    n, seed = args.n or 16, args.seed or 0
+    try:
+        make = induction if args.task == "induction" else ioi
+        return make(model, n, seed=seed)
+    except (TaskError, ValueError) as exc:
+        raise UsageError(f"--task {args.task}: {exc}") from None
+
+
+def _examples(model, task) -> list[dict]:
+    def text(value) -> str:
+        if isinstance(value, str):
+            return value
+        ids = list(value) if isinstance(value, list | tuple) else [value]
+        return model.tokenizer.decode(ids) if model.tokenizer is not None else str(ids)
+
+    return [
+        {
+            "clean": text(row.clean),
+            "corrupted": text(row.corrupted),
+            "answer": text(row.answer),
+            "wrong": "" if row.wrong is None else text(row.wrong),
+        }
+        for row in task.rows[:EXAMPLES]
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    out = check_out_dir(args.out)
+    _check(args)
+    task = None if args.task in GENERATED else read_task(Path(args.task))  # before loading
+    n_rows = len(task) if task is not None else (args.n or 16)
+    index, count = args.shard or (0, 1)
+    if index >= n_rows:
+        raise UsageError(
+            f"--shard {index}/{count} has no rows: the task has {n_rows}; use at most "
+            f"{n_rows} shards"
+        )
+    say(f"loading {args.model} ...")
+    model = load_model(args.model, device=args.device)
+    from interp.cli.options import check_at_most
+    from interp.discovery import Graph
+    from interp.tasks import TaskError
+
+    try:
+        graph = Graph.from_model(model)
+    except ValueError as exc:  # post-norms (Gemma 2): refused before any work
+        raise UsageError(f"--model {args.model}: {exc}") from None
+    check_at_most("--top-n", args.top_n, len(graph), f"the graph has {len(graph)} edges")
+    if task is None:
+        task = _task(args, model)
+    try:  # every row against the tokenizer and the context, before any forward pass
+        task.tokens(model)
+    except TaskError as exc:
+        raise UsageError(f"--task: {exc}") from None
+    source = {
+        "model": str(args.model),
+        "task": str(args.task),
+        "generated": None if args.task not in GENERATED else {"n": n_rows, "seed": args.seed or 0},
+        "examples": _examples(model, task),
+    }
+    settings = {"top_n": args.top_n, "threshold": args.threshold, "ablation": args.ablation}
+    ig_steps = args.ig_steps or 5
+    if args.shard is not None:
+        return _write_shard(args, out, model, task, source, settings, ig_steps, say)
+    from interp.discovery import discover_circuit, evaluate_circuit
+    from interp.interventions.shards import task_fingerprint
+
+    say(f"{args.method} over {len(task)} rows, {len(graph)} edges ...")
+    cut = {"top_n": args.top_n} if args.top_n is not None else {"threshold": args.threshold}
+    budget = {"metric": args.metric, "max_bytes": args.max_bytes, "progress": True}
+    circuit = discover_circuit(model, task, args.method, ig_steps=ig_steps, **cut, **budget)
+    say(f"evaluating the circuit of {len(circuit)} edges ({args.ablation} ablation) ...")
+    result = evaluate_circuit(model, task, circuit, ablation=args.ablation, **budget)
+    frame = circuit.scores
+    info = {
+        "model": source["model"],
+        "task": {
+            "source": source["task"],
+            "n_rows": len(task),
+            "fingerprint": task_fingerprint(task),
+            "shards": 1,
+            "generated": source["generated"],
+        },
+        "examples": source["examples"],
+    }
+    return write_results(out, info, circuit.method, circuit.params, frame, result, args.ablation)
+
+
+def _write_shard(args, out, model, task, source, settings, ig_steps, say) -> int:
+    from interp.discovery.shards import discovery_partial_sums
+
+    index, count = args.shard
+    rows = len(range(index, len(task), count))
+    say(f"{args.method} over {rows} of {len(task)} rows (shard {index}/{count}) ...")
+    partial = discovery_partial_sums(
+        model, task, args.method, shard=(index, count), metric=args.metric,
+        ig_steps=ig_steps, max_bytes=args.max_bytes, progress=True,
+    )  # fmt: skip
+    partial["source"] = source
+    partial["circuit"] = settings  # how merge picks the circuit (checked equal across shards)
+    with staged_output(out, owns=FILES) as stage:
+        stage.write_text("partial.json", json.dumps(partial) + "\n")
+    shown = ", ".join(map(str, partial["rows"][:8]))
+    print(f"shard {index}/{count}: rows {shown}" + (" ..." if rows > 8 else ""))
+    for path in stage.written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _float(value) -> float | None:
+    return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+def write_results(out: Path, info: dict, method: str, params: dict, frame, result, ablation):
+    """edges.csv, circuit.json, summary.json, report.html, and curve.csv when ``result`` (a
+    CircuitEvaluation) is given; a merged run has none (no model to evaluate with)."""
+    from interp.discovery.report import discovery_report
+
+    attrs = frame.attrs
+    edges = list(frame.loc[frame["in_circuit"].astype(bool), "edge"])
+    curve = None if result is None or result.curve is None else result.curve[CURVE_COLUMNS]
+    evaluated = {
+        "evaluated": result is not None,
+        "ablation": ablation,
+        "faithfulness": None if result is None else _float(result.faithfulness),
+        "cpr": None if result is None else _float(result.cpr),
+        "cmd": None if result is None else _float(result.cmd),
+    }
+    if result is None:
+        evaluated["not_evaluated"] = NOT_EVALUATED
+    circuit = {
+        "model": info["model"],
+        "method": method,
+        "parameters": params,
+        "edges": edges,
+        "n_edges": len(edges),
+        "n_total": len(frame),
+        **evaluated,
+        "task": info["task"],
+    }
+    summary = {
+        **{k: v for k, v in circuit.items() if k != "edges"},
+        "clean_metric": float(attrs["clean_metric"]),
+        "corrupted_metric": float(attrs["corrupted_metric"]),
+        "recovered_undefined": bool(attrs["recovered_undefined"]),
+        "examples": info["examples"],
+    }
+    page = discovery_report(summary, frame[EDGE_COLUMNS], curve).to_html()
+    with staged_output(out, owns=FILES) as stage:
+        stage.write_text("edges.csv", frame[EDGE_COLUMNS].to_csv(index=False))
+        stage.write_text("circuit.json", json.dumps(circuit, indent=2) + "\n")
+        if curve is not None:
+            stage.write_text("curve.csv", curve.to_csv(index=False))
+        stage.write_text("summary.json", json.dumps(summary, indent=2) + "\n")
+        stage.write_text("report.html", page)
+    faith = evaluated["faithfulness"]
+    print(
+        f"{method}: {len(edges)} of {len(frame)} edges; faithfulness "
+        + ("not evaluated (merged shards)" if result is None else f"{_number(faith)}")
+        + ("" if evaluated["cpr"] is None else f", CPR {evaluated['cpr']:.3f}")
+        + ("" if evaluated["cmd"] is None else f", CMD {evaluated['cmd']:.3f}")
+    )
+    top = frame.assign(size=frame["score"].abs()).sort_values("size", ascending=False)
+    print(terminal_table(top[EDGE_COLUMNS].head(TERMINAL_N).reset_index(drop=True)))
+    for path in stage.written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _number(value: float | None) -> str:
+    return "undefined" if value is None else f"{value:.3f}"

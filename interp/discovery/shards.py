@@ -1,0 +1,140 @@
+"""Edge scores over a task in shards: partial sums per shard, merged into the whole run's scores.
+
+Shard ``i`` of ``n`` takes the task's rows ``i, i + n, i + 2n, ...`` (0-based), as
+:mod:`interp.interventions.shards` does for patching. Every scored method (``exact``, ``eap``,
+``eap-ig``) is a dataset mean of per-row numbers divided by ``C - K``, the clean minus the
+corrupted dataset mean (:func:`interp.discovery.scores.edge_changes`), so a shard keeps sums
+over its rows: per edge the sum of the rows' metric changes, and the sums of the rows' clean
+and corrupted metrics. :func:`merge_discovery_sums` checks the shards are of one task and
+settings and cover every row once, and divides: ``score = (S_e / n) / (S_C / n - S_K / n)``,
+what :func:`interp.discovery.scores.edge_scores` gives on the whole task. The whole task is one
+shard of one. ACDC has no shards: each of its decisions depends on the ones before it, over
+every row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from interp.discovery.graph import split_edge
+from interp.discovery.runs import _undefined
+from interp.discovery.scores import SCORED_METHODS, edge_changes
+from interp.interventions.shards import shard_rows, task_fingerprint
+from interp.tasks import Task
+
+__all__ = ["discovery_partial_sums", "merge_discovery_sums", "DISCOVER_FORMAT"]
+
+DISCOVER_FORMAT = "interp-discover-partial/1"  # merge refuses other formats
+
+
+def discovery_partial_sums(
+    model,
+    task: Task,
+    method: str,
+    *,
+    shard: tuple[int, int] = (0, 1),
+    metric: str = "logit_diff",
+    ig_steps: int = 5,
+    max_bytes: int | str | None = None,
+    progress: bool = False,
+) -> dict:
+    """Score shard ``shard = (index, count)`` of ``task`` by ``method`` (one of
+    :data:`interp.discovery.scores.SCORED_METHODS`); its sums as a JSON-ready dict (module
+    docstring). ``shard=(0, 1)`` is the whole task."""
+    if method not in SCORED_METHODS:
+        raise ValueError(
+            f"method {method!r} has no shards; shard one of {', '.join(SCORED_METHODS)} (ACDC's "
+            "decisions depend on each other over every row)"
+        )
+    index, count = shard
+    rows = shard_rows(len(task), index, count)
+    part = Task(tuple(task.rows[i] for i in rows), source=task.source)
+    graph, change, c, k, n = edge_changes(
+        model, part, method, metric=metric, ig_steps=ig_steps, max_bytes=max_bytes,
+        progress=progress,
+    )  # fmt: skip
+    return {
+        "format": DISCOVER_FORMAT,
+        "settings": {
+            "task": task_fingerprint(task),
+            "n_rows": len(task),
+            "shards": count,
+            "method": method,
+            "metric": metric,
+            "ig_steps": ig_steps if method == "eap-ig" else None,
+        },
+        "shard": index,
+        "rows": rows,
+        "edges": list(graph.edge_names),
+        "sum": [float(v) * n for v in change.double().tolist()],
+        "clean_sum": c * n,
+        "corrupted_sum": k * n,
+    }
+
+
+def _checked(parts: Sequence[dict]) -> int:
+    """The number of rows the shards cover; a ValueError naming what does not fit."""
+    if not parts:
+        raise ValueError("no partial results to merge; pass the output of every shard")
+    for number, part in enumerate(parts, start=1):
+        if part.get("format") != DISCOVER_FORMAT:
+            raise ValueError(
+                f"partial {number} is not a partial result of interp discover (format "
+                f"{part.get('format')!r}, expected {DISCOVER_FORMAT!r})"
+            )
+    settings = parts[0]["settings"]
+    for number, part in enumerate(parts[1:], start=2):
+        if part["settings"] != settings:
+            differ = [k for k in settings if part["settings"].get(k) != settings[k]]
+            raise ValueError(
+                f"partial {number} is of another run than partial 1 (they differ in "
+                f"{', '.join(differ)}); merge the shards of one task and method"
+            )
+        if part["edges"] != parts[0]["edges"]:
+            raise ValueError(f"partial {number} scores other edges than partial 1 (another model)")
+    shards = sorted(int(p["shard"]) for p in parts)
+    if shards != list(range(settings["shards"])):
+        missing = sorted(set(range(settings["shards"])) - set(shards))
+        repeated = sorted({s for s in shards if shards.count(s) > 1})
+        what = (
+            f"shard(s) {', '.join(map(str, repeated))} given twice"
+            if repeated
+            else f"shard(s) {', '.join(map(str, missing))} missing"
+        )
+        raise ValueError(f"{what} of {settings['shards']}; pass each shard's output once")
+    return sum(len(p["rows"]) for p in parts)
+
+
+def merge_discovery_sums(parts: Sequence[dict]) -> pd.DataFrame:
+    """The :func:`interp.discovery.scores.edge_scores` frame of the whole task from the
+    partial sums of every shard: ``edge, source, target, score`` in graph order; ``attrs``:
+    ``clean_metric``, ``corrupted_metric``, ``method``, ``n_rows``, ``recovered_undefined``
+    (as edge_scores) and ``shards``."""
+    n = _checked(parts)
+    edges = parts[0]["edges"]
+    sums = [math.fsum(p["sum"][e] for p in parts) for e in range(len(edges))]
+    c = math.fsum(p["clean_sum"] for p in parts) / n
+    k = math.fsum(p["corrupted_sum"] for p in parts) / n
+    undefined = _undefined(c, k)
+    pairs = [split_edge(e) for e in edges]
+    frame = pd.DataFrame(
+        {
+            "edge": edges,
+            "source": [s for s, _ in pairs],
+            "target": [t for _, t in pairs],
+            "score": [math.nan if undefined else s / n / (c - k) for s in sums],
+        }
+    )
+    settings = parts[0]["settings"]
+    frame.attrs.update(
+        clean_metric=c,
+        corrupted_metric=k,
+        method=settings["method"],
+        n_rows=n,
+        recovered_undefined=undefined,
+        shards=settings["shards"],
+    )
+    return frame
