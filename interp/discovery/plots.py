@@ -126,6 +126,7 @@ def circuit_graph(
             )
         )
     fig.add_trace(_nodes(layout))
+    fig.add_trace(_ports(layout))
     fig.update_layout(
         template=TEMPLATE,
         title=_title(title, f"circuit: {len(chosen)} edges (width: |score|; dotted: negative)"),
@@ -148,10 +149,30 @@ def _nodes(layout: _Layout) -> go.Scatter:
         y=[p[1] for p in points],
         mode="markers+text",
         text=[plotly_text(n) for n in names],
-        textposition="middle right",
+        textposition="top center",
         marker={"color": "#ffffff", "size": 12, "line": {"color": "#333333", "width": 1}},
         hoverinfo="text",
         name="components",
+    )
+
+
+def _ports(layout: _Layout) -> go.Scatter:
+    """Every reader's input port, coloured by its kind (a head's q, k and v on its left)."""
+    names = []
+    for layer in range(layout.n_layers):
+        names += [f"L{layer}H{h}.q" for h in range(layout.n_heads)]
+        for kind in ("k", "v"):
+            names += [f"L{layer}H{h}.{kind}" for h in range(layout.n_heads // layout.group)]
+        names.append(f"MLP{layer}")
+    points = [layout.reader(n) for n in names]
+    return go.Scatter(
+        x=[p[0] for p in points],
+        y=[p[1] for p in points],
+        mode="markers",
+        marker={"color": [READER_COLOURS[_parse(n)[0]] for n in names], "size": 5},
+        hovertext=[plotly_text(f"{n} (input)") for n in names],
+        hoverinfo="text",
+        showlegend=False,
     )
 
 
