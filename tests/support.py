@@ -414,6 +414,8 @@ def check_cli_attention(case: Case) -> None:
 
 # the intervention checks use the helpers above: imported only once those exist
 from tests.support_discovery import (  # noqa: E402
+    check_cli_discover,
+    check_edge_scores_acdc,
     check_edge_scores_eap,
     check_edge_scores_eap_ig,
     check_edge_scores_exact,
@@ -450,8 +452,9 @@ ANALYSES: dict[str, Callable[[Case], None]] = {
     "edge_scores (exact)": check_edge_scores_exact,
     "edge_scores (eap)": check_edge_scores_eap,
     "edge_scores (eap-ig)": check_edge_scores_eap_ig,
-    # the columns of `edge_scores (acdc)` and `interp discover` go here when those exist
+    "edge_scores (acdc)": check_edge_scores_acdc,
     "evaluate_circuit": check_evaluate_circuit,
+    "interp discover": check_cli_discover,
 }
 
 
@@ -498,7 +501,9 @@ def render_table(results: dict[str, dict[str, Outcome]]) -> str:
         "rows of different lengths, patched at once, equal to each row as a single pair; ablated",
         "logits equal to transformers' with the head's slice of its output projection zeroed",
         "or mean-set; edge scores equal to path patching's direct effects and to autograd",
-        "through plain hooks; a circuit's runs equal to transformers' and to plain hooks:",
+        "through plain hooks; a circuit's runs equal to transformers' and to plain hooks;",
+        "ACDC's kept circuit as faithful as 1 - its removed edges' scores; interp discover's",
+        "files equal to the library's scores and evaluation on the same model:",
         "tests/support_discovery.py). **refused** means it stopped with the one-line reason",
         "listed below; **n/a**: the check cannot be posed (a command loads a checkpoint afresh).",
         "**FAILS**: a known bug: it crashed or its identity did not hold (the error is listed",

@@ -1,6 +1,7 @@
-"""The circuit-discovery checks of tests/support.py: ``edge_scores`` by each method and
-``evaluate_circuit``, each against plain transformers or plain TransformerLens hooks on the
-same model (nothing of interp's edge delivery: ``interp.discovery.inputs`` is not used here).
+"""The circuit-discovery checks of tests/support.py: ``edge_scores`` by each method,
+``evaluate_circuit`` and ``interp discover``, each against plain transformers, plain
+TransformerLens hooks or the library on the same model (nothing of interp's edge delivery:
+``interp.discovery.inputs`` is not used here).
 
 - ``exact``: the dataset's clean and corrupted metrics equal transformers'; an edge into
   ``logits`` equals the writer's direct effect by path patching (receivers ``logits``, MLPs
@@ -14,6 +15,12 @@ same model (nothing of interp's edge delivery: ``interp.discovery.inputs`` is no
   empty circuit's run is transformers' corrupted run and the model's its clean run, row by
   row; removing every edge into layer 0 is the clean run with layer 0's heads (``hook_z``) and
   MLP output patched from the corrupted run by plain hooks.
+- ``acdc``: the kept circuit's faithfulness, measured afresh by ``evaluate_circuit``, is 1 -
+  the sum of the removed edges' scores (they telescope), and every decision obeys the
+  threshold.
+- ``interp discover``: ``edges.csv`` equals ``edge_scores`` on the model loaded here,
+  ``circuit.json`` keeps the top edges by ``|score|`` and its faithfulness is
+  ``evaluate_circuit``'s.
 
 Imported by tests/support.py (after the helpers it uses here are defined); import that
 module, not this one.
@@ -176,3 +183,68 @@ def check_evaluate_circuit(case: Case) -> None:
         theirs = batch.metric()(case.model.run_with_hooks(batch.clean, fwd_hooks=hooks))
     gap = float((torch.tensor(ours) - theirs.double()).abs().max())
     _near(gap, 0.0, ATOL_PATH, "layer 0's inputs removed against patching layer 0 (max |diff|)")
+
+
+ACDC_THRESHOLD = 0.01  # of clean - corrupted: prunes some edges of the toys, keeps others
+
+
+def check_edge_scores_acdc(case: Case) -> None:
+    """ACDC's scores telescope: the kept circuit's faithfulness, measured afresh by
+    evaluate_circuit, is 1 - the sum of the removed edges' scores; each decision obeys the
+    threshold."""
+    from interp.discovery import edge_scores, evaluate_circuit
+
+    task = _task(case)
+    frame = edge_scores(case.model, task, "acdc", threshold=ACDC_THRESHOLD)
+    kept = frame["in_circuit"].astype(bool)
+    if kept.all() or not kept.any():
+        raise AssertionError(f"ACDC kept {int(kept.sum())} of {len(frame)} edges: trivial")
+    removed = frame.loc[~kept, "score"]
+    if not (removed.abs() <= ACDC_THRESHOLD).all():
+        raise AssertionError("ACDC removed an edge whose score is above the threshold")
+    if not (frame.loc[kept, "score"].abs() > ACDC_THRESHOLD).all():
+        raise AssertionError("ACDC kept an edge whose score is within the threshold")
+    result = evaluate_circuit(case.model, task, list(frame.loc[kept, "edge"]))
+    _near(
+        result.faithfulness,
+        1.0 - float(removed.sum()),
+        ATOL_PATCH * max(1.0, float(removed.abs().sum())),
+        "the kept circuit's faithfulness against 1 - the removed edges' scores",
+    )
+
+
+def check_cli_discover(case: Case) -> None:
+    """``interp discover`` on the checkpoint: edges.csv equals edge_scores in Python on the
+    model loaded here, circuit.json's edges are the top ones by |score| and its faithfulness
+    is evaluate_circuit's."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import pandas as pd
+
+    from interp.discovery import edge_scores, evaluate_circuit
+    from tests.support import _cli
+
+    task = _task(case)
+    top_n = 8
+    with tempfile.TemporaryDirectory() as folder:
+        path, out = Path(folder) / "task.jsonl", Path(folder) / "out"
+        path.write_text("".join(json.dumps(r) + "\n" for r in task.to_records()))
+        _cli(
+            case,
+            ["discover", "--model", str(case.directory), "--task", str(path), "--method", "eap"]
+            + ["--top-n", str(top_n), "--out", str(out)],
+        )
+        edges = pd.read_csv(out / "edges.csv")
+        circuit = json.loads((out / "circuit.json").read_text())
+    ours = edge_scores(case.model, task, "eap")
+    if list(edges["edge"]) != list(ours["edge"]):
+        raise AssertionError("edges.csv lists other edges than edge_scores")
+    gap = float((edges["score"] - ours["score"]).abs().max())
+    _near(gap, 0.0, ATOL_PATCH, "edges.csv's scores against edge_scores (max |diff|)")
+    size = ours["score"].abs()
+    if sorted(circuit["edges"]) != sorted(ours.loc[size.nlargest(top_n).index, "edge"]):
+        raise AssertionError("circuit.json's edges are not the top edges by |score|")
+    result = evaluate_circuit(case.model, task, circuit["edges"])
+    _near(circuit["faithfulness"], result.faithfulness, ATOL_PATCH, "circuit.json's faithfulness")

@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         graph = Graph.from_model(model)
     except ValueError as exc:  # post-norms (Gemma 2): refused before any work
-        raise UsageError(f"--model {args.model}: {exc}") from None
+        raise UsageError(str(exc)) from None
     check_at_most("--top-n", args.top_n, len(graph), f"the graph has {len(graph)} edges")
     if task is None:
         task = _task(args, model)
