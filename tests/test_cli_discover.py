@@ -248,3 +248,37 @@ def test_the_command_lines_lists_are_the_librarys():
 
     assert command.METHODS == METHODS and command.ABLATIONS == ABLATIONS
     assert command.TASK_METRICS == METRICS
+
+
+def test_the_graph_tells_q_k_v_apart_and_widens_with_the_score():
+    """Grouped-query attention (4 query heads share 2 key/value heads): every circuit edge has
+    its own hover point with its score, ends at its reader's port (q, k and v at different
+    places, coloured by kind), and is wider the larger its |score|."""
+    from interp.discovery import Graph
+    from interp.discovery.plots import READER_COLOURS, circuit_graph
+
+    graph = Graph(n_layers=2, n_heads=4, n_kv_heads=2)
+    names = list(graph.edge_names)
+    kept = ["L0H1->L1H3.q", "L0H1->L1H1.k", "L0H1->L1H1.v", "L1H2->logits", "embed->MLP0"]
+    scores = [0.9, -0.6, 0.3, 0.05, 0.01]
+    frame = pd.DataFrame(
+        {
+            "edge": names,
+            "source": [e.split("->")[0] for e in names],
+            "target": [e.split("->")[1] for e in names],
+            "score": [scores[kept.index(e)] if e in kept else 0.0 for e in names],
+            "in_circuit": [e in kept for e in names],
+        }
+    )
+    figure = circuit_graph(frame)
+    lines = [t for t in figure.data if t.mode == "lines"]
+    assert len(lines) == len(kept)
+    widths = [t.line.width for t in lines]  # drawn largest |score| first
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
+    assert [t.line.dash for t in lines[:2]] == ["solid", "dot"]  # -0.6 is dotted
+    ends = {(t.x[1], t.y[1]) for t in lines[:3]}
+    assert len(ends) == 3  # q, k and v of the same layer end at different ports
+    assert [t.line.color for t in lines[:3]] == [READER_COLOURS[k] for k in ("q", "k", "v")]
+    hover = [h for t in figure.data if t.mode == "markers" and t.hovertext for h in t.hovertext]
+    for edge, score in zip(kept, scores, strict=True):
+        assert f"{edge.replace('>', '&gt;')}<br>score {score:.4g}" in hover

@@ -2,8 +2,9 @@
 
 :func:`circuit_graph` draws an edge frame (``edge, source, target, score, in_circuit``) with
 the layers in order from left to right: ``embed``, then each layer's heads (one row per head)
-and its MLP, then ``logits``. A head has three input ports on its left, its query (``q``), key
-(``k``) and value (``v``) inputs, and an edge ends at the port it feeds, coloured by the
+and its MLP, then ``logits``. Left of each head is its query (``q``) input port, and further
+left the key (``k``) and value (``v``) ports of its key/value head (shared by a group of query
+heads under grouped-query attention); an edge ends at the port it feeds, coloured by the
 reader's kind; an edge's width grows with ``|score|`` and a negative score is dotted. Hovering
 over the middle of an edge shows its name and score.
 """
@@ -30,7 +31,7 @@ READER_COLOURS = {
 }
 READER_NAMES = {"q": "query input", "k": "key input", "v": "value input", "mlp": "MLP input"}
 MAX_DRAWN = 300  # edges drawn at most (the largest by |score|); the table lists every one
-_PORT = {"q": -0.25, "k": 0.0, "v": 0.25}  # a head's ports, below and above its centre
+_PORT = {"k": -0.15, "v": 0.15}  # key and value ports about the centre of their heads
 _NODE = re.compile(r"^(?:embed|logits|L(\d+)H(\d+)(?:\.([qkv]))?|MLP(\d+))$")
 
 
@@ -71,13 +72,15 @@ class _Layout:
             return 2.0 * layer + 2, self.middle
         if kind == "head":
             return 2.0 * layer + 1, float(head)
-        y = head if kind == "q" else head * self.group + (self.group - 1) / 2
-        return 2.0 * layer + 1 - 0.35, y + _PORT[kind]
+        if kind == "q":  # one port per query head, right of the key/value ports
+            return 2.0 * layer + 1 - 0.3, float(head)
+        centre = head * self.group + (self.group - 1) / 2  # the heads sharing this k/v head
+        return 2.0 * layer + 1 - 0.6, centre + _PORT[kind]
 
     def reader(self, name: str) -> tuple[float, float]:
         kind, layer, _ = _parse(name)
         if kind == "mlp":
-            return 2.0 * layer + 2 - 0.35, self.middle
+            return 2.0 * layer + 2 - 0.3, self.middle
         return self.node(name)
 
 
