@@ -149,6 +149,16 @@ def test_three_shards_merge_into_the_whole_run(exact, task_file, tmp_path, capsy
     assert one["edges"] == three["edges"] and one["evaluated"] and not three["evaluated"]
     assert three["faithfulness"] is None and three["task"]["shards"] == 3
     assert "Not evaluated" in (merged / "report.html").read_text(encoding="utf-8")
+    # --evaluate loads the shards' model and task: then the files are the whole run's
+    evaluated = tmp_path / "evaluated"
+    assert main(["merge", *map(str, folders), "--evaluate", "--out", str(evaluated)]) == 0
+    assert sorted(p.name for p in evaluated.iterdir()) == FILES
+    four = read_json(evaluated, "circuit.json")
+    assert four["edges"] == one["edges"] and four["evaluated"]
+    for key in ("faithfulness", "cpr", "cmd"):
+        assert four[key] == pytest.approx(one[key], abs=1e-6), key
+    curves = [pd.read_csv(d / "curve.csv") for d in (exact, evaluated)]
+    assert np.allclose(curves[0]["faithfulness"], curves[1]["faithfulness"], atol=1e-6, rtol=0)
     # a shard missing, or shards of other settings, are refused and nothing is written
     assert main(["merge", *map(str, folders[:2]), "--out", str(tmp_path / "never")]) == 2
     assert "shard(s) 2 missing" in capsys.readouterr().err
@@ -158,6 +168,25 @@ def test_three_shards_merge_into_the_whole_run(exact, task_file, tmp_path, capsy
     assert main(["merge", *map(str, folders[:2]), str(other), "--out", str(tmp_path / "n")]) == 2
     assert "other --top-n" in capsys.readouterr().err
     assert not (tmp_path / "never").exists() and not (tmp_path / "n").exists()
+
+
+def test_evaluate_refuses_a_changed_task_file_before_loading(
+    tmp_path, capsys, monkeypatch, bundled_model
+):
+    path = tmp_path / "t.jsonl"
+    induction(bundled_model, 4, seed=0, seq_len=5).to_jsonl(path)
+    shard = tmp_path / "s0"
+    argv = ["discover", "--task", str(path), "--method", "eap", "--top-n", "3"]
+    assert main([*argv, "--shard", "0/1", "--out", str(shard)]) == 0
+    induction(bundled_model, 4, seed=1, seq_len=5).to_jsonl(path)  # other rows, same path
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the task was checked")
+
+    monkeypatch.setattr(interp.loading, "load_model", refuse)
+    code = main(["merge", str(shard), "--evaluate", "--out", str(tmp_path / "never")])
+    assert code == 2 and "is not the one the shards scored" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
 
 
 def test_the_report_keeps_hostile_task_text_as_text(tmp_path, bundled_model):

@@ -8,8 +8,9 @@ takes ``--threshold`` only. The task file is read (its structure checked row by 
 model loads and checked against the tokenizer right after, before any forward pass; every
 option is checked before loading; a refusal exits 2 and writes nothing. ``--shard I/N``
 (scored methods) scores rows ``I, I+N, ...`` into ``partial.json``; ``interp merge`` combines
-the shards (:mod:`interp.discovery.shards`), without the model, so the merged folder has the
-scores and the circuit but no faithfulness (docs/discovery.md, "From the command line").
+the shards (:mod:`interp.discovery.shards`) without the model, so the merged folder has the
+scores and the circuit but no faithfulness unless ``interp merge --evaluate`` loads the model
+(:mod:`interp.cli.discover_results`; docs/discovery.md, "From the command line").
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import math
 import sys
 from pathlib import Path
 
+from interp.cli.discover_results import GENERATED, generated_task
 from interp.cli.options import MAX_SEED, add_model_option, device, int_between, memory_size
-from interp.cli.output import UsageError, check_out_dir, staged_output, terminal_table
+from interp.cli.output import UsageError, check_out_dir, staged_output
 from interp.cli.patch_task import TASK_METRICS, read_task, shard
 from interp.cli.sources import load_model
 
@@ -32,18 +34,9 @@ HELP = (
 METHODS = ("exact", "eap", "eap-ig", "acdc")  # interp.discovery.METHODS, torch-free (tested)
 SCORED = METHODS[:3]
 ABLATIONS = ("patch", "mean", "zero")  # interp.discovery.ABLATIONS, torch-free (tested)
-GENERATED = ("induction", "ioi")  # --task names built with interp.tasks' generators
 FILES = ["edges.csv", "circuit.json", "curve.csv", "summary.json", "report.html", "partial.json"]
-EDGE_COLUMNS = ["edge", "source", "target", "score", "in_circuit"]
-CURVE_COLUMNS = ["fraction", "n_edges", "faithfulness"]
 MAX_ROWS = 100_000  # as interp task
 EXAMPLES = 5  # task rows shown in the report
-TERMINAL_N = 10
-NOT_EVALUATED = (
-    "Not evaluated: the shards were merged without the model, so there is no faithfulness or "
-    "curve here. Evaluate the circuit with interp.discovery.evaluate_circuit(model, task, "
-    "edges, scores=...) on circuit.json's edges and edges.csv (docs/discovery.md)."
-)
 
 
 def _threshold(text: str) -> float:
@@ -136,17 +129,6 @@ def _check(args: argparse.Namespace) -> None:
             )
 
 
-def _task(args: argparse.Namespace, model):
-    from interp.tasks import TaskError, induction, ioi
-
-    n, seed = args.n or 16, args.seed or 0
-    try:
-        make = induction if args.task == "induction" else ioi
-        return make(model, n, seed=seed)
-    except (TaskError, ValueError) as exc:
-        raise UsageError(f"--task {args.task}: {exc}") from None
-
-
 def _examples(model, task) -> list[dict]:
     def text(value) -> str:
         if isinstance(value, str):
@@ -191,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     check_at_most("--top-n", args.top_n, len(graph), f"the graph has {len(graph)} edges")
     if task is None:
-        task = _task(args, model)
+        task = generated_task(args.task, model, n_rows, args.seed or 0)
     try:  # every row against the tokenizer and the context, before any forward pass
         task.tokens(model)
     except TaskError as exc:
@@ -206,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     ig_steps = args.ig_steps or 5
     if args.shard is not None:
         return _write_shard(args, out, model, task, source, settings, ig_steps, say)
+    from interp.cli.discover_results import write_results
     from interp.discovery import discover_circuit, evaluate_circuit
     from interp.interventions.shards import task_fingerprint
 
@@ -249,67 +232,3 @@ def _write_shard(args, out, model, task, source, settings, ig_steps, say) -> int
     for path in stage.written:
         print(f"wrote {path}")
     return 0
-
-
-def _float(value) -> float | None:
-    return None if value is None or not math.isfinite(float(value)) else float(value)
-
-
-def write_results(out: Path, info: dict, method: str, params: dict, frame, result, ablation):
-    """edges.csv, circuit.json, summary.json, report.html, and curve.csv when ``result`` (a
-    CircuitEvaluation) is given; a merged run has none (no model to evaluate with)."""
-    from interp.discovery.report import discovery_report
-
-    attrs = frame.attrs
-    edges = list(frame.loc[frame["in_circuit"].astype(bool), "edge"])
-    curve = None if result is None or result.curve is None else result.curve[CURVE_COLUMNS]
-    evaluated = {
-        "evaluated": result is not None,
-        "ablation": ablation,
-        "faithfulness": None if result is None else _float(result.faithfulness),
-        "cpr": None if result is None else _float(result.cpr),
-        "cmd": None if result is None else _float(result.cmd),
-    }
-    if result is None:
-        evaluated["not_evaluated"] = NOT_EVALUATED
-    circuit = {
-        "model": info["model"],
-        "method": method,
-        "parameters": params,
-        "edges": edges,
-        "n_edges": len(edges),
-        "n_total": len(frame),
-        **evaluated,
-        "task": info["task"],
-    }
-    summary = {
-        **{k: v for k, v in circuit.items() if k != "edges"},
-        "clean_metric": float(attrs["clean_metric"]),
-        "corrupted_metric": float(attrs["corrupted_metric"]),
-        "recovered_undefined": bool(attrs["recovered_undefined"]),
-        "examples": info["examples"],
-    }
-    page = discovery_report(summary, frame[EDGE_COLUMNS], curve).to_html()
-    with staged_output(out, owns=FILES) as stage:
-        stage.write_text("edges.csv", frame[EDGE_COLUMNS].to_csv(index=False))
-        stage.write_text("circuit.json", json.dumps(circuit, indent=2) + "\n")
-        if curve is not None:
-            stage.write_text("curve.csv", curve.to_csv(index=False))
-        stage.write_text("summary.json", json.dumps(summary, indent=2) + "\n")
-        stage.write_text("report.html", page)
-    faith = evaluated["faithfulness"]
-    print(
-        f"{method}: {len(edges)} of {len(frame)} edges; faithfulness "
-        + ("not evaluated (merged shards)" if result is None else f"{_number(faith)}")
-        + ("" if evaluated["cpr"] is None else f", CPR {evaluated['cpr']:.3f}")
-        + ("" if evaluated["cmd"] is None else f", CMD {evaluated['cmd']:.3f}")
-    )
-    top = frame.assign(size=frame["score"].abs()).sort_values("size", ascending=False)
-    print(terminal_table(top[EDGE_COLUMNS].head(TERMINAL_N).reset_index(drop=True)))
-    for path in stage.written:
-        print(f"wrote {path}")
-    return 0
-
-
-def _number(value: float | None) -> str:
-    return "undefined" if value is None else f"{value:.3f}"

@@ -1,5 +1,6 @@
 """``interp merge``: the shards of ``interp patch --task ... --shard I/N`` (or of ``interp
-attribute --task ... --shard I/N``) into the whole run.
+attribute --task ... --shard I/N``, or of ``interp discover ... --shard I/N``) into the whole
+run.
 
     interp patch --task t.jsonl --shard 0/3 --out s0   # on three machines, any order
     interp patch --task t.jsonl --shard 1/3 --out s1
@@ -7,7 +8,9 @@ attribute --task ... --shard I/N``) into the whole run.
     interp merge s0 s1 s2 --out merged                 # patching.csv, summary.json, report.html
 
 The merge needs no model: each shard's ``partial.json`` holds per-site sums and squares of the
-rows' patched metric and each row's clean and corrupted metric. It refuses shards of different
+rows' patched metric and each row's clean and corrupted metric. (The shards of ``interp
+discover`` hold sums of edge scores; ``--evaluate`` loads their model to measure the merged
+circuit: :mod:`interp.cli.discover_results`.) It refuses shards of different
 tasks or settings, a shard given twice or missing (exit 2, nothing written), and writes the
 files of the whole run (:mod:`interp.interventions.shards`).
 """
@@ -19,6 +22,7 @@ import json
 from pathlib import Path
 
 from interp.cli import attribute_task
+from interp.cli.options import device
 from interp.cli.output import UsageError, check_out_dir
 
 HELP = (
@@ -32,6 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "shards", nargs="+", type=Path, metavar="DIR", help="the --out folder of every shard"
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="shards of interp discover: load the model and the task they name and measure the "
+        "merged circuit's faithfulness and curve",
+    )
+    parser.add_argument(
+        "--device", type=device, default="cpu", help="with --evaluate: torch device (default cpu)"
+    )
 
 
 def _read(folder: Path) -> dict:
@@ -50,10 +63,14 @@ def _read(folder: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     parts = [_read(folder) for folder in args.shards]
+    if str(parts[0].get("format", "")).startswith("interp-discover-partial/"):
+        from interp.cli.discover_results import merge_discovery
+
+        return merge_discovery(out, args.shards, parts, args)
+    if args.evaluate or args.device != "cpu":
+        raise UsageError("--evaluate and --device are for the shards of interp discover")
     if attribute_task.is_attribution_partial(parts[0]):
         return _merge_attribution(out, args.shards, parts)
-    if str(parts[0].get("format", "")).startswith("interp-discover-partial/"):
-        return _merge_discovery(out, args.shards, parts)
     from interp.cli.patch_task import write_results
     from interp.interventions.shards import merge_partial_sums
 
@@ -73,44 +90,3 @@ def _merge_attribution(out: Path, folders: list[Path], parts: list[dict]) -> int
     except (ValueError, KeyError) as exc:
         raise UsageError(f"cannot merge {', '.join(map(str, folders))}: {exc}") from None
     return attribute_task.write_results(out, parts, frame)
-
-
-def _merge_discovery(out: Path, folders: list[Path], parts: list[dict]) -> int:
-    """The shards of ``interp discover ... --shard I/N``: the whole task's edge scores and
-    circuit (edges.csv, circuit.json, summary.json, report.html); no faithfulness, which needs
-    the model (docs/discovery.md)."""
-    from interp.cli.discover import write_results
-    from interp.discovery.circuit import circuit_from_scores
-    from interp.discovery.shards import merge_discovery_sums
-
-    names = ", ".join(map(str, folders))
-    try:
-        frame = merge_discovery_sums(parts)
-        cuts = [p["circuit"] for p in parts]
-        if any(c != cuts[0] for c in cuts):
-            raise ValueError("the shards were run with other --top-n, --threshold or --ablation")
-        cut = cuts[0]
-        settings = parts[0]["settings"]
-        params = {"metric": settings["metric"]}
-        if settings["ig_steps"] is not None:
-            params["ig_steps"] = settings["ig_steps"]
-        circuit = circuit_from_scores(
-            frame, settings["method"], top_n=cut["top_n"], threshold=cut["threshold"], params=params
-        )
-    except (ValueError, KeyError) as exc:
-        raise UsageError(f"cannot merge {names}: {exc}") from None
-    first = next(p for p in parts if p["shard"] == 0)
-    info = {
-        "model": first["source"]["model"],
-        "task": {
-            "source": first["source"]["task"],
-            "n_rows": settings["n_rows"],
-            "fingerprint": settings["task"],
-            "shards": settings["shards"],
-            "generated": first["source"]["generated"],
-        },
-        "examples": first["source"]["examples"],
-    }
-    scores = circuit.scores
-    scores.attrs = frame.attrs
-    return write_results(out, info, circuit.method, circuit.params, scores, None, cut["ablation"])
