@@ -36,6 +36,10 @@ FOLDER_COMMANDS = {  # command -> (fast arguments, the files it owns)
         ],
         ["patching.csv", "report.html", "summary.json"],
     ),
+    "discover": (
+        ["--task", "induction", "--n", "2", "--method", "eap", "--top-n", "3"],
+        ["circuit.json", "curve.csv", "edges.csv", "report.html", "summary.json"],
+    ),
 }
 ATTENTION_ARGS = ["--prompt", "a b c a b"]
 

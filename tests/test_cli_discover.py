@@ -208,6 +208,23 @@ def test_the_report_keeps_hostile_task_text_as_text(tmp_path, bundled_model):
     assert executable(parser) == [plotly_js(partial=True), _BOOTSTRAP]
 
 
+def test_the_pages_render_offline_in_a_browser(eap_ig, tmp_path, browser, bundled_model):
+    """The whole run's page and the hostile one draw every figure, make no request, raise no
+    error (CSP included) and run nothing from the task's text."""
+    from tests.test_browser import assert_clean, open_page
+
+    rows = [{"clean": f"{HOSTILE[0]} a b a", "corrupted": f"{HOSTILE[0]} c d c", "answer": " b"}]
+    path = tmp_path / "hostile.jsonl"
+    Task.from_records(rows).to_jsonl(path)
+    argv = ["discover", "--task", str(path), "--method", "eap", "--top-n", "4"]
+    assert main([*argv, "--out", str(tmp_path / "hostile")]) == 0
+    for name, page in (("discover", eap_ig), ("discover-hostile", tmp_path / "hostile")):
+        result = open_page(browser, page / "report.html", name)
+        assert_clean(result)
+        assert "L1H0" in result.values["svg_text"]  # the graph's node labels are drawn
+    assert rows[0]["clean"] in result.values["cells"]
+
+
 REFUSED = [
     (["--method", "acdc", "--top-n", "3"], "pass --threshold T (and no --top-n)"),
     (["--method", "acdc", "--threshold", "0.1", "--shard", "0/2"], "acdc has no shards"),
