@@ -328,3 +328,12 @@ def test_the_graph_tells_q_k_v_apart_and_widens_with_the_score():
     hover = [h for t in figure.data if t.mode == "markers" and t.hovertext for h in t.hovertext]
     for edge, score in zip(kept, scores, strict=True):
         assert f"{edge.replace('>', '&gt;')}<br>score {score:.4g}" in hover
+
+
+def test_a_generator_that_cannot_run_is_refused_in_one_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["discover", "--task", "ioi", "--method", "eap", "--top-n", "3", "--out", str(out)]
+    assert main(argv) == 2  # the bundled tokenizer keeps no first name whole
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "--task ioi: ioi needs" in err[0]
+    assert "interp task ioi --names" in err[0] and not out.exists()

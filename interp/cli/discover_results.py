@@ -46,7 +46,12 @@ def generated_task(name: str, model, n: int, seed: int):
     try:
         return (induction if name == "induction" else ioi)(model, n, seed=seed)
     except (TaskError, ValueError) as exc:
-        raise UsageError(f"--task {name}: {exc}") from None
+        text = str(exc)
+        if " Pass names=" in text:  # discover has no --names; interp task has
+            text = text.split(" Pass names=")[0] + (
+                " Write a task file with interp task ioi --names ... and pass it as --task."
+            )
+        raise UsageError(f"--task {name}: {text}") from None
 
 
 def _float(value) -> float | None:
@@ -110,7 +115,9 @@ def write_results(out: Path, info: dict, method: str, params: dict, frame, resul
 
 
 def _number(value: float | None) -> str:
-    return "undefined" if value is None else f"{value:.3f}"
+    if value is None:
+        return "undefined"
+    return f"{0.0 if round(value, 3) == 0 else value:.3f}"  # never -0.000
 
 
 def _task_of(first: dict, settings: dict, model):
