@@ -337,3 +337,23 @@ def test_a_generator_that_cannot_run_is_refused_in_one_line(tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and "--task ioi: ioi needs" in err[0]
     assert "interp task ioi --names" in err[0] and not out.exists()
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_shard_sums_merge_into_edge_scores(method, task, bundled_model):
+    from interp.discovery.shards import discovery_partial_sums, merge_discovery_sums
+
+    whole = edge_scores(bundled_model, task, method, ig_steps=3)
+    parts = [
+        discovery_partial_sums(bundled_model, task, method, shard=(i, 2), ig_steps=3)
+        for i in (1, 0)
+    ]
+    merged = merge_discovery_sums(parts)
+    pd.testing.assert_frame_equal(
+        merged[["edge", "source", "target"]], whole[["edge", "source", "target"]]
+    )
+    assert np.allclose(merged["score"], whole["score"], atol=1e-6, rtol=0)
+    for key in ("clean_metric", "corrupted_metric"):
+        assert merged.attrs[key] == pytest.approx(whole.attrs[key], abs=1e-9)
+    with pytest.raises(ValueError, match="has no shards"):
+        discovery_partial_sums(bundled_model, task, "acdc")
