@@ -26,15 +26,14 @@ import re
 
 import pandas as pd
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
-from interp.discovery.gradients import _rows_at_once, reader_gradients
-from interp.discovery.graph import Graph, Reader, edge_name
-from interp.discovery.runs import METRICS, _undefined, rows_metric
+from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
+from interp.discovery.graph import Graph, edge_name
+from interp.discovery.runs import METRICS, _undefined
 from interp.engine import check_eval, run_cached
 from interp.engine.estimates import _itemsize
-from interp.tasks import Task, TaskMetric, TaskTokens
+from interp.tasks import Task, TaskTokens
 
 __all__ = ["FEATURE_METHODS", "feature_edge_scores", "feature_name", "error_name", "sae_layer"]
 
@@ -71,76 +70,24 @@ def sae_layer(model, sae) -> int:
     return layer
 
 
-def _decomposed(model, sae, tokens: Tensor, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _decomposed(model, sae, tokens: Tensor, graph: Graph, layer: int, upstream: bool):
     """One run: the input embeddings, the features and the error at the SAE's hook, the
-    logits."""
-    names = list(dict.fromkeys(["blocks.0.hook_resid_pre", sae.hook_name]))
-    run = run_cached(model, tokens, hooks=names)
-    x = run[sae.hook_name]
+    writers before ``layer`` stacked in graph order (``upstream``, else None), the logits."""
+    mlps = [f"blocks.{lay}.hook_mlp_out" for lay in range(layer)] if upstream and graph.mlps else []
+    names = list(dict.fromkeys(["blocks.0.hook_resid_pre", sae.hook_name, *mlps]))
+    run = run_cached(model, tokens, hooks=names, head_outputs=upstream and layer > 0)
+    x, embed = run[sae.hook_name], run["blocks.0.hook_resid_pre"]
     with torch.no_grad():
         features = sae.encode(x.to(sae.W_enc.dtype))
         error = x - sae.decode(features).to(x.dtype)
-    return run["blocks.0.hook_resid_pre"], features, error, run.logits
-
-
-def _feature_table(
-    model,
-    batch: TaskTokens,
-    metric: TaskMetric,
-    graph: Graph,
-    layer: int,
-    deltas: tuple[Tensor, Tensor, Tensor],
-    W_dec: Float[Tensor, "active d_model"],
-    *,
-    steps: int,
-    max_rows: int | None,
-    max_bytes: int | str | None,
-    held: int,
-) -> tuple[Float[Tensor, "reader active"], Float[Tensor, " reader"], list[Reader]]:
-    """Summed over rows and positions, divided by rows x steps: each active feature's and the
-    error's change dotted with each reader's gradient (readers at ``layer`` or later)."""
-    embed, features, error = deltas  # [rows pos d_model], [rows pos active], [rows pos d_model]
-    readers = [r for r in graph.readers if r.layer is None or r.layer >= layer]
-    index = {r: i for i, r in enumerate(readers)}
-    by_layer: dict = {}
-    for r in readers:
-        by_layer.setdefault(r.layer, []).append(index[r])
-    feature_table = torch.zeros(len(readers), W_dec.shape[0], dtype=torch.float64)
-    error_table = torch.zeros(len(readers), dtype=torch.float64)
-    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
-    n_steps = max(1, steps)
-    total = n_rows * n_steps
-    chunk = _rows_at_once(model, graph, total, n_pos, max_rows, max_bytes, held)
-    tokens = batch.corrupted.to(model.cfg.device)
-    for lo in range(0, total, chunk):
-        hi = min(lo + chunk, total)
-        task_rows = torch.arange(lo, hi) // n_steps
-        first, last = int(task_rows[0]), int(task_rows[-1]) + 1
-        shift = None
-        if steps:
-            alphas = (torch.arange(lo, hi) % n_steps).to(embed) / n_steps
-            shift = embed[task_rows.to(embed.device)] * alphas.view(-1, 1, 1)
-        gradients = reader_gradients(
-            model, tokens[task_rows.to(tokens.device)], rows_metric(metric, task_rows), graph,
-            embed_shift=shift,
-        )  # fmt: skip
-        local = (task_rows - first).to(embed.device)
-        f_part = features[first:last].flatten(0, 1)  # [rows*pos active]
-        e_part = error[first:last].flatten(0, 1)  # [rows*pos d_model]
-        for lay, grad in gradients:
-            if lay is not None and lay < layer:
-                continue
-            if n_steps > 1:  # sum each row's steps
-                grad = torch.zeros(
-                    (grad.shape[0], last - first, *grad.shape[2:]), dtype=grad.dtype,
-                    device=grad.device,
-                ).index_add_(1, local, grad)  # fmt: skip
-            ids = by_layer[lay]  # all of this layer's readers, in the order of grad's
-            flat = grad.flatten(1, 2)  # [reader rows*pos d_model]
-            projected = flat @ W_dec.T  # [reader rows*pos active]
-            feature_table[ids] += torch.einsum("rna,na->ra", projected, f_part).double().cpu()
-            error_table[ids] += torch.einsum("rnd,nd->r", flat, e_part).double().cpu()
-    return feature_table / total, error_table / total, readers
+    writers = None
+    if upstream:  # embed, then each layer's heads and MLP: graph.writers' order
+        blocks = [embed.unsqueeze(0)]
+        for lay in range(layer):
+            blocks.append(run[f"blocks.{lay}.attn.hook_result"].permute(2, 0, 1, 3))
+            blocks += [run[f"blocks.{lay}.hook_mlp_out"].unsqueeze(0)] if graph.mlps else []
+        writers = torch.cat(blocks)
+    return embed, features, error, writers, run.logits
 
 
 def feature_edge_scores(
@@ -154,8 +101,10 @@ def feature_edge_scores(
     top_features: int | None = None,
     max_rows: int | None = None,
     max_bytes: int | str | None = None,
+    upstream: bool = False,
 ) -> pd.DataFrame:
-    """Score the edges from an SAE's features and its error to every reader after it.
+    """Score the edges from an SAE's features and its error to every reader after it, and
+    (``upstream``) from every writer before it to them.
 
     Args:
         sae: an :class:`interp.saes.sae.SAE` at ``blocks.L.hook_resid_pre`` (other hooks are
@@ -164,15 +113,20 @@ def feature_edge_scores(
             :func:`interp.discovery.scores.edge_scores`.
         metric: a :meth:`interp.tasks.TaskTokens.metric` kind.
         top_features: keep the edges of the ``top_features`` features with the largest
-            ``sum |score|`` over their readers (default every feature); error edges are kept.
+            ``sum |score|`` over their edges (default every feature); error edges are kept.
         max_rows / max_bytes: task rows x steps per backward pass, or a budget they are
             planned from; the scores do not depend on them.
+        upstream: also score ``W -> SAE{L}.F{j}`` and ``W -> SAE{L}.error`` for each graph
+            writer ``W`` before layer ``L`` (:mod:`interp.discovery.feature_gradients`).
 
-    Returns ``edge, source, target, score``, one row per (feature or error, reader): readers
-    in graph order, each reader's features in index order then ``SAE{L}.error``. A feature
-    that is equal in the clean and corrupted runs at every row and position scores exactly
-    0. ``attrs``: ``clean_metric``, ``corrupted_metric``, ``method``, ``n_rows``,
-    ``recovered_undefined``, ``sae_layer``, ``active_features`` (how many changed).
+    Returns ``edge, source, target, score``: one row per (feature or error, reader), readers
+    in graph order, each reader's features in index order then ``SAE{L}.error``; then, with
+    ``upstream``, one row per (writer, feature or error), features in index order then the
+    error, each one's writers in graph order. A feature that is equal in the clean and
+    corrupted runs at every row and position scores exactly 0 into its readers; one that
+    fires at no gradient point scores exactly 0 from its writers. ``attrs``:
+    ``clean_metric``, ``corrupted_metric``, ``method``, ``n_rows``, ``recovered_undefined``,
+    ``sae_layer``, ``active_features`` (how many changed).
     """
     check_eval(model)
     if method not in FEATURE_METHODS:
@@ -192,38 +146,59 @@ def feature_edge_scores(
         sae = copy.deepcopy(sae).to(device)
     batch = task.tokens(model) if isinstance(task, Task) else task
     task_metric = batch.metric(metric)
-    embed_c, f_c, err_c, logits_c = _decomposed(model, sae, batch.clean.to(device), layer)
-    embed_k, f_k, err_k, logits_k = _decomposed(model, sae, batch.corrupted.to(device), layer)
+    runs = [
+        _decomposed(model, sae, tokens.to(device), graph, layer, upstream)
+        for tokens in (batch.clean, batch.corrupted)
+    ]
+    (embed_c, f_c, err_c, writers_c, logits_c), (embed_k, f_k, err_k, writers_k, logits_k) = runs
     c = float(task_metric(logits_c).double().mean())
     k = float(task_metric(logits_k).double().mean())
-    del logits_c, logits_k
+    del runs, logits_c, logits_k
     change = f_c - f_k  # [rows pos d_sae]
     active = torch.nonzero(change.flatten(0, 1).ne(0).any(0)).flatten()
-    W_dec = sae.W_dec.detach()[active].to(embed_c.dtype)
+    deltas = FeatureDeltas(
+        embed_c - embed_k,
+        change[..., active].to(embed_c.dtype),
+        active,
+        err_c - err_k,
+        None if writers_c is None else writers_c - writers_k,
+    )
+    del embed_c, f_c, err_c, writers_c, embed_k, f_k, err_k, writers_k, change
     n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
-    held = (2 * int(model.cfg.d_model) + len(active)) * n_rows * n_pos * _itemsize(model)
+    n_writers = 0 if deltas.writers is None else deltas.writers.shape[0]
+    width = (2 + n_writers) * int(model.cfg.d_model) + len(active)
+    held = width * n_rows * n_pos * _itemsize(model)
     with torch.enable_grad():
-        table, error_scores, readers = _feature_table(
-            model, batch, task_metric, graph, layer,
-            (embed_c - embed_k, change[..., active].to(embed_c.dtype), err_c - err_k), W_dec,
+        tables = feature_tables(
+            model, batch, task_metric, graph, sae, layer, deltas,
             steps=ig_steps if method == "eap-ig" else 0,
             max_rows=max_rows, max_bytes=max_bytes, held=held,
         )  # fmt: skip
-    full = torch.zeros(len(readers), sae.d_sae, dtype=torch.float64)
-    full[:, active.cpu()] = table
+    full = torch.zeros(len(tables.readers), sae.d_sae, dtype=torch.float64)
+    full[:, active.cpu()] = tables.features
+    weight = full.abs().sum(0)
+    if upstream:
+        weight = weight + tables.upstream.abs().sum(0)
     kept = torch.arange(sae.d_sae)
     if top_features is not None:
-        kept = full.abs().sum(0).argsort(descending=True, stable=True)[:top_features].sort()[0]
+        kept = weight.argsort(descending=True, stable=True)[:top_features].sort()[0]
     undefined = _undefined(c, k)
     scale = math.nan if undefined else 1.0 / (c - k)
-    sources = [feature_name(layer, int(j)) for j in kept] + [error_name(layer)]
-    values = torch.cat([full[:, kept], error_scores.unsqueeze(1)], dim=1) * scale
+    nodes = [feature_name(layer, int(j)) for j in kept] + [error_name(layer)]
+    targets = [str(r) for r in tables.readers]
+    values = torch.cat([full[:, kept], tables.error.unsqueeze(1)], dim=1)  # [reader node]
+    pairs = [(s, t) for t in targets for s in nodes]
+    if upstream:
+        before = list(graph.writers[:n_writers])
+        pairs += [(w, t) for t in nodes for w in before]
+        into = torch.cat([tables.upstream[:, kept], tables.upstream_error.unsqueeze(1)], dim=1)
+        values = torch.cat([values.flatten(), into.T.flatten()])
     frame = pd.DataFrame(
         {
-            "edge": [edge_name(s, str(r)) for r in readers for s in sources],
-            "source": sources * len(readers),
-            "target": [str(r) for r in readers for _ in sources],
-            "score": values.flatten().numpy(),
+            "edge": [edge_name(s, t) for s, t in pairs],
+            "source": [s for s, _ in pairs],
+            "target": [t for _, t in pairs],
+            "score": (values.flatten() * scale).numpy(),
         }
     )
     frame.attrs.update(
