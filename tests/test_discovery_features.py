@@ -168,17 +168,16 @@ def test_a_feature_unchanged_between_the_runs_scores_exactly_zero(zoo):
 def test_rows_per_pass_and_top_features_change_no_number(bundled):
     model, sae = bundled
     task = interp.tasks.induction(model, 5, seed=1)
-    whole = feature_edge_scores(model, task, sae, "eap-ig", ig_steps=2)
-    split = feature_edge_scores(model, task, sae, "eap-ig", ig_steps=2, max_rows=3)
+    kw = dict(ig_steps=2, upstream=True)
+    whole = feature_edge_scores(model, task, sae, "eap-ig", **kw)
+    split = feature_edge_scores(model, task, sae, "eap-ig", max_rows=3, **kw)
     assert (whole.edge == split.edge).all()
     assert (whole.score - split.score).abs().max() <= REL * whole.score.abs().max()
-    top = feature_edge_scores(model, task, sae, "eap-ig", ig_steps=2, top_features=5)
-    totals = (
-        whole[whole.source != "SAE1.error"]
-        .groupby("source")["score"]
-        .apply(lambda s: s.abs().sum())
-    )
-    kept = set(top.source) - {"SAE1.error"}
+    top = feature_edge_scores(model, task, sae, "eap-ig", top_features=5, **kw)
+    node = whole.source.where(whole.source.str.startswith("SAE"), whole.target)
+    totals = whole.score.abs().groupby(node).sum().drop("SAE1.error")
+    kept = set(top.source[top.source.str.startswith("SAE1.F")])
+    assert kept == set(top.target[top.target.str.startswith("SAE1.F")])
     assert kept == set(totals.nlargest(5).index)
     merged = top.merge(whole, on="edge")
     assert len(merged) == len(top) and (merged.score_x == merged.score_y).all()
