@@ -15,7 +15,9 @@ over rows, divided by ``C - K``: :func:`interp.discovery.scores.edge_scores`' ``
 ``eap-ig`` with the same gradients (:func:`interp.discovery.gradients.reader_gradients`).
 Since the changes sum to ``x``'s change, which is the sum of the changes of the graph's writers
 before layer ``L``, a reader's feature edges plus its error edge sum to its edges from those
-writers (tested).
+writers (tested). With ``upstream``, each of those writers also gets an edge into each feature
+(through the encoder's local gradient) and into the error; they sum to the writer's edges into
+every reader at layer ``L`` or later (:mod:`interp.discovery.feature_gradients`).
 """
 
 from __future__ import annotations
