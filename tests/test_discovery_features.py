@@ -94,10 +94,11 @@ def test_the_identity_holds_on_zoo_models(zoo, arch, layer):
     _check_identity(model, task, sae, "eap-ig", ig_steps=3)
 
 
-def _corrupted_leaf_gradients(model, batch, sae, at: str):
+def _corrupted_leaf_gradients(model, batch, sae, at: str, shift=None):
     """Autograd, independently of reader_gradients: the corrupted run with the SAE's stream
     written as ``decode(f) + error`` (``at="sae"``: f a leaf, every reader after it) or with
-    ``f @ W_dec`` added at ``ln_final``'s input by a zero leaf (``at="logits"``)."""
+    ``f @ W_dec`` added at ``ln_final``'s input by a zero leaf (``at="logits"``); ``shift``
+    is added to the input embeddings (an EAP-IG point)."""
     leaves = {}
 
     def spliced(x, hook):
@@ -112,9 +113,11 @@ def _corrupted_leaf_gradients(model, batch, sae, at: str):
         leaves.update(f=f, error=error)
         return x + f @ sae.W_dec.detach() + error
 
-    hook = (sae.hook_name, spliced) if at == "sae" else ("ln_final.hook_in", at_logits)
+    hooks = [(sae.hook_name, spliced) if at == "sae" else ("ln_final.hook_in", at_logits)]
+    if shift is not None:
+        hooks.insert(0, ("blocks.0.hook_resid_pre", lambda x, hook: x + shift))
     with torch.enable_grad():
-        logits = model.run_with_hooks(batch.corrupted, fwd_hooks=[hook])
+        logits = model.run_with_hooks(batch.corrupted, fwd_hooks=hooks)
         batch.metric()(logits).sum().backward()
     return leaves["f"].grad, leaves["error"].grad
 
@@ -146,6 +149,36 @@ def test_feature_scores_equal_autograd_through_a_spliced_sae(zoo, arch):
         assert abs(by_source["SAE1.error"] - expected_error) <= REL * max(
             scale, abs(expected_error)
         ), at
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox_parallel"])
+def test_eap_ig_feature_scores_equal_autograd_averaged_over_the_points(zoo, arch):
+    model = zoo.model(arch)
+    sae, steps = random_sae(int(model.cfg.d_model), 1, seed=10), 4
+    task = _task(model, seed=11)
+    batch = task.tokens(model)
+    ours = feature_edge_scores(model, task, sae, "eap-ig", ig_steps=steps)
+    c, k, n = ours.attrs["clean_metric"], ours.attrs["corrupted_metric"], len(batch)
+    names = ["blocks.0.hook_resid_pre", sae.hook_name]
+    (embed_c, x_c), (embed_k, x_k) = (
+        [model.run_with_cache(t, names_filter=names)[1][name] for name in names]
+        for t in (batch.clean, batch.corrupted)
+    )
+    delta_f = (sae.encode(x_c) - sae.encode(x_k)).detach()
+    grad_f = (
+        sum(
+            _corrupted_leaf_gradients(
+                model, batch, sae, "sae", shift=i / steps * (embed_c - embed_k)
+            )[0]
+            for i in range(steps)
+        )
+        / steps
+    )
+    expected = (grad_f * delta_f).sum((0, 1)).double() / n / (c - k)
+    by_source = ours.groupby("source", sort=False)["score"].sum()
+    got = torch.tensor([by_source[f"SAE1.F{j}"] for j in range(sae.d_sae)])
+    scale = float(expected.abs().max())
+    assert scale > 0 and float((got - expected).abs().max()) <= REL * scale
 
 
 def test_a_feature_unchanged_between_the_runs_scores_exactly_zero(zoo):
