@@ -32,6 +32,15 @@ from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = ["FeatureDeltas", "FeatureTables", "feature_tables"]
 
+_PRODUCT_ELEMENTS = 2**24  # a product [outer n features] is taken this many elements at a time
+
+
+def _slices(n_outer: int, per_outer: int) -> list[slice]:
+    """Slices of ``range(n_outer)`` whose products of ``per_outer`` elements each stay under
+    ``_PRODUCT_ELEMENTS`` (at least one at a time)."""
+    step = max(1, _PRODUCT_ELEMENTS // max(1, per_outer))
+    return [slice(i, min(i + step, n_outer)) for i in range(0, n_outer, step)]
+
 
 @dataclass(frozen=True)
 class FeatureDeltas:
@@ -70,9 +79,11 @@ def _upstream(
     cols = torch.nonzero(fired.any(0)).flatten()
     flat_g, flat_w = G.flatten(0, 1), dw.flatten(1, 2)  # [n d], [writer n d]
     at_feature = (flat_g @ sae.W_dec.detach()[cols].T.to(G)) * fired[:, cols]  # [n fired]
-    into = flat_w @ sae.W_enc.detach()[:, cols].to(G)  # [writer n fired]
+    W_enc = sae.W_enc.detach()[:, cols].to(G)
     table = torch.zeros(dw.shape[0], sae.d_sae, dtype=torch.float64)
-    table[:, cols.cpu()] = torch.einsum("wnc,nc->wc", into, at_feature).double().cpu()
+    for part in _slices(dw.shape[0], at_feature.numel()):
+        into = flat_w[part] @ W_enc  # [writer n fired]
+        table[part, cols.cpu()] = torch.einsum("wnc,nc->wc", into, at_feature).double().cpu()
     return table, torch.einsum("wnd,nd->w", flat_w, flat_g).double().cpu()
 
 
@@ -141,8 +152,10 @@ def feature_tables(
                 ).index_add_(1, local, grad)  # fmt: skip
             ids = by_layer[lay]  # all of this layer's readers, in the order of grad's
             flat = grad.flatten(1, 2)  # [reader rows*pos d_model]
-            projected = flat @ W_dec.T  # [reader rows*pos active]
-            feature_sums[ids] += torch.einsum("rna,na->ra", projected, f_part).double().cpu()
+            for part in _slices(len(ids), f_part.numel()):
+                projected = flat[part] @ W_dec.T  # [reader rows*pos active]
+                found = torch.einsum("rna,na->ra", projected, f_part)
+                feature_sums[ids[part]] += found.double().cpu()
             error_sums[ids] += torch.einsum("rnd,nd->r", flat, e_part).double().cpu()
         if upstream:
             dw = deltas.writers[:, first:last][:, local]  # [writer points pos d_model]
