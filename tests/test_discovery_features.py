@@ -233,3 +233,20 @@ def test_other_hooks_methods_and_post_norms_are_refused(zoo, bundled):
     gemma = zoo.model("gemma2")
     with pytest.raises(ValueError, match="Gemma 2 post-norms"):
         feature_edge_scores(gemma, _task(gemma), random_sae(int(gemma.cfg.d_model), 1))
+
+
+def test_an_sae_that_does_not_fit_and_bad_arguments_are_refused_in_one_line(bundled):
+    model, sae = bundled
+    task = interp.tasks.induction(model, 2, seed=0)
+    cases = [
+        (random_sae(32, 1), {}, "does not fit this model"),
+        (random_sae(64, 5), {}, "does not fit this model"),
+        (sae, {"method": "eap-ig", "ig_steps": 0}, "ig_steps"),
+        (sae, {"top_features": -1}, "top_features"),
+        (sae, {"max_rows": 2, "max_bytes": "1GB"}, "not both"),
+        (sae, {"metric": "accuracy"}, "metric must be one of"),
+    ]
+    for bad_sae, kw, match in cases:
+        with pytest.raises(ValueError, match=match) as info:
+            feature_edge_scores(model, task, bad_sae, **kw)
+        assert "\n" not in str(info.value)
