@@ -207,7 +207,14 @@ def test_rows_per_pass_and_top_features_change_no_number(bundled, monkeypatch):
     monkeypatch.setattr(feature_gradients, "_PRODUCT_ELEMENTS", 5000)  # products in pieces
     pieces = feature_edge_scores(model, task, sae, "eap-ig", **kw)
     monkeypatch.undo()
-    for other in (split, pieces):
+    others = [split, pieces]
+    for fraction in (0.0, 1.01):  # every product dense, every product entry by entry
+        monkeypatch.setattr(feature_gradients, "_SPARSE_BELOW", fraction)
+        others.append(feature_edge_scores(model, task, sae, "eap-ig", **kw))
+        monkeypatch.setattr(feature_gradients, "_PRODUCT_ELEMENTS", 5000)
+        others.append(feature_edge_scores(model, task, sae, "eap-ig", **kw))
+        monkeypatch.undo()
+    for other in others:
         assert (whole.edge == other.edge).all()
         assert (whole.score - other.score).abs().max() <= REL * whole.score.abs().max()
     top = feature_edge_scores(model, task, sae, "eap-ig", top_features=5, **kw)

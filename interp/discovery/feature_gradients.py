@@ -42,6 +42,30 @@ def _slices(n_outer: int, per_outer: int) -> list[slice]:
     return [slice(i, min(i + step, n_outer)) for i in range(0, n_outer, step)]
 
 
+_SPARSE_BELOW = 0.25  # S's fraction of nonzeros below which _weighted_dots goes entry by entry
+
+
+def _weighted_dots(
+    X: Float[Tensor, "outer n d"], V: Float[Tensor, "cols d"], S: Float[Tensor, "n cols"]
+) -> Float[Tensor, "outer cols"]:
+    """``out[o, c] = sum_n S[n, c] (V[c] . X[o, n])``, summed into float64 on the CPU: by
+    dense products, or over ``S``'s nonzero entries alone when it is sparse (an SAE's code
+    is: of ``d_sae`` features a few dozen fire at a position)."""
+    outer, _, d = X.shape
+    out = torch.zeros(outer, V.shape[0], dtype=torch.float64)
+    rows, cols = torch.nonzero(S, as_tuple=True)
+    if rows.numel() >= _SPARSE_BELOW * S.numel():
+        for part in _slices(outer, S.numel()):
+            out[part] = torch.einsum("onc,nc->oc", X[part] @ V.T, S).double().cpu()
+        return out
+    values = S[rows, cols]
+    for part in _slices(rows.numel(), outer * d):
+        r, c = rows[part], cols[part]
+        dots = torch.einsum("okd,kd->ok", X[:, r], V[c]) * values[part]  # [outer entries]
+        out.index_add_(1, c.cpu(), dots.double().cpu())
+    return out
+
+
 @dataclass(frozen=True)
 class FeatureDeltas:
     """Clean minus corrupted over the task: the input embeddings ``[rows pos d_model]``, the
@@ -79,11 +103,8 @@ def _upstream(
     cols = torch.nonzero(fired.any(0)).flatten()
     flat_g, flat_w = G.flatten(0, 1), dw.flatten(1, 2)  # [n d], [writer n d]
     at_feature = (flat_g @ sae.W_dec.detach()[cols].T.to(G)) * fired[:, cols]  # [n fired]
-    W_enc = sae.W_enc.detach()[:, cols].to(G)
     table = torch.zeros(dw.shape[0], sae.d_sae, dtype=torch.float64)
-    for part in _slices(dw.shape[0], at_feature.numel()):
-        into = flat_w[part] @ W_enc  # [writer n fired]
-        table[part, cols.cpu()] = torch.einsum("wnc,nc->wc", into, at_feature).double().cpu()
+    table[:, cols.cpu()] = _weighted_dots(flat_w, sae.W_enc.detach()[:, cols].T.to(G), at_feature)
     return table, torch.einsum("wnd,nd->w", flat_w, flat_g).double().cpu()
 
 
@@ -152,10 +173,7 @@ def feature_tables(
                 ).index_add_(1, local, grad)  # fmt: skip
             ids = by_layer[lay]  # all of this layer's readers, in the order of grad's
             flat = grad.flatten(1, 2)  # [reader rows*pos d_model]
-            for part in _slices(len(ids), f_part.numel()):
-                projected = flat[part] @ W_dec.T  # [reader rows*pos active]
-                found = torch.einsum("rna,na->ra", projected, f_part)
-                feature_sums[ids[part]] += found.double().cpu()
+            feature_sums[ids] += _weighted_dots(flat, W_dec, f_part)
             error_sums[ids] += torch.einsum("rnd,nd->r", flat, e_part).double().cpu()
         if upstream:
             dw = deltas.writers[:, first:last][:, local]  # [writer points pos d_model]
