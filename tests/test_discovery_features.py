@@ -207,7 +207,7 @@ def test_rows_per_pass_and_top_features_change_no_number(bundled, monkeypatch):
     monkeypatch.setattr(feature_gradients, "_PRODUCT_ELEMENTS", 5000)  # products in pieces
     pieces = feature_edge_scores(model, task, sae, "eap-ig", **kw)
     monkeypatch.undo()
-    others = [split, pieces]
+    others = [split, pieces, feature_edge_scores(model, task.tokens(model), sae, "eap-ig", **kw)]
     for fraction in (0.0, 1.01):  # every product dense, every product entry by entry
         monkeypatch.setattr(feature_gradients, "_SPARSE_BELOW", fraction)
         others.append(feature_edge_scores(model, task, sae, "eap-ig", **kw))
