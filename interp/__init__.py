@@ -43,6 +43,9 @@ _EXPORTS = {
     "discover_circuit": "interp.discovery",
     "evaluate_circuit": "interp.discovery",
     "Circuit": "interp.discovery",
+    "feature_edge_scores": "interp.discovery",
+    "train_sae": "interp.saes.train",
+    "SAE": "interp.saes.sae",
     "Task": "interp.tasks",
 }
 

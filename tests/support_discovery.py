@@ -5,7 +5,11 @@ TransformerLens hooks or the library on the same model (nothing of interp's edge
 
 - ``exact``: the dataset's clean and corrupted metrics equal transformers'; an edge into
   ``logits`` equals the writer's direct effect by path patching (receivers ``logits``, MLPs
-  frozen), for a head of the last layer and the last MLP (or layer 0's head 1).
+  frozen), for a head of the last layer and the last MLP (or layer 0's head 1). Under
+  post-norms (Gemma 2) a head's output is its ``z W_O`` through the post-norm with each run's
+  own scale, which path patching (one head's z into the layer, the norm recomputed) does not
+  give: the head's edge is then checked against the corrupted run with ``ln_final``'s input
+  moved by that output's clean-minus-corrupted, read from plain hooks.
 - ``eap`` and ``eap-ig``: the edges into ``logits`` add up (over every writer; biases are
   equal in both runs) to ``(final_clean - final_corrupted) . dm/d final``, with the gradient
   taken by autograd through a plain hook on the final residual stream: on the corrupted run
@@ -91,6 +95,14 @@ def check_edge_scores_exact(case: Case) -> None:
     mlp = f"MLP{last}"
     writers.append((mlp, ("mlp", last)) if f"{mlp}->logits" in scores else ("L0H1", (0, 1)))
     for writer, sender in writers:
+        if writer.startswith("L") and getattr(case.model.blocks[last], "ln1_post", None):
+            _near(
+                float(scores[f"{writer}->logits"]) * gap + _corrupted_mean(case, batch),
+                _post_normed_head_into_logits(case, batch, last, 0),
+                ATOL_PATH,
+                f"{writer}->logits against its post-normed output moved into ln_final by hooks",
+            )
+            continue
         direct = path_patch(
             case.model,
             batch.clean,
@@ -108,6 +120,28 @@ def check_edge_scores_exact(case: Case) -> None:
         )
     if not scores.abs().max() > 1e-3:
         raise AssertionError("every exact score is 0: the identities would be trivial")
+
+
+def _corrupted_mean(case: Case, batch) -> float:
+    return float(batch.metric()(case.model(batch.corrupted)).double().mean())
+
+
+def _post_normed_head_into_logits(case: Case, batch, layer: int, head: int) -> float:
+    """The corrupted run's mean metric with ``ln_final``'s input moved by the head's clean
+    minus corrupted ``(z W_O) / s * (1 + w)`` (``s`` the post-norm's scale in each run)."""
+    model = case.model
+    names = (f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.ln1_post.hook_scale")
+    outputs = []
+    for tokens in (batch.clean, batch.corrupted):
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+        z, scale = cache[names[0]][:, :, head], cache[names[1]]
+        weight = 1 + model.blocks[layer].ln1_post.original_component.weight.detach()
+        outputs.append(z @ model.W_O[layer, head] / scale * weight)
+    delta = outputs[0] - outputs[1]
+    logits = model.run_with_hooks(
+        batch.corrupted, fwd_hooks=[("ln_final.hook_in", lambda x, hook: x + delta)]
+    )
+    return float(batch.metric()(logits).double().mean())
 
 
 def _final_gradient(case: Case, batch, shift: torch.Tensor | None) -> torch.Tensor:

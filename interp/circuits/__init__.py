@@ -28,14 +28,13 @@ from interp.circuits.full import (
     materialize,
     top_copied_tokens,
 )
-from interp.circuits.weights import (
-    CircuitWeights,
+from interp.circuits.products import (
     attention_scores_from_weights,
-    circuit_weights,
     head_outputs_from_weights,
     ov_circuit,
     qk_circuit,
 )
+from interp.circuits.weights import CircuitWeights, circuit_weights
 
 __all__ = [
     "KINDS",

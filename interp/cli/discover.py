@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         graph = Graph.from_model(model)
-    except ValueError as exc:  # post-norms (Gemma 2): refused before any work
+    except ValueError as exc:  # a model the graph refuses: before any work
         raise UsageError(str(exc)) from None
     check_at_most("--top-n", args.top_n, len(graph), f"the graph has {len(graph)} edges")
     if task is None:

@@ -1,6 +1,7 @@
 """Circuit discovery (layer 3): the graph of writers and readers of the residual stream, and
 every edge scored over a task by exact edge patching or a gradient estimate
-(docs/discovery.md); circuits found from the scores and evaluated by faithfulness."""
+(docs/discovery.md); circuits found from the scores and evaluated by faithfulness; SAE
+features as writers (``feature_edge_scores``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from interp.discovery.evaluate import (
     CircuitEvaluation,
     evaluate_circuit,
 )
+from interp.discovery.features import FEATURE_METHODS, feature_edge_scores
 from interp.discovery.graph import Graph, Reader, edge_count, edge_name, split_edge
 from interp.discovery.scores import METHODS, SCORE_COLUMNS, edge_scores
 
@@ -30,4 +32,6 @@ __all__ = [
     "evaluate_circuit",
     "CURVE_FRACTIONS",
     "ABLATIONS",
+    "feature_edge_scores",
+    "FEATURE_METHODS",
 ]

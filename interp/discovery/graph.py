@@ -91,12 +91,7 @@ class Graph:
 
     @classmethod
     def from_model(cls, model) -> Graph:
-        """From a loaded model; refuses post-norms (Gemma 2) for now."""
-        if getattr(model.blocks[0], "ln1_post", None) is not None:
-            raise ValueError(
-                "this model normalises each sublayer's output before the residual add (Gemma 2 "
-                "post-norms); edge discovery does not support it yet: use a pre-norm model"
-            )
+        """From a loaded model (post-norms stay inside their writers: see runs.py)."""
         graph = cls.from_config(model.cfg)
         has_mlps = "blocks.0.hook_mlp_out" in model.hook_dict
         return cls(

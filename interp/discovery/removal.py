@@ -28,6 +28,7 @@ from interp.discovery.inputs import reader_hooks
 from interp.discovery.runs import WriterOutputs, rows_metric
 from interp.engine import rows_per_pass, run_logits
 from interp.engine.estimates import _itemsize
+from interp.norms import POST_NORMS, effective_weight, post_norm
 from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = ["removed_metrics"]
@@ -164,13 +165,27 @@ def _one_pass(model, tokens, metric, ablated, masks, groups, fill, *, n_runs, ch
     starts = [0]
     for _, _, _, writers in groups:
         starts.append(starts[-1] + len(writers))
+    # post-norms (Gemma 2): a head's live output is z W_O through the norm with this run's scale,
+    # as in interp.discovery.runs.writer_outputs; z waits for the scale, which fires later
+    weights = {
+        layer: effective_weight(norm, d_model).to(device=device, dtype=dtype)
+        for layer in range(len(W_O))
+        if (norm := post_norm(model, layer, "attn")) is not None
+    }
+    waiting: dict[int, Tensor] = {}
 
-    def capture(g: int):
+    def capture(g: int, scale: bool = False):
         _, kind, layer, _ = groups[g]
 
         def hook(act: Tensor, hook) -> None:
             if kind == "heads":
-                live = torch.einsum("bphd,hdm->bpmh", act, W_O[layer].to(act.dtype))
+                if layer in weights and not scale:  # hook_z: wait for the scale
+                    waiting[layer] = act
+                    return
+                z = waiting.pop(layer) if layer in weights else act
+                live = torch.einsum("bphd,hdm->bpmh", z, W_O[layer].to(z.dtype))
+                if layer in weights:  # act is the post-norm's scale [batch pos 1]
+                    live = live / act[..., None] * weights[layer][:, None]
                 gone = ablated.heads[layer].transpose(-1, -2)
             else:
                 live = act[..., None]
@@ -189,6 +204,11 @@ def _one_pass(model, tokens, metric, ablated, masks, groups, fill, *, n_runs, ch
         buffer[..., :width] = out.reshape(n_runs * n, n_pos, d_model, width)
 
     hooks = [(name, capture(g)) for g, (name, _, _, _) in enumerate(groups)]
+    hooks += [
+        (f"blocks.{g_layer}.{POST_NORMS['attn']}.hook_scale", capture(g, scale=True))
+        for g, (_, kind, g_layer, _) in enumerate(groups)
+        if kind == "heads" and g_layer in weights
+    ]
     hooks += reader_hooks(model, additions, check=check)
     logits = run_logits(model, tokens.repeat(n_runs, 1).to(device), before=hooks)
     return metric(logits).float().cpu().reshape(n_runs, n)

@@ -23,6 +23,7 @@ from interp.discovery.graph import Graph, Reader
 from interp.discovery.inputs import reader_hooks
 from interp.engine import run_cached, run_logits, task_blocks
 from interp.engine.estimates import _itemsize
+from interp.norms import POST_NORMS, effective_weight, is_rms, param, post_norm
 from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 METRICS = ("logit_diff", "prob_diff")  # the task metrics discovery reads
+POST_NORM_RTOL = 1e-4  # float32: the heads' post-normed outputs against the model's attn output
 _WRITER = re.compile(r"^(?:embed|L(\d+)H(\d+)|MLP(\d+))$")
 
 
@@ -90,22 +92,64 @@ class WriterOutputs:
 def writer_outputs(
     model, tokens: Int[Tensor, "rows pos"], graph: Graph, interventions: Sequence = ()
 ) -> tuple[WriterOutputs, Tensor]:
-    """One run of ``tokens``: every writer's output, and the logits."""
+    """One run of ``tokens``: every writer's output, and the logits.
+
+    A writer's output is what it adds to the residual stream. Under a post-norm (Gemma 2) a
+    head's output is its ``z W_O`` through the norm with the run's scale frozen, ``w * z W_O /
+    s``: the heads of a layer add up to the normed attention output exactly (checked each run),
+    and the MLP's ``hook_mlp_out`` is already after its post-norm.
+    """
+    post = [post_norm(model, lay, "attn") for lay in range(graph.n_layers)]
     mlp_names = (
         [f"blocks.{lay}.hook_mlp_out" for lay in range(graph.n_layers)] if graph.mlps else []
     )
+    post_names = [
+        name
+        for lay, norm in enumerate(post)
+        if norm is not None
+        for name in (f"blocks.{lay}.{POST_NORMS['attn']}.hook_scale", f"blocks.{lay}.hook_attn_out")
+    ]
     run = run_cached(
         model,
         tokens,
         head_outputs=True,
-        hooks=["blocks.0.hook_resid_pre", *mlp_names],
+        hooks=["blocks.0.hook_resid_pre", *mlp_names, *post_names],
         interventions=interventions,
     )
-    heads = tuple(run[f"blocks.{lay}.attn.hook_result"] for lay in range(graph.n_layers))
+    heads = tuple(
+        _post_normed(model, run, lay, norm, run[f"blocks.{lay}.attn.hook_result"])
+        for lay, norm in enumerate(post)
+    )
     outputs = WriterOutputs(
         run["blocks.0.hook_resid_pre"], heads, tuple(run[name] for name in mlp_names)
     )
     return outputs, run.logits
+
+
+def _post_normed(
+    model, run, layer: int, norm, heads: Float[Tensor, "rows pos head d_model"]
+) -> Float[Tensor, "rows pos head d_model"]:
+    """``heads`` as they reach the residual stream through ``norm`` (None: as they are)."""
+    if norm is None:
+        return heads
+    b_O = param(model, "b_O")
+    if not is_rms(norm) or (b_O is not None and bool(b_O[layer].abs().max() > 0)):
+        raise ValueError(
+            f"layer {layer} normalises its attention output with a LayerNorm or after a bias, "
+            "which splits into no per-head writers; edge discovery takes RMSNorm post-norms "
+            "without attention biases (Gemma 2)"
+        )
+    scale = run[f"blocks.{layer}.{POST_NORMS['attn']}.hook_scale"]  # [rows pos 1]
+    weight = effective_weight(norm, heads.shape[-1]).to(heads)
+    normed = heads / scale[:, :, None] * weight
+    total, expected = normed.sum(2), run[f"blocks.{layer}.hook_attn_out"]
+    gap = float((total - expected).abs().max())
+    if gap > POST_NORM_RTOL * max(1.0, float(expected.abs().max())):
+        raise RuntimeError(
+            f"blocks.{layer}: the heads' post-normed outputs do not add up to hook_attn_out "
+            f"(off by {gap:.2e}); edge discovery cannot split this model's attention by head"
+        )
+    return normed
 
 
 def deltas_bytes(model, graph: Graph, n_rows: int, n_pos: int) -> int:

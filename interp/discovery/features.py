@@ -1,0 +1,215 @@
+"""SAE features as writers in the discovery graph: ``feature_edge_scores`` scores the edges from
+each feature of a sparse autoencoder (and its reconstruction error) to every reader after it,
+by EAP or EAP-IG, as in sparse feature circuits (Marks et al. 2024); docs/discovery.md.
+
+For an SAE at ``blocks.L.hook_resid_pre`` the residual stream there is, on every run,
+``x = sum_j f_j W_dec[j] + b_dec + error`` with ``f = sae.encode(x)`` and
+``error = x - sae(x)``. Its writers are named
+
+- ``SAE{L}.F{j}``: feature ``j`` (its change ``(f_j,clean - f_j,corrupted) W_dec[j]``);
+- ``SAE{L}.error``: the reconstruction error (its change ``error_clean - error_corrupted``);
+
+and each feeds every reader at layer ``L`` or later, and ``logits``. ``b_dec`` is equal in the
+two runs, so it is no node. An edge scores ``sum_pos change . dm/d(reader input)``, averaged
+over rows, divided by ``C - K``: :func:`interp.discovery.scores.edge_scores`' ``eap`` and
+``eap-ig`` with the same gradients (:func:`interp.discovery.gradients.reader_gradients`).
+Since the changes sum to ``x``'s change, which is the sum of the changes of the graph's writers
+before layer ``L``, a reader's feature edges plus its error edge sum to its edges from those
+writers (tested). With ``upstream``, each of those writers also gets an edge into each feature
+(through the encoder's local gradient) and into the error; they sum to the writer's edges into
+every reader at layer ``L`` or later (:mod:`interp.discovery.feature_gradients`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
+from interp.discovery.graph import Graph, edge_name
+from interp.discovery.runs import METRICS, _undefined
+from interp.engine import check_eval, run_cached
+from interp.engine.estimates import _itemsize
+from interp.tasks import Task, TaskTokens
+
+__all__ = ["FEATURE_METHODS", "feature_edge_scores", "feature_name", "error_name", "sae_layer"]
+
+FEATURE_METHODS = ("eap", "eap-ig")  # the methods feature_edge_scores runs
+_RESID_PRE = re.compile(r"^blocks\.(\d+)\.hook_resid_pre$")
+
+
+def feature_name(layer: int, feature: int) -> str:
+    """``SAE{layer}.F{feature}``: a feature of the SAE at ``blocks.{layer}.hook_resid_pre``."""
+    return f"SAE{layer}.F{feature}"
+
+
+def error_name(layer: int) -> str:
+    """``SAE{layer}.error``: the reconstruction error of the SAE at that layer's stream."""
+    return f"SAE{layer}.error"
+
+
+def sae_layer(model, sae) -> int:
+    """The layer ``L`` of an SAE at ``blocks.L.hook_resid_pre`` of ``model``; a ValueError
+    for any other hook or a width that does not fit."""
+    found = _RESID_PRE.match(str(sae.hook_name))
+    if found is None:
+        raise ValueError(
+            f"feature edges need an SAE on the residual stream at a layer's start "
+            f"(blocks.L.hook_resid_pre), where every later reader sees its features; this one "
+            f"reads {sae.hook_name!r}"
+        )
+    layer = int(found.group(1))
+    if layer >= int(model.cfg.n_layers) or sae.d_in != int(model.cfg.d_model):
+        raise ValueError(
+            f"the SAE at {sae.hook_name} (d_in {sae.d_in}) does not fit this model "
+            f"({model.cfg.n_layers} layers, d_model {model.cfg.d_model})"
+        )
+    return layer
+
+
+def _decomposed(model, sae, tokens: Tensor, graph: Graph, layer: int, upstream: bool):
+    """One run: the input embeddings, the features and the error at the SAE's hook, the
+    writers before ``layer`` stacked in graph order (``upstream``, else None), the logits."""
+    mlps = [f"blocks.{lay}.hook_mlp_out" for lay in range(layer)] if upstream and graph.mlps else []
+    names = list(dict.fromkeys(["blocks.0.hook_resid_pre", sae.hook_name, *mlps]))
+    run = run_cached(model, tokens, hooks=names, head_outputs=upstream and layer > 0)
+    x, embed = run[sae.hook_name], run["blocks.0.hook_resid_pre"]
+    with torch.no_grad():
+        features = sae.encode(x.to(sae.W_enc.dtype))
+        error = x - sae.decode(features).to(x.dtype)
+    writers = None
+    if upstream:  # embed, then each layer's heads and MLP: graph.writers' order
+        blocks = [embed.unsqueeze(0)]
+        for lay in range(layer):
+            blocks.append(run[f"blocks.{lay}.attn.hook_result"].permute(2, 0, 1, 3))
+            blocks += [run[f"blocks.{lay}.hook_mlp_out"].unsqueeze(0)] if graph.mlps else []
+        writers = torch.cat(blocks)
+    return embed, features, error, writers, run.logits
+
+
+def feature_edge_scores(
+    model,
+    task: Task | TaskTokens,
+    sae,
+    method: str = "eap",
+    *,
+    metric: str = "logit_diff",
+    ig_steps: int = 5,
+    top_features: int | None = None,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+    upstream: bool = False,
+) -> pd.DataFrame:
+    """Score the edges from an SAE's features and its error to every reader after it, and
+    (``upstream``) from every writer before it to them.
+
+    Args:
+        sae: an :class:`interp.saes.sae.SAE` at ``blocks.L.hook_resid_pre`` (other hooks are
+            refused: a feature there is read by every later reader, nothing else is).
+        method: ``"eap"`` or ``"eap-ig"`` (``ig_steps`` points), as in
+            :func:`interp.discovery.scores.edge_scores`.
+        metric: a :meth:`interp.tasks.TaskTokens.metric` kind.
+        top_features: keep the edges of the ``top_features`` features with the largest
+            ``sum |score|`` over their edges (default every feature); error edges are kept.
+        max_rows / max_bytes: task rows x steps per backward pass, or a budget they are
+            planned from; the scores do not depend on them.
+        upstream: also score ``W -> SAE{L}.F{j}`` and ``W -> SAE{L}.error`` for each graph
+            writer ``W`` before layer ``L`` (:mod:`interp.discovery.feature_gradients`).
+
+    Returns ``edge, source, target, score``: one row per (feature or error, reader), readers
+    in graph order, each reader's features in index order then ``SAE{L}.error``; then, with
+    ``upstream``, one row per (writer, feature or error), features in index order then the
+    error, each one's writers in graph order. A feature that is equal in the clean and
+    corrupted runs at every row and position scores exactly 0 into its readers; one that
+    fires at no gradient point scores exactly 0 from its writers. ``attrs``:
+    ``clean_metric``, ``corrupted_metric``, ``method``, ``n_rows``, ``recovered_undefined``,
+    ``sae_layer``, ``active_features`` (how many changed).
+    """
+    check_eval(model)
+    if method not in FEATURE_METHODS:
+        raise ValueError(f"method must be one of {', '.join(FEATURE_METHODS)}, got {method!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if method == "eap-ig" and (not isinstance(ig_steps, int) or ig_steps < 1):
+        raise ValueError(f"ig_steps must be a whole number >= 1, got {ig_steps!r}")
+    if max_rows is not None and max_bytes is not None:
+        raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
+    if top_features is not None and (not isinstance(top_features, int) or top_features < 0):
+        raise ValueError(f"top_features must be a whole number >= 0, got {top_features!r}")
+    graph = Graph.from_model(model)
+    layer = sae_layer(model, sae)
+    device = model.cfg.device
+    if sae.W_dec.device != torch.device(device):
+        sae = copy.deepcopy(sae).to(device)
+    batch = task.tokens(model) if isinstance(task, Task) else task
+    task_metric = batch.metric(metric)
+    runs = [
+        _decomposed(model, sae, tokens.to(device), graph, layer, upstream)
+        for tokens in (batch.clean, batch.corrupted)
+    ]
+    (embed_c, f_c, err_c, writers_c, logits_c), (embed_k, f_k, err_k, writers_k, logits_k) = runs
+    c = float(task_metric(logits_c).double().mean())
+    k = float(task_metric(logits_k).double().mean())
+    del runs, logits_c, logits_k
+    change = f_c - f_k  # [rows pos d_sae]
+    active = torch.nonzero(change.flatten(0, 1).ne(0).any(0)).flatten()
+    deltas = FeatureDeltas(
+        embed_c - embed_k,
+        change[..., active].to(embed_c.dtype),
+        active,
+        err_c - err_k,
+        None if writers_c is None else writers_c - writers_k,
+    )
+    del embed_c, f_c, err_c, writers_c, embed_k, f_k, err_k, writers_k, change
+    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
+    n_writers = 0 if deltas.writers is None else deltas.writers.shape[0]
+    width = (2 + n_writers) * int(model.cfg.d_model) + len(active)
+    held = width * n_rows * n_pos * _itemsize(model)
+    with torch.enable_grad():
+        tables = feature_tables(
+            model, batch, task_metric, graph, sae, layer, deltas,
+            steps=ig_steps if method == "eap-ig" else 0,
+            max_rows=max_rows, max_bytes=max_bytes, held=held,
+        )  # fmt: skip
+    full = torch.zeros(len(tables.readers), sae.d_sae, dtype=torch.float64)
+    full[:, active.cpu()] = tables.features
+    weight = full.abs().sum(0)
+    if upstream:
+        weight = weight + tables.upstream.abs().sum(0)
+    kept = torch.arange(sae.d_sae)
+    if top_features is not None:
+        kept = weight.argsort(descending=True, stable=True)[:top_features].sort()[0]
+    undefined = _undefined(c, k)
+    scale = math.nan if undefined else 1.0 / (c - k)
+    nodes = [feature_name(layer, int(j)) for j in kept] + [error_name(layer)]
+    targets = [str(r) for r in tables.readers]
+    values = torch.cat([full[:, kept], tables.error.unsqueeze(1)], dim=1)  # [reader node]
+    pairs = [(s, t) for t in targets for s in nodes]
+    if upstream:
+        before = list(graph.writers[:n_writers])
+        pairs += [(w, t) for t in nodes for w in before]
+        into = torch.cat([tables.upstream[:, kept], tables.upstream_error.unsqueeze(1)], dim=1)
+        values = torch.cat([values.flatten(), into.T.flatten()])
+    frame = pd.DataFrame(
+        {
+            "edge": [edge_name(s, t) for s, t in pairs],
+            "source": [s for s, _ in pairs],
+            "target": [t for _, t in pairs],
+            "score": (values.flatten() * scale).numpy(),
+        }
+    )
+    frame.attrs.update(
+        clean_metric=c,
+        corrupted_metric=k,
+        method=method,
+        n_rows=n_rows,
+        recovered_undefined=undefined,
+        sae_layer=layer,
+        active_features=len(active),
+    )
+    return frame
