@@ -66,9 +66,11 @@ def discovery_report(summary: dict, edges: pd.DataFrame, curve: pd.DataFrame | N
     drawn = min(summary["n_edges"], MAX_DRAWN)
     report.add_figure(
         circuit_graph(edges, title=f"circuit: {summary['n_edges']} edges, {drawn} drawn"),
-        caption="Layers from left to right; each head has its query (q), key (k) and value (v) "
-        "input on its left, and an edge is coloured by the input it feeds. Width grows with "
-        "|score|; dotted edges have a negative score. Hover over an edge's middle for its score."
+        caption="Layers from left to right. Just left of each head is its query (q) input, "
+        "further left the key (k) and value (v) inputs of its key/value head (shared by a group "
+        "of heads under grouped-query attention); an edge is coloured by the input it feeds. "
+        "Width grows with |score|; dotted edges have a negative score. Hover over an edge's "
+        "middle for its score."
         + (
             f" Only the {MAX_DRAWN} largest edges are drawn."
             if summary["n_edges"] > MAX_DRAWN
