@@ -206,6 +206,10 @@ def test_the_report_keeps_hostile_task_text_as_text(tmp_path, bundled_model):
     from interp.html import _BOOTSTRAP, plotly_js
 
     assert executable(parser) == [plotly_js(partial=True), _BOOTSTRAP]
+    from tests.test_pages import figures
+
+    drawn = figures(out / "report.html")
+    assert len(drawn) == 2 and all(f["layout"]["title"]["text"].strip() for f in drawn)
 
 
 def test_the_pages_render_offline_in_a_browser(eap_ig, tmp_path, browser, bundled_model):
