@@ -45,6 +45,7 @@ _EXPORTS = {
     "Circuit": "interp.discovery",
     "feature_edge_scores": "interp.discovery",
     "train_sae": "interp.saes.train",
+    "load_sae": "interp.saes.loading",
     "SAE": "interp.saes.sae",
     "Task": "interp.tasks",
 }

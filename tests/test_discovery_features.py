@@ -5,16 +5,14 @@ leaf, an unchanged feature scores exactly 0, and GQA and parallel-residual model
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 import interp
 from interp.discovery import edge_scores, feature_gradients
 from interp.discovery.features import feature_edge_scores, sae_layer
+from interp.saes.loading import load_sae
 from interp.saes.sae import SAE
-from interp.sources import BUNDLED_DIR
 from tests.test_discovery_scores import _task
 
 REL = 1e-5  # float32 sums of a few thousand terms, against the largest score of the frame
@@ -22,17 +20,8 @@ ARCHS = ["gpt2", "llama", "gpt_neox_parallel", "gemma2"]  # plain, GQA, parallel
 
 
 def bundled_sae() -> SAE:
-    """The bundled SAE read by hand (swap for ``load_sae`` when it lands)."""
-    from safetensors.torch import load_file
-
-    folder = BUNDLED_DIR / "tiny-induction-sae"
-    cfg = json.loads((folder / "cfg.json").read_text(encoding="utf-8"))
-    w = load_file(str(folder / "sae_weights.safetensors"))
-    return SAE(
-        w["W_enc"], w["b_enc"], w["W_dec"], w["b_dec"], architecture=cfg["architecture"],
-        hook_name=cfg["hook_name"], k=cfg.get("k"),
-        apply_b_dec_to_input=cfg["apply_b_dec_to_input"], cfg=cfg,
-    )  # fmt: skip
+    """The bundled SAE."""
+    return load_sae("tiny-induction-sae")
 
 
 def random_sae(d_in: int, layer: int, *, seed: int = 0, d_sae: int = 48, dead: int = 8) -> SAE:
