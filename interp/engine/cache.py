@@ -24,6 +24,7 @@ from interp.engine.hooks import compile_hooks
 from interp.engine.passes import HookFn, forward, store_hook
 from interp.engine.plan import check_budget
 from interp.engine.sites import Intervention
+from interp.engine.splice import check_saes, sae_hooks
 from interp.engine.tokens import (
     RESID_KINDS,
     Prompt,
@@ -174,6 +175,8 @@ def run_cached(
     keep_logits: bool = True,
     prepend_bos: bool | None = None,
     max_bytes: int | str | None = None,
+    saes: Sequence = (),
+    use_error_term: bool = True,
 ) -> CachedRun:
     """Run ``prompt`` through ``model`` once, caching only what was asked for.
 
@@ -196,6 +199,10 @@ def run_cached(
         max_bytes: a budget (bytes, or text such as ``"500MB"``, ``"1GiB"``) for the cache plus
             the forward pass's working memory; a run estimated to exceed it raises
             :class:`interp.memory.MemoryBudgetError` before it starts, saying what would fit.
+        saes: SAEs (:func:`interp.load_sae`) spliced in at their hooks, their feature
+            activations cached under ``f"{sae.hook_name}.hook_sae_acts"`` ``[batch pos d_sae]``.
+        use_error_term: add each SAE's reconstruction error back, so the run is the model's
+            own (default); False runs on the reconstructions (:mod:`interp.engine.splice`).
     """
     tokens = to_tokens(model, prompt, prepend_bos=prepend_bos).to(model.cfg.device)
     n_layers = int(model.cfg.n_layers)
@@ -221,6 +228,7 @@ def run_cached(
     check_hook_names(model, names + [name for name, _ in interventions])
     if head_outputs:
         check_hook_names(model, [hook_name(layer, "attn.hook_z") for layer in chosen])
+    check_saes(model, saes)
 
     if max_bytes is not None:
         check_budget(
@@ -235,12 +243,15 @@ def run_cached(
             hooks=hooks,
             layers=chosen,
             keep_logits=keep_logits,
+            saes=saes,
         )
     store: dict[str, Tensor] = {}
     fwd_hooks: list[tuple[str, HookFn]] = list(interventions)
+    fwd_hooks += sae_hooks(saes, store, use_error_term=use_error_term)
     # interventions edit activations in place: a later one must not change what was kept
     fwd_hooks += [
-        (name, store_hook(store, name, copy=bool(interventions))) for name in dict.fromkeys(names)
+        (name, store_hook(store, name, copy=bool(interventions or saes)))
+        for name in dict.fromkeys(names)
     ]
     if head_outputs:
         W_O = stacked_weight(model, "W_O")  # also when accelerate offloaded the layers

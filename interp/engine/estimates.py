@@ -143,6 +143,7 @@ def _cache_items(
     hooks: Sequence[str] = (),
     layers: Sequence[int] | None = None,
     keep_logits: bool = True,
+    saes: Sequence = (),
 ) -> dict[str, int]:
     """Bytes of each kind of thing ``run_cached`` would keep (same arguments)."""
     batch, n_pos = _shape(prompt_shape)
@@ -174,6 +175,8 @@ def _cache_items(
         items[kind] = items.get(kind, 0) + size
     if head_outputs:  # stored under attn.hook_result, computed from hook_z
         items["head_outputs"] = len(chosen) * rows * dims["head"] * dims["d_model"]
+    if saes:  # feature activations [batch pos d_sae] of each spliced SAE
+        items["sae_acts"] = rows * sum(int(sae.d_sae) for sae in saes)
     if keep_logits:
         items["logits"] = rows * dims["d_vocab"]
     return items
@@ -191,13 +194,14 @@ def estimate_cache_bytes(
     hooks: Sequence[str] = (),
     layers: Sequence[int] | None = None,
     keep_logits: bool = True,
+    saes: Sequence = (),
 ) -> int:
     """Bytes of the :class:`interp.CachedRun` that ``run_cached(model, prompt, ...)`` returns.
 
     ``prompt_shape`` is ``(batch, pos)`` (or ``(pos,)``, or a token tensor); the keyword
     arguments are run_cached's, with the same meaning and defaults. Counts the activations,
     the logits and the token ids from the model's shapes and dtype; hooks the estimate does
-    not know by name are measured on one row.
+    not know by name are measured on one row; spliced ``saes`` add their feature activations.
     The forward pass needs working memory on top: see :func:`estimate_run_bytes`.
     """
     what = dict(
@@ -209,6 +213,7 @@ def estimate_cache_bytes(
         hooks=hooks,
         layers=layers,
         keep_logits=keep_logits,
+        saes=saes,
     )
     return sum(_cache_items(model, prompt_shape, **what).values())
 
@@ -258,6 +263,7 @@ def estimate_run_bytes(
     hooks: Sequence[str] = (),
     layers: Sequence[int] | None = None,
     keep_logits: bool = True,
+    saes: Sequence = (),
 ) -> int:
     """Peak extra memory of ``run_cached(model, prompt, ...)``: the largest of the last layer's
     three moments, each with what is cached by then. During its attention, the layer's own
@@ -273,6 +279,7 @@ def estimate_run_bytes(
         hooks=hooks,
         layers=layers,
         keep_logits=keep_logits,
+        saes=saes,
     )
     cache = estimate_cache_bytes(model, prompt_shape, **{**what, "keep_logits": False})
     moments = _transients(model, prompt_shape)

@@ -105,6 +105,7 @@ def check_budget(
     hooks: Sequence[str] = (),
     layers: Sequence[int] | None = None,
     keep_logits: bool = True,
+    saes: Sequence = (),
 ) -> None:
     """Raise :class:`MemoryBudgetError` before a run of ``run_cached(...)`` that would not fit,
     saying what would: a smaller batch, fewer layers, or dropping the largest items."""
@@ -117,6 +118,7 @@ def check_budget(
         hooks=hooks,
         layers=layers,
         keep_logits=keep_logits,
+        saes=saes,
     )
     budget = parse_size(max_bytes)
     batch, n_pos = _shape(prompt_shape)
