@@ -46,6 +46,7 @@ _EXPORTS = {
     "feature_edge_scores": "interp.discovery",
     "train_sae": "interp.saes.train",
     "load_sae": "interp.saes.loading",
+    "feature_attribution": "interp.attribution_features",
     "SAE": "interp.saes.sae",
     "Task": "interp.tasks",
 }

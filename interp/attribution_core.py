@@ -136,6 +136,16 @@ def _target(model, answer: str | int, wrong: str | int | None) -> _Target:
     return target
 
 
+def logit_direction(folded, target: _Target) -> Float[Tensor, " d_model"]:
+    """The direction a residual-stream vector is dotted with (then divided by the final norm's
+    frozen scale) to give its contribution to ``target`` in the folded model: the unembedding's
+    answer (minus wrong) column times what is left of ``ln_final``'s weight, centred for a
+    LayerNorm, since ``(c - mean c) · d == c · (d - mean d)``."""
+    final = folded.ln_final
+    direction = effective_weight(final) * target.direction(folded.W_U.detach().cpu())
+    return direction if is_rms(final) else direction - direction.mean()
+
+
 def _attribute(
     model,
     folded,
@@ -151,10 +161,7 @@ def _attribute(
     info = fold_info(folded)
     final = folded.ln_final
     raw_direction = target.direction(folded.W_U.detach().cpu())
-    # whatever of ln_final's weight the fold left (ones after folding) multiplies the direction
-    direction = effective_weight(final) * raw_direction
-    if not is_rms(final):  # (c - mean c) · d == c · (d - mean d): centre the direction once
-        direction = direction - direction.mean()
+    direction = logit_direction(folded, target)
     contributions = parts.stack @ direction / parts.scale
     b_U = param(folded, "b_U")
     bias = float(effective_bias(final) @ raw_direction)

@@ -7,7 +7,8 @@ not match, or a refusal that is not one clear line). ``experiments/support_table
 the table of these outcomes into docs/support.md; tests/test_model_zoo.py re-derives it.
 The intervention checks (patching, over a pair and over a task, path patching, ablation,
 ``interp patch``) are in tests/support_interventions.py, the discovery checks (``edge_scores``
-by each method, ``evaluate_circuit``) in tests/support_discovery.py.
+by each method, ``evaluate_circuit``) in tests/support_discovery.py, the SAE splice in
+tests/support_saes.py.
 """
 
 from __future__ import annotations
@@ -428,6 +429,7 @@ from tests.support_interventions import (  # noqa: E402
     check_patch_task,
     check_path_patch,
 )
+from tests.support_saes import check_sae_splice  # noqa: E402
 from tests.support_tasks import check_cli_attribute_task  # noqa: E402
 
 ANALYSES: dict[str, Callable[[Case], None]] = {
@@ -455,6 +457,7 @@ ANALYSES: dict[str, Callable[[Case], None]] = {
     "edge_scores (acdc)": check_edge_scores_acdc,
     "evaluate_circuit": check_evaluate_circuit,
     "interp discover": check_cli_discover,
+    "SAE splice": check_sae_splice,
 }
 
 
@@ -504,7 +507,10 @@ def render_table(results: dict[str, dict[str, Outcome]]) -> str:
         "through plain hooks; a circuit's runs equal to transformers' and to plain hooks;",
         "ACDC's kept circuit as faithful as 1 - its removed edges' scores; interp discover's",
         "files equal to the library's scores and evaluation on the same model:",
-        "tests/support_discovery.py). **refused** means it stopped with the one-line reason",
+        "tests/support_discovery.py; an SAE spliced in leaving transformers' logits, its",
+        "features the encoding of transformers' hidden state, and without the error term the",
+        "logits of a plain replacing hook: tests/support_saes.py). **refused** means it",
+        "stopped with the one-line reason",
         "listed below; **n/a**: the check cannot be posed (a command loads a checkpoint afresh).",
         "**FAILS**: a known bug: it crashed or its identity did not hold (the error is listed",
         "below); `tests/test_model_zoo.py` names each one as an expected failure until fixed.",
