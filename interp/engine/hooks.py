@@ -114,10 +114,16 @@ def compile_hooks(
     model,
     interventions: Sequence[Intervention | tuple[str, HookFn]],
 ) -> list[tuple[str, HookFn]]:
-    """``(hook_name, fn)`` forward hooks for ``interventions`` (tuples pass through unchanged).
-
-    Sites are checked against the model first; mean and resample sources are run here.
+    """``(hook_name, fn)`` forward hooks for ``interventions`` (tuples pass through unchanged;
+    an object with a ``hook()`` method, such as :class:`interp.saes.interventions.FeatureEdit`,
+    gives its tuple). Sites are checked against the model first; mean and resample sources are
+    run here.
     """
+    interventions = [
+        item.hook() if not isinstance(item, (Intervention, tuple)) and hasattr(item, "hook")
+        else item
+        for item in interventions
+    ]  # fmt: skip
     items = [item for item in interventions if isinstance(item, Intervention)]
     for item in interventions:
         if not isinstance(item, Intervention) and not (
