@@ -45,6 +45,7 @@ from interp.page_assets import (
     script_json,
 )
 from interp.page_assets import csp_hash as _csp_hash
+from interp.token_html import token_spans
 
 __all__ = [
     "Report",
@@ -86,6 +87,8 @@ td.text { text-align: left; }
                   padding: 0.6em 1em; margin: 1em 0; }
 .interp-warning li { line-height: 1.5; margin: 0.3em 0; }
 .interp-attention { min-height: 120px; }
+.interp-tokens { font-family: ui-monospace, monospace; font-size: 0.9em; margin: 2px 0; }
+.interp-token { white-space: pre; }
 """.strip()
 
 # Reads every data block and renders it. Fixed text: no data is ever spliced into it.
@@ -275,6 +278,21 @@ class Report:
                 + 40
                 + 25 * bool(note)
                 + _CAPTION_HEIGHT * bool(caption),
+            )
+        )
+
+    def add_tokens(
+        self, lines: Sequence[tuple[Sequence[str], Sequence[float], int | None]], caption: str = ""
+    ) -> None:
+        """Lines of tokens shaded by a value each, ``(tokens, values, marked index)``, on one
+        shared scale (the largest value); tokens are shown as text (:mod:`interp.token_html`)."""
+        scale = max((max(values, default=0.0) for _, values, _ in lines), default=0.0)
+        body = "".join(token_spans(t, v, scale=scale, mark=m) for t, v, m in lines)
+        self._blocks.append(
+            _Block(
+                f"<figure>{body}{_caption(caption)}</figure>",
+                kind="tokens",
+                height=24 * len(lines) + 40,
             )
         )
 

@@ -25,6 +25,7 @@ COMMANDS = {
     "patch": "interp.cli.patch",
     "task": "interp.cli.task",
     "discover": "interp.cli.discover",
+    "features": "interp.cli.features",
     "merge": "interp.cli.merge",
     "models": "interp.cli.models",
 }
