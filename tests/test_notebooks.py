@@ -104,6 +104,7 @@ def test_tour_runs_in_a_clean_kernel(tour):
     assert "induction heads: ['L1H" in text
     assert "EAP-IG against exact over every edge: correlation" in text
     assert "the circuit without its edges into keys: faithfulness" in text
+    assert "SAE(topk, blocks.1.hook_resid_pre" in text and "of which the top SAE rows" in text
 
 
 def _page_sources(nb) -> list[str]:
