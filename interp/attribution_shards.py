@@ -21,6 +21,7 @@ import pandas as pd
 
 from interp.attribution_task import task_attribution
 from interp.interventions.shards import shard_rows, task_fingerprint
+from interp.partials import check_one_run, check_shards
 from interp.tasks import Task
 
 __all__ = [
@@ -84,34 +85,11 @@ def attribution_partial_sums(
 
 def _checked(parts: Sequence[dict]) -> list[int]:
     """The shards' rows in merge order; a ValueError naming what does not fit."""
-    if not parts:
-        raise ValueError("no partial results to merge; pass the output of every shard")
-    for number, part in enumerate(parts, start=1):
-        if part.get("format") != ATTRIBUTION_FORMAT:
-            raise ValueError(
-                f"partial {number} is not a partial result of interp attribute (format "
-                f"{part.get('format')!r}, expected {ATTRIBUTION_FORMAT!r})"
-            )
-    settings = parts[0]["settings"]
+    settings = check_one_run(parts, ATTRIBUTION_FORMAT, "attribute", "one task")
     for number, part in enumerate(parts[1:], start=2):
-        if part["settings"] != settings:
-            differ = [k for k in settings if part["settings"].get(k) != settings[k]]
-            raise ValueError(
-                f"partial {number} is of another run than partial 1 (they differ in "
-                f"{', '.join(differ)}); merge the shards of one task"
-            )
         if part["components"]["component"] != parts[0]["components"]["component"]:
             raise ValueError(f"partial {number} lists other components than partial 1")
-    shards = sorted(int(p["shard"]) for p in parts)
-    if shards != list(range(settings["shards"])):
-        missing = sorted(set(range(settings["shards"])) - set(shards))
-        repeated = sorted({s for s in shards if shards.count(s) > 1})
-        what = (
-            f"shard(s) {', '.join(map(str, repeated))} given twice"
-            if repeated
-            else f"shard(s) {', '.join(map(str, missing))} missing"
-        )
-        raise ValueError(f"{what} of {settings['shards']}; pass each shard's output once")
+    check_shards(parts, settings["shards"])
     return [row for part in parts for row in part["rows"]]
 
 

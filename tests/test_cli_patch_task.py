@@ -74,7 +74,7 @@ def test_three_shards_merge_into_the_whole_run(whole, task_file, tmp_path, capsy
     assert "merged" not in capsys.readouterr().err
     # a shard missing is refused, nothing written
     assert main(["merge", *folders[:2], "--out", str(tmp_path / "never")]) == 2
-    assert "shard 2 missing" in capsys.readouterr().err
+    assert "shard(s) 2 missing" in capsys.readouterr().err
     assert main(["merge", str(tmp_path), "--out", str(tmp_path / "never")]) == 2
     assert "has no partial.json" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()

@@ -83,9 +83,9 @@ def test_shard_rows():
 
 def test_merge_refuses_what_is_not_one_run(bundled_model, task):
     parts = shards(bundled_model, task, 2, sites=["heads"])
-    with pytest.raises(ValueError, match="shard 1 missing"):
+    with pytest.raises(ValueError, match=r"shard\(s\) 1 missing"):
         merge_partial_sums(parts[:1])
-    with pytest.raises(ValueError, match="shard 0 given twice"):
+    with pytest.raises(ValueError, match=r"shard\(s\) 0 given twice"):
         merge_partial_sums([parts[0], parts[0], parts[1]])
     other = shards(
         bundled_model, induction(bundled_model, 10, seed=1, seq_len=6), 2, sites=["heads"]

@@ -23,6 +23,7 @@ from interp.discovery.graph import split_edge
 from interp.discovery.runs import _undefined
 from interp.discovery.scores import SCORED_METHODS, edge_changes
 from interp.interventions.shards import shard_rows, task_fingerprint
+from interp.partials import check_one_run, check_shards
 from interp.tasks import Task
 
 __all__ = ["discovery_partial_sums", "merge_discovery_sums", "DISCOVER_FORMAT"]
@@ -77,34 +78,11 @@ def discovery_partial_sums(
 
 def _checked(parts: Sequence[dict]) -> int:
     """The number of rows the shards cover; a ValueError naming what does not fit."""
-    if not parts:
-        raise ValueError("no partial results to merge; pass the output of every shard")
-    for number, part in enumerate(parts, start=1):
-        if part.get("format") != DISCOVER_FORMAT:
-            raise ValueError(
-                f"partial {number} is not a partial result of interp discover (format "
-                f"{part.get('format')!r}, expected {DISCOVER_FORMAT!r})"
-            )
-    settings = parts[0]["settings"]
+    settings = check_one_run(parts, DISCOVER_FORMAT, "discover", "one task and method")
     for number, part in enumerate(parts[1:], start=2):
-        if part["settings"] != settings:
-            differ = [k for k in settings if part["settings"].get(k) != settings[k]]
-            raise ValueError(
-                f"partial {number} is of another run than partial 1 (they differ in "
-                f"{', '.join(differ)}); merge the shards of one task and method"
-            )
         if part["edges"] != parts[0]["edges"]:
             raise ValueError(f"partial {number} scores other edges than partial 1 (another model)")
-    shards = sorted(int(p["shard"]) for p in parts)
-    if shards != list(range(settings["shards"])):
-        missing = sorted(set(range(settings["shards"])) - set(shards))
-        repeated = sorted({s for s in shards if shards.count(s) > 1})
-        what = (
-            f"shard(s) {', '.join(map(str, repeated))} given twice"
-            if repeated
-            else f"shard(s) {', '.join(map(str, missing))} missing"
-        )
-        raise ValueError(f"{what} of {settings['shards']}; pass each shard's output once")
+    check_shards(parts, settings["shards"])
     return sum(len(p["rows"]) for p in parts)
 
 

@@ -27,6 +27,7 @@ import torch
 from interp.interventions.grids import recovered, undefined
 from interp.interventions.sanity import sanity_warnings
 from interp.interventions.task_patching import TASK_COLUMNS, patch_task
+from interp.partials import check_shards
 from interp.tasks import Task
 
 __all__ = ["shard_rows", "task_fingerprint", "task_partial_sums", "merge_partial_sums", "FORMAT"]
@@ -146,21 +147,7 @@ def _check_parts(parts: Sequence[dict]) -> list[int]:
                     f"partial {number} differs from partial 1 in {key} "
                     f"({part['settings'][key]!r} vs {first[key]!r}); merge shards of one run"
                 )
-    shards = sorted(part["shard"] for part in parts)
-    twice = sorted({s for s in shards if shards.count(s) > 1})
-    missing = sorted(set(range(first["shards"])) - set(shards))
-    if twice or missing:
-        raise ValueError(
-            f"the {first['shards']} shards must each be merged once: "
-            + ", ".join(
-                x
-                for x in (
-                    f"shard {', '.join(map(str, twice))} given twice" if twice else "",
-                    f"shard {', '.join(map(str, missing))} missing" if missing else "",
-                )
-                if x
-            )
-        )
+    check_shards(parts, first["shards"])
     rows = sorted(r for part in parts for r in part["rows"])
     if rows != list(range(first["n_rows"])):
         raise ValueError(
