@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from interp.discovery.graph import Graph, Reader
 from interp.discovery.removal import removed_metrics
-from interp.discovery.runs import METRICS, _undefined, deltas_bytes, writer_outputs
+from interp.discovery.runs import _undefined, check_arguments, deltas_bytes, writer_outputs
 from interp.engine import check_eval, run_logits
 from interp.tasks import Task, TaskTokens
 
@@ -145,10 +145,7 @@ def acdc(
     """
     check_eval(model)
     threshold = _check_threshold(threshold)
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    if max_rows is not None and max_bytes is not None:
-        raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
+    check_arguments(metric, max_rows, max_bytes)
     graph = Graph.from_model(model)
     batch = task.tokens(model) if isinstance(task, Task) else task
     task_metric = batch.metric(metric)

@@ -24,8 +24,8 @@ import torch
 
 from interp.discovery.graph import Graph
 from interp.discovery.removal import removed_metrics
-from interp.discovery.runs import WriterOutputs, deltas_bytes, writer_outputs
-from interp.discovery.scores import METRICS, _undefined
+from interp.discovery.runs import WriterOutputs, check_arguments, deltas_bytes, writer_outputs
+from interp.discovery.scores import _undefined
 from interp.engine import check_eval, run_logits
 from interp.tasks import Task, TaskTokens
 
@@ -146,10 +146,7 @@ def evaluate_circuit(
     check_eval(model)
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    if max_rows is not None and max_bytes is not None:
-        raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
+    check_arguments(metric, max_rows, max_bytes)
     graph = Graph.from_model(model)
     chosen = _edge_list(edges, graph)
     if scores is None:

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
 from interp.discovery.graph import Graph, edge_name
-from interp.discovery.runs import METRICS, _undefined
+from interp.discovery.runs import _undefined, check_arguments
 from interp.engine import check_eval, run_cached
 from interp.engine.estimates import _itemsize
 from interp.tasks import Task, TaskTokens
@@ -131,14 +131,9 @@ def feature_edge_scores(
     ``sae_layer``, ``active_features`` (how many changed).
     """
     check_eval(model)
-    if method not in FEATURE_METHODS:
-        raise ValueError(f"method must be one of {', '.join(FEATURE_METHODS)}, got {method!r}")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    if method == "eap-ig" and (not isinstance(ig_steps, int) or ig_steps < 1):
-        raise ValueError(f"ig_steps must be a whole number >= 1, got {ig_steps!r}")
-    if max_rows is not None and max_bytes is not None:
-        raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
+    check_arguments(
+        metric, max_rows, max_bytes, method=method, methods=FEATURE_METHODS, ig_steps=ig_steps
+    )
     if top_features is not None and (not isinstance(top_features, int) or top_features < 0):
         raise ValueError(f"top_features must be a whole number >= 0, got {top_features!r}")
     graph = Graph.from_model(model)

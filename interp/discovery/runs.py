@@ -32,6 +32,7 @@ __all__ = [
     "patched_metrics",
     "parse_writer",
     "deltas_bytes",
+    "check_arguments",
     "rows_metric",
 ]
 
@@ -43,6 +44,28 @@ _WRITER = re.compile(r"^(?:embed|L(\d+)H(\d+)|MLP(\d+))$")
 def _undefined(c: float, k: float) -> bool:
     """True when the means ``c`` (clean) and ``k`` (corrupted) are too close to divide by."""
     return not abs(c - k) > 1e-6 * max(1.0, abs(c), abs(k))
+
+
+def check_arguments(
+    metric: str,
+    max_rows,
+    max_bytes,
+    *,
+    method: str | None = None,
+    methods: Sequence[str] = (),
+    ig_steps=None,
+) -> None:
+    """The checks every discovery entry point makes of its arguments, each a one-line
+    ValueError: ``method`` among ``methods``, ``metric`` among :data:`METRICS`, ``ig_steps``
+    a whole number >= 1 for eap-ig, and not both ``max_rows`` and ``max_bytes``."""
+    if method is not None and method not in methods:
+        raise ValueError(f"method must be one of {', '.join(methods)}, got {method!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if method == "eap-ig" and (not isinstance(ig_steps, int) or ig_steps < 1):
+        raise ValueError(f"ig_steps must be a whole number >= 1, got {ig_steps!r}")
+    if max_rows is not None and max_bytes is not None:
+        raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
 
 
 def parse_writer(name: str) -> tuple[str, int | None, int | None]:

@@ -27,8 +27,8 @@ from interp.discovery.acdc import acdc
 from interp.discovery.gradients import gradient_scores
 from interp.discovery.graph import Graph
 from interp.discovery.runs import (
-    METRICS,
     _undefined,
+    check_arguments,
     deltas_bytes,
     patched_metrics,
     writer_outputs,
@@ -134,14 +134,9 @@ def edge_changes(
     rows, so shards of a task combine by their row counts (:mod:`interp.discovery.shards`).
     Arguments as :func:`edge_scores` (``method`` one of :data:`SCORED_METHODS`)."""
     check_eval(model)
-    if method not in SCORED_METHODS:
-        raise ValueError(f"method must be one of {', '.join(SCORED_METHODS)}, got {method!r}")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    if method == "eap-ig" and (not isinstance(ig_steps, int) or ig_steps < 1):
-        raise ValueError(f"ig_steps must be a whole number >= 1, got {ig_steps!r}")
-    if max_rows is not None and max_bytes is not None:
-        raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
+    check_arguments(
+        metric, max_rows, max_bytes, method=method, methods=SCORED_METHODS, ig_steps=ig_steps
+    )
     graph = Graph.from_model(model)
     batch = task.tokens(model) if isinstance(task, Task) else task
     task_metric = batch.metric(metric)
