@@ -16,7 +16,13 @@ import json
 import math
 from pathlib import Path
 
-from interp.cli.output import UsageError, staged_output, terminal_table
+from interp.cli.output import (
+    UsageError,
+    check_shard,
+    staged_output,
+    terminal_table,
+    write_partial,
+)
 from interp.cli.sources import load_model
 
 __all__ = ["PAIR_OPTIONS", "run_task", "write_results", "is_attribution_partial"]
@@ -60,12 +66,7 @@ def run_task(args: argparse.Namespace, out: Path, say) -> int:
         )
     task = read_task(args.task)  # before loading: a malformed file is refused at once
     _refuse_lists(task)
-    index, count = args.shard or (0, 1)
-    if index >= len(task):
-        raise UsageError(
-            f"--shard {index}/{count} has no rows: {args.task} has {len(task)}; use at most "
-            f"{len(task)} shards"
-        )
+    index, count = check_shard(args.shard, len(task), str(args.task))
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
     from interp.attribution_shards import attribution_partial_sums, merge_attribution_sums
@@ -80,13 +81,7 @@ def run_task(args: argparse.Namespace, out: Path, say) -> int:
     partial = attribution_partial_sums(model, task, shard=(index, count), per_row=args.per_row)
     partial["source"] = {"model": str(args.model), "task": str(args.task)}
     if args.shard is not None:
-        with staged_output(out, owns=FILES) as stage:
-            stage.write_text("partial.json", json.dumps(partial) + "\n")
-        shown = ", ".join(map(str, partial["rows"][:8]))
-        print(f"shard {index}/{count}: rows {shown}" + (" ..." if rows > 8 else ""))
-        for path in stage.written:
-            print(f"wrote {path}")
-        return 0
+        return write_partial(out, partial, (index, count), FILES)
     return write_results(out, [partial], merge_attribution_sums([partial]))
 
 

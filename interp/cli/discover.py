@@ -16,14 +16,13 @@ scores and the circuit but no faithfulness unless ``interp merge --evaluate`` lo
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 from interp.cli.discover_results import GENERATED, generated_task
 from interp.cli.options import MAX_SEED, add_model_option, device, int_between, memory_size
-from interp.cli.output import UsageError, check_out_dir, staged_output
+from interp.cli.output import UsageError, check_out_dir, check_shard, write_partial
 from interp.cli.patch_task import TASK_METRICS, read_task, shard
 from interp.cli.sources import load_model
 
@@ -155,12 +154,7 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     task = None if args.task in GENERATED else read_task(Path(args.task))  # before loading
     n_rows = len(task) if task is not None else (args.n or 16)
-    index, count = args.shard or (0, 1)
-    if index >= n_rows:
-        raise UsageError(
-            f"--shard {index}/{count} has no rows: the task has {n_rows}; use at most "
-            f"{n_rows} shards"
-        )
+    index, count = check_shard(args.shard, n_rows, "the task")
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
     from interp.cli.options import check_at_most
@@ -225,10 +219,4 @@ def _write_shard(args, out, model, task, source, settings, ig_steps, say) -> int
     )  # fmt: skip
     partial["source"] = source
     partial["circuit"] = settings  # how merge picks the circuit (checked equal across shards)
-    with staged_output(out, owns=FILES) as stage:
-        stage.write_text("partial.json", json.dumps(partial) + "\n")
-    shown = ", ".join(map(str, partial["rows"][:8]))
-    print(f"shard {index}/{count}: rows {shown}" + (" ..." if rows > 8 else ""))
-    for path in stage.written:
-        print(f"wrote {path}")
-    return 0
+    return write_partial(out, partial, (index, count), FILES)

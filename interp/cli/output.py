@@ -289,3 +289,28 @@ def terminal_table(frame, *, decimals: int = 4) -> str:
         columns=frame.columns,
     )
     return shown.to_string(index=False)
+
+
+def check_shard(shard: tuple[int, int] | None, n_rows: int, what: str) -> tuple[int, int]:
+    """``--shard I/N`` (None: the whole task, ``(0, 1)``), refused when shard ``I`` would get
+    no row of the ``n_rows`` of ``what`` (the task file, or "the task")."""
+    index, count = shard or (0, 1)
+    if index >= n_rows:
+        raise UsageError(
+            f"--shard {index}/{count} has no rows: {what} has {n_rows}; use at most {n_rows} shards"
+        )
+    return index, count
+
+
+def write_partial(out: Path, partial: dict, shard: tuple[int, int], owns: Iterable[str]) -> int:
+    """Write a shard's ``partial.json`` (staged) and say which rows it holds; exit code 0."""
+    import json
+
+    with staged_output(out, owns=owns) as stage:
+        stage.write_text("partial.json", json.dumps(partial) + "\n")
+    rows = partial["rows"]
+    shown = ", ".join(map(str, rows[:8])) + (" ..." if len(rows) > 8 else "")
+    print(f"shard {shard[0]}/{shard[1]}: rows {shown}")
+    for path in stage.written:
+        print(f"wrote {path}")
+    return 0

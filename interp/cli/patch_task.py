@@ -15,7 +15,13 @@ import json
 import sys
 from pathlib import Path
 
-from interp.cli.output import UsageError, staged_output, terminal_table
+from interp.cli.output import (
+    UsageError,
+    check_shard,
+    staged_output,
+    terminal_table,
+    write_partial,
+)
 from interp.cli.sources import load_model
 
 __all__ = [
@@ -93,12 +99,7 @@ def run_task(args: argparse.Namespace, out: Path, sites: list[str], say) -> int:
             f"--task carries each row's prompts and answers; leave out {', '.join(given)}"
         )
     task = read_task(args.task)  # before loading: a malformed file is refused at once
-    index, count = args.shard or (0, 1)
-    if index >= len(task):
-        raise UsageError(
-            f"--shard {index}/{count} has no rows: {args.task} has {len(task)}; use at most "
-            f"{len(task)} shards"
-        )
+    index, count = check_shard(args.shard, len(task), str(args.task))
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
     from interp.interventions.shards import merge_partial_sums, task_partial_sums
@@ -129,13 +130,7 @@ def run_task(args: argparse.Namespace, out: Path, sites: list[str], say) -> int:
     partial["corrupted_tokens"] = _strings(model, first.corrupted[0])
     partial["source"] = {"model": str(args.model), "task": str(args.task)}
     if args.shard is not None:
-        with staged_output(out, owns=SHARD_FILES) as stage:
-            stage.write_text("partial.json", json.dumps(partial) + "\n")
-        print(f"shard {index}/{count}: rows {', '.join(map(str, partial['rows'][:8]))}", end="")
-        print(" ..." if len(partial["rows"]) > 8 else "")
-        for path in stage.written:
-            print(f"wrote {path}")
-        return 0
+        return write_partial(out, partial, (index, count), SHARD_FILES)
     return write_results(out, [partial], merge_partial_sums([partial]))
 
 
