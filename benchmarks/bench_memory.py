@@ -50,14 +50,14 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from interp import load_model, run_cached
-    from interp.induction import ordinary_token_ids, repeated_tokens, scan_heads
-    from interp.induction.scores import chunk_rows, held_bytes
-    from interp.memory import (
+    from interp.engine import (
         estimate_cache_bytes,
         estimate_forward_bytes,
         estimate_loss_bytes,
         estimate_run_bytes,
     )
+    from interp.induction import ordinary_token_ids, repeated_tokens, scan_heads
+    from interp.induction.scores import chunk_rows, held_bytes
 
     torch.set_num_threads(args.threads)
     model = load_model(args.model_dir, device="cpu")
@@ -125,13 +125,13 @@ def child(args: argparse.Namespace) -> None:
 def _grid(model, clean, corrupted, budget) -> dict:
     """One activation-patching grid (resid_pre, every layer and position, denoising); its
     peak estimate: the source cache plus the largest pass's working memory and metric."""
-    from interp.interventions import logit_diff, patch_activations
-    from interp.memory import (
+    from interp.engine import (
         estimate_cache_bytes,
         estimate_forward_bytes,
         estimate_loss_bytes,
         rows_per_chunk,
     )
+    from interp.interventions import logit_diff, patch_activations
 
     metric = logit_diff(int(clean[0, -1]) + 1, int(clean[0, -1]) + 2)
     frame = patch_activations(
@@ -178,7 +178,7 @@ def measure(
     if budget:
         command += ["--budget", str(budget)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if freed:  # what a budget sets (interp.memory.return_freed_memory), from outside
+    if freed:  # what a budget sets (interp.engine.return_freed_memory), from outside
         env["MALLOC_MMAP_THRESHOLD_"] = str(2**20)
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode:
@@ -219,7 +219,7 @@ def main() -> None:
         child(args)
         return
 
-    from interp.memory import format_size, parse_size
+    from interp.engine import format_size, parse_size
     from tests.checkpoints import make_checkpoint
 
     budget = parse_size(args.budget or "150MB")

@@ -25,7 +25,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from interp.loading import load_model  # noqa: E402
+from interp.models.loading import load_model  # noqa: E402
 from interp.saes.train import EVAL_TOKENS, train_sae  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

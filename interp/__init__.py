@@ -2,8 +2,8 @@
 
 The most used names are here, imported on first use, so ``import interp`` stays cheap
 (the command line starts fast) and has no side effects. The rest lives in the modules:
-``interp.circuits`` (full circuits, materialising slices), ``interp.plotting`` (figures),
-``interp.html``, ``interp.layernorm``, ``interp.attribution``, ``interp.induction``,
+``interp.circuits`` (full circuits, materialising slices), ``interp.pages.plotting`` (figures),
+``interp.pages.html``, ``interp.models.layernorm``, ``interp.attribution``, ``interp.induction``,
 ``interp.reference``.
 """
 
@@ -14,22 +14,22 @@ import importlib.util
 
 # public name -> module that defines it
 _EXPORTS = {
-    "load_model": "interp.loading",
-    "bundled_models": "interp.loading",
-    "ModelLoadError": "interp.loading",
-    "run_cached": "interp.caching",
-    "estimate_cache_bytes": "interp.memory",
-    "CachedRun": "interp.caching",
-    "PromptError": "interp.caching",
+    "load_model": "interp.models.loading",
+    "bundled_models": "interp.models.loading",
+    "ModelLoadError": "interp.models.loading",
+    "run_cached": "interp.engine",
+    "estimate_cache_bytes": "interp.engine",
+    "CachedRun": "interp.engine",
+    "PromptError": "interp.engine",
     "detect_induction_heads": "interp.induction",
     "run_induction_scan": "interp.induction",
     "copying_scores": "interp.circuits",
     "composition_scores": "interp.circuits",
-    "fold_layernorm": "interp.layernorm",
+    "fold_layernorm": "interp.models.layernorm",
     "logit_attribution": "interp.attribution",
     "logit_attribution_batch": "interp.attribution",
     "logit_lens": "interp.attribution",
-    "Report": "interp.html",
+    "Report": "interp.pages.html",
     "ReferenceGPT2": "interp.reference",
     "Site": "interp.interventions",
     "Intervention": "interp.interventions",
@@ -46,7 +46,7 @@ _EXPORTS = {
     "feature_edge_scores": "interp.discovery",
     "train_sae": "interp.saes.train",
     "load_sae": "interp.saes.loading",
-    "feature_attribution": "interp.attribution_features",
+    "feature_attribution": "interp.attribution.features",
     "SAE": "interp.saes.sae",
     "Task": "interp.tasks",
 }

@@ -355,7 +355,7 @@ def check_cli_induction(case: Case) -> None:
 
 def check_cli_attribute(case: Case) -> None:
     from interp.attribution import resolve_token
-    from interp.caching import to_tokens
+    from interp.engine import to_tokens
 
     text = case.model.tokenizer.decode(_tokens(case)[0])
     answer = case.model.tokenizer.decode([5])

@@ -279,7 +279,7 @@ CLI_TEXTS = (  # (clean, corrupted, answer, wrong): the first whose pieces are s
 
 def _cli_texts(case: Case) -> tuple[str, str, str, str]:
     from interp.attribution import resolve_token
-    from interp.caching import to_tokens
+    from interp.engine import to_tokens
 
     for clean, corrupted, answer, wrong in CLI_TEXTS:
         model = case.model
@@ -292,7 +292,7 @@ def _cli_texts(case: Case) -> tuple[str, str, str, str]:
 
 def check_cli_patch(case: Case) -> None:
     from interp.attribution import resolve_token
-    from interp.caching import to_tokens
+    from interp.engine import to_tokens
 
     if case.directory is None:
         raise NotApplicable(

@@ -60,7 +60,7 @@ def test_every_module_is_found(writer):
     # interp's own docstring names its modules; each must be in the reference
     named = set(re.findall(r"``(interp\.[a-z_.]+)``", interp.__doc__))
     assert named and named <= names, named - names
-    assert {"interp", "interp.reference", "interp.plotting", "interp.caching"} <= names
+    assert {"interp", "interp.reference", "interp.pages.plotting", "interp.engine"} <= names
 
 
 def test_every_public_name_is_in_its_section(writer):

@@ -52,7 +52,7 @@ def test_the_reference_model_imports_nothing_of_interp(graph):
 
 
 def test_the_layers_place_what_the_docs_say(layers):
-    assert layer_of("interp.induction.report", layers)[1] == "4 presentation"
+    assert layer_of("interp.pages.induction", layers)[1] == "4 presentation"
     assert layer_of("interp.induction.scores", layers)[1] == "3 analyses"
     assert layer_of("interp.engine.cache", layers)[1] == "2 engine"
     assert layer_of("interp.nowhere", layers) is None

@@ -17,7 +17,7 @@ from interp.attribution import (
     resolve_token,
     top_contributors,
 )
-from interp.layernorm import fold_layernorm
+from interp.models.layernorm import fold_layernorm
 
 # the rows (float64 sums of float32 activations) against a float32 forward pass (the brief's bar)
 IDENTITY_ATOL = 1e-4
@@ -195,7 +195,7 @@ def test_uncentred_fold_needs_no_mean_logit(gpt2_model):
 
 
 def test_a_missing_component_is_caught(gpt2_model, folded, monkeypatch):
-    import interp.residual as residual
+    import interp.attribution.residual as residual
 
     monkeypatch.setattr(residual, "has_pos_embed", lambda model: False)
     with pytest.raises(AttributionError, match="final residual stream"):
@@ -417,7 +417,7 @@ def test_cli_failure_while_reporting_leaves_nothing(gpt2_dir, tmp_path, monkeypa
 
 
 def test_cli_failure_on_the_second_file_removes_the_first(gpt2_dir, tmp_path, monkeypatch):
-    import interp.html as html
+    import interp.pages.html as html
 
     real = html.write_text_atomic
 
@@ -437,7 +437,7 @@ def test_cli_failure_on_the_second_file_removes_the_first(gpt2_dir, tmp_path, mo
 
 def test_cli_failure_keeps_the_previous_outputs(gpt2_dir, tmp_path, monkeypatch):
     """Into an existing directory: a failed run leaves the old pair of files as they were."""
-    import interp.html as html
+    import interp.pages.html as html
 
     out = tmp_path / "out"
     out.mkdir()

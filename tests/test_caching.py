@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from interp import PromptError, run_cached
-from interp.caching import to_tokens
+from interp.engine import to_tokens
 
 ATOL = 1e-5  # float32, a few d_model=64 matmuls
 

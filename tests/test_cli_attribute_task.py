@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import interp.loading
+import interp.models.loading
 from interp import Task, logit_attribution
 from interp.cli import main
 from interp.tasks import induction
@@ -40,7 +40,7 @@ def no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(interp.loading, "load_model", refuse)
+    monkeypatch.setattr(interp.models.loading, "load_model", refuse)
 
 
 def read(folder) -> pd.DataFrame:

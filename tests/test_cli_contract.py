@@ -9,8 +9,8 @@ import tempfile
 
 import pytest
 
-import interp.html as html
-import interp.loading
+import interp.models.loading
+import interp.pages.html as html
 from interp.cli import main
 
 FOLDER_COMMANDS = {  # command -> (fast arguments, the files it owns)
@@ -60,7 +60,7 @@ def no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(interp.loading, "load_model", refuse)
+    monkeypatch.setattr(interp.models.loading, "load_model", refuse)
 
 
 def old_state(out, names) -> dict[str, str]:
@@ -298,7 +298,7 @@ def test_interrupt_while_loading_exits_130(command, tmp_path, capsys, monkeypatc
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(interp.loading, "load_model", interrupted)
+    monkeypatch.setattr(interp.models.loading, "load_model", interrupted)
     out = tmp_path / ("o.html" if command == "attention" else "o")
     assert main(argv_for(command, "tiny-induction", out)) == 130
     assert "interrupted; nothing was written" in capsys.readouterr().err
@@ -369,7 +369,7 @@ def test_attention_failure_keeps_the_old_page(error, gpt2_dir, tmp_path, monkeyp
 
 SLOW_WRITER = """
 import pathlib, sys, time
-import interp.html as html
+import interp.pages.html as html
 real = html.write_text_atomic
 def slow(path, text):  # the last file waits, so the signal lands mid-write
     if path.name == "report.html":

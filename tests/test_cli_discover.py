@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import interp.loading
+import interp.models.loading
 from interp import Task
 from interp.cli import main
 from interp.discovery import discover_circuit, edge_scores, evaluate_circuit
@@ -64,7 +64,7 @@ def no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(interp.loading, "load_model", refuse)
+    monkeypatch.setattr(interp.models.loading, "load_model", refuse)
 
 
 def read_json(folder, name: str) -> dict:
@@ -183,7 +183,7 @@ def test_evaluate_refuses_a_changed_task_file_before_loading(
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the task was checked")
 
-    monkeypatch.setattr(interp.loading, "load_model", refuse)
+    monkeypatch.setattr(interp.models.loading, "load_model", refuse)
     code = main(["merge", str(shard), "--evaluate", "--out", str(tmp_path / "never")])
     assert code == 2 and "is not the one the shards scored" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
@@ -203,7 +203,7 @@ def test_the_report_keeps_hostile_task_text_as_text(tmp_path, bundled_model):
     assert {tag for tag, _ in parser.tags} <= ALLOWED_TAGS
     assert not [(t, a) for t, a in parser.tags for name in a if name.startswith("on")]
     assert {rows[0]["clean"], rows[1]["corrupted"]} <= set(parser.text["td"])
-    from interp.html import _BOOTSTRAP, plotly_js
+    from interp.pages.html import _BOOTSTRAP, plotly_js
 
     assert executable(parser) == [plotly_js(partial=True), _BOOTSTRAP]
     from tests.test_pages import figures
@@ -305,7 +305,7 @@ def test_the_graph_tells_q_k_v_apart_and_widens_with_the_score():
     its own hover point with its score, ends at its reader's port (q, k and v at different
     places, coloured by kind), and is wider the larger its |score|."""
     from interp.discovery import Graph
-    from interp.discovery.plots import READER_COLOURS, circuit_graph
+    from interp.pages.discovery_plots import READER_COLOURS, circuit_graph
 
     graph = Graph(n_layers=2, n_heads=4, n_kv_heads=2)
     names = list(graph.edge_names)

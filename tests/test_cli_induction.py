@@ -59,7 +59,7 @@ def test_bad_model_is_one_line_and_writes_nothing(tmp_path, capsys):
 
 
 def test_failure_while_rendering_leaves_no_files(gpt2_dir, tmp_path, monkeypatch, capsys):
-    import interp.induction.report as report
+    import interp.pages.induction as report
 
     def broken(*args, **kwargs):
         raise RuntimeError("renderer broke")

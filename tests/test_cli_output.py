@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-import interp.html as html
+import interp.pages.html as html
 from interp.cli.output import (
     OutputError,
     UsageError,

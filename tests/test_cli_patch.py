@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-import interp.loading
+import interp.models.loading
 from interp.cli import main
 from interp.interventions import COLUMNS, logit_diff, patch_activations
 
@@ -95,7 +95,7 @@ def no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(interp.loading, "load_model", refuse)
+    monkeypatch.setattr(interp.models.loading, "load_model", refuse)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import interp.loading
+import interp.models.loading
 from interp import Task, patch_activations
 from interp.cli import main
 from interp.interventions.task_patching import TASK_COLUMNS
@@ -112,7 +112,7 @@ def no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(interp.loading, "load_model", refuse)
+    monkeypatch.setattr(interp.models.loading, "load_model", refuse)
 
 
 BAD_FILES = {

@@ -22,13 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformer_lens", "transformers", "pandas", "plotly", "numpy")
 
 # runs each command line in turn; after each, the heavy modules (and interp modules outside
-# the command line, but the torch-free interp.sizes and interp.sources it checks with) imported
+# the command line, but the torch-free interp.foundation.sizes and interp.models.sources it
+# checks with) imported
 PROBE = """
 import contextlib, io, json, sys
 from interp.cli import main
 
 heavy = tuple(json.loads(sys.argv[1]))
-allowed = ("interp.cli", "interp.sizes", "interp.sources")  # torch-free
+allowed = ("interp.cli", "interp.foundation.sizes", "interp.models.sources")  # torch-free
 def loaded():
     return sorted(m for m in sys.modules if m.split(".")[0] in heavy
                   or (m.startswith("interp.") and not m.startswith(allowed)))
@@ -174,7 +175,7 @@ def test_memory_size_accepts_what_parse_size_reads(text):
     import argparse
 
     from interp.cli.options import memory_size
-    from interp.memory import parse_size
+    from interp.engine import parse_size
 
     try:
         parse_size(text)
@@ -196,7 +197,7 @@ def test_patch_choices_are_the_library_s():
 
 
 def test_bundled_models_are_the_loader_s():
-    import interp.loading as loading
+    import interp.models.loading as loading
     from interp.cli import sources
 
     assert sources.BUNDLED_DIR == loading.BUNDLED_DIR
@@ -205,7 +206,7 @@ def test_bundled_models_are_the_loader_s():
 
 def _loader_refusal(name: str | os.PathLike) -> str | None:
     """The loader's message for ``name`` before it imports TransformerLens, or None."""
-    import interp.loading as loading
+    import interp.models.loading as loading
 
     try:
         kind, location = loading.resolve_source(name)

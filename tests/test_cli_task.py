@@ -37,12 +37,12 @@ def test_ioi_without_names_for_this_tokenizer_exits_2(tmp_path, capsys):
 
 @pytest.fixture
 def no_loading(monkeypatch):
-    import interp.loading
+    import interp.models.loading
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(interp.loading, "load_model", refuse)
+    monkeypatch.setattr(interp.models.loading, "load_model", refuse)
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from interp import run_cached, run_induction_scan
-from interp.display import grouped_names, page_iframe, summary_html, table_html
-from interp.html import Report
-from interp.memory import estimate_cache_bytes
+from interp.engine import estimate_cache_bytes
+from interp.foundation.formatting import grouped_names, summary_html, table_html
+from interp.pages.display import page_iframe
+from interp.pages.html import Report
 
 HOSTILE = [
     "</script><script>alert(1)</script>",
@@ -170,9 +171,9 @@ def test_grouped_names():
 
 
 def test_other_results_repr_without_values(gpt2_model):
+    from interp.attribution.residual import residual_parts
     from interp.circuits import circuit_weights
-    from interp.layernorm import fold_info, fold_layernorm
-    from interp.residual import residual_parts
+    from interp.models.layernorm import fold_info, fold_layernorm
 
     folded = fold_layernorm(gpt2_model)
     tokens = run_cached(gpt2_model, "a b c").tokens
@@ -246,7 +247,7 @@ def test_page_iframe_escapes_quotes():
 
 
 def test_bundled_model_scan_names_its_induction_heads(bundled_model):
-    from interp.display import head_names
+    from interp.foundation.formatting import head_names
 
     result = run_induction_scan(bundled_model)
     heads = head_names(result.table[result.table["is_induction"]])
@@ -260,7 +261,7 @@ def test_reports_render_inline_in_their_frames(browser, tmp_path):
     """Two Report outputs in one notebook-like page, in headless Chromium (offline): each
     frame draws its figures and attention view with no error and no request, the hostile
     one runs nothing, and the page around them holds no script."""
-    from interp.plotting import head_heatmap
+    from interp.pages.plotting import head_heatmap
     from tests.test_browser import CHECKS, PWNED, READY, hostile_report, pattern
 
     scores = pd.DataFrame(

@@ -41,7 +41,7 @@ KNOWN_FAILING: dict[str, str] = {}
 
 
 def _gpt2_cached() -> bool:
-    from interp.loading import _hub_cached
+    from interp.models.loading import _hub_cached
 
     return _hub_cached("gpt2", "config.json")
 

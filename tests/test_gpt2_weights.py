@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from interp.loading import _hub_cached
+from interp.models.loading import _hub_cached
 
 # Olsson et al. 2022 and the TransformerLens demos: GPT-2 small's induction heads
 KNOWN_INDUCTION_HEADS = {(5, 1), (5, 5), (6, 9), (7, 2), (7, 10)}

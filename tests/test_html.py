@@ -16,9 +16,11 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-import interp.html as ih
-import interp.page_assets as page_assets
-from interp.html import Report, script_json, write_text_atomic
+import interp.pages.assets as page_assets
+import interp.pages.html as ih
+from interp.foundation.files import write_text_atomic
+from interp.pages.assets import script_json
+from interp.pages.html import Report
 
 HOSTILE = [
     "</script><script>window.__pwned=1;document.title='pwned';alert(1)</script>",

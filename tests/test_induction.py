@@ -11,7 +11,7 @@ import torch
 from transformer_lens.head_detector import detect_head
 
 from interp import load_model
-from interp.caching import run_cached
+from interp.engine import run_cached
 from interp.induction import (
     RepeatedTokens,
     detect_induction_heads,
@@ -151,7 +151,7 @@ def test_fixed_offset_head_is_told_apart_from_induction(gpt2_model):
 
 
 def test_same_seed_same_csv_bytes(gpt2_model):
-    from interp.induction.report import table_csv
+    from interp.pages.induction import table_csv
 
     def once(seed):
         return table_csv(

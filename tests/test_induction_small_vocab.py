@@ -117,7 +117,7 @@ def test_scan_without_bos(small):
     assert torch.equal(result.batch.tokens[b, k - 1], result.batch.tokens[b, q])
     assert len(b) == int(result.batch.seq_lens.sum())
     _check_against_transformers(result, hf)
-    from interp.induction.report import build_report
+    from interp.pages.induction import build_report
 
     page = build_report(model, result, "toy").to_html()
     assert "a + a (no BOS)" in page

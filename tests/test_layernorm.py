@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from interp.layernorm import (
+from interp.models.layernorm import (
     FoldError,
     check_foldable,
     fold_info,
@@ -139,7 +139,7 @@ def test_folding_twice_is_refused(gpt2_model):
 
 
 def test_a_model_processed_by_transformer_lens_is_refused(gpt2_model):
-    from interp.layernorm import _clone
+    from interp.models.layernorm import _clone
 
     processed = _clone(gpt2_model)
     processed.enable_compatibility_mode(disable_warnings=True)
@@ -188,7 +188,7 @@ def test_not_a_bridge_is_refused():
 
 def test_a_fold_that_changes_the_output_is_caught(gpt2_model, monkeypatch):
     """verify=True compares the copy with the original; simulate a wrong fold."""
-    import interp.layernorm as layernorm
+    import interp.models.layernorm as layernorm
 
     real_clone = layernorm._clone
 

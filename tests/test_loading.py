@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from interp import ModelLoadError, load_model
-from interp.loading import resolve_source
+from interp.models.loading import resolve_source
 from tests.checkpoints import make_checkpoint
 
 ATOL = 1e-5  # float32, same weights, eager attention on both sides
@@ -55,7 +55,7 @@ def test_offline_hub_name_fails_fast_with_advice(monkeypatch):
 
 
 def test_unreachable_hub_fails_fast(monkeypatch):
-    import interp.loading as loading
+    import interp.models.loading as loading
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setattr(loading, "_hub_is_offline", lambda: False)

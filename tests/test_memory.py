@@ -1,4 +1,5 @@
-"""Memory estimates, budgets, chunked scans and offloaded models (interp.memory, interp.offload).
+"""Memory estimates, budgets, chunked scans and offloaded models (interp.engine,
+interp.models.offload).
 
 Estimates of the cache are checked against the bytes a CachedRun really holds; chunked runs
 against one pass; an offloaded model (most layers on disk) against the same model in memory.
@@ -14,23 +15,23 @@ import pytest
 import torch
 
 from interp import estimate_cache_bytes, load_model, memory, run_cached
-from interp.caching import CachedRun
 from interp.cli import main
-from interp.engine import plan
-from interp.engine.estimates import _per_token
-from interp.engine.plan import _GLIBC_SLACK, _PLAN_SHARE
-from interp.induction import ordinary_token_ids, repeated_tokens, run_induction_scan, scan_heads
-from interp.induction.scores import ablated_repeated_loss, chunk_rows, held_bytes
-from interp.loading import ModelLoadError
-from interp.memory import (
+from interp.engine import (
+    CachedRun,
     MemoryBudgetError,
     estimate_forward_bytes,
     estimate_loss_bytes,
     estimate_run_bytes,
     parse_size,
+    plan,
     rows_per_chunk,
 )
-from interp.offload import is_offloaded, stacked_weight
+from interp.engine.estimates import _per_token
+from interp.engine.plan import _GLIBC_SLACK, _PLAN_SHARE
+from interp.induction import ordinary_token_ids, repeated_tokens, run_induction_scan, scan_heads
+from interp.induction.scores import ablated_repeated_loss, chunk_rows, held_bytes
+from interp.models.loading import ModelLoadError
+from interp.models.offload import is_offloaded, stacked_weight
 from tests.checkpoints import make_checkpoint
 
 CHUNK_ATOL = 1e-6  # chunked vs one pass: same arithmetic per row, sums in another order
@@ -366,7 +367,7 @@ def test_offloaded_induction_and_circuits_match(in_memory, offloaded):
 
 def test_offloaded_model_refuses_folding_in_one_line(offloaded):
     from interp import fold_layernorm, logit_attribution, logit_attribution_batch
-    from interp.layernorm import FoldError
+    from interp.models.layernorm import FoldError
 
     for call in (
         lambda: fold_layernorm(offloaded),

@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from interp import load_model, logit_attribution, logit_attribution_batch, logit_lens, run_cached
-from interp.engine.plan import _GLIBC_SLACK, _PLAN_SHARE
-from interp.interventions import Intervention, Site, logit_diff, patch_activations, run_patched
-from interp.interventions.attribution import estimate_attribution_bytes
-from interp.memory import (
+from interp.engine import (
     MemoryBudgetError,
     estimate_cache_bytes,
     estimate_forward_bytes,
     estimate_loss_bytes,
     rows_per_chunk,
 )
-from interp.offload import is_offloaded
+from interp.engine.plan import _GLIBC_SLACK, _PLAN_SHARE
+from interp.interventions import Intervention, Site, logit_diff, patch_activations, run_patched
+from interp.interventions.attribution import estimate_attribution_bytes
+from interp.models.offload import is_offloaded
 
 CHUNK_ATOL = 1e-6  # chunked vs one pass: the same arithmetic per row
 OFFLOAD_ATOL = 1e-5  # offloaded vs in memory: the same weights read back from the checkpoint
@@ -200,7 +200,7 @@ def test_batched_attribution_equals_one_prompt_at_a_time(
     answers = [40, 41, 52, 7]
     folded = __import__("interp").fold_layernorm(model)
     n_pos = max(model.to_tokens(t).shape[1] for t in texts)
-    from interp.attribution_batch import _bytes_per_row
+    from interp.attribution.batch import _bytes_per_row
 
     per_row = estimate_forward_bytes(folded, (1, n_pos))
     per_row += _bytes_per_row(model, folded, n_pos, neurons)

@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from interp.loading import _hub_cached
+from interp.models.loading import _hub_cached
 from tests.notebooks import NOTEBOOKS, execute, to_html
 
 EXPECTED = {"tour.ipynb", "gpt2_small.ipynb"}

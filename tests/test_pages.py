@@ -11,10 +11,10 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-import interp.html as ih
-import interp.page_assets as page_assets
+import interp.pages.assets as page_assets
+import interp.pages.html as ih
 from interp.cli import main
-from interp.html import Report
+from interp.pages.html import Report
 from tests.test_html import data_blocks, executable, parse
 
 MAX_INDUCTION_PAGE = 2_500_000  # bytes: the limit (it was 6.2 MB with the full bundle)
@@ -104,7 +104,7 @@ def test_vendored_bundle_is_the_official_partial_build_with_its_licence():
 
 
 def test_every_trace_type_interp_draws_is_in_the_partial_bundle(pages):
-    from interp.plotting import (
+    from interp.pages.plotting import (
         attention_heatmap,
         attribution_bars,
         head_heatmap,

@@ -10,7 +10,7 @@ import torch
 from transformer_lens import patching as tl_patching
 
 from interp import run_cached
-from interp.caching import PromptError
+from interp.engine import PromptError
 from interp.interventions import (
     COLUMNS,
     GRIDS,

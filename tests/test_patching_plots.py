@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from interp.html import Report
 from interp.interventions import logit_diff, patch_activations
-from interp.interventions.plots import patching_heatmap
-from interp.interventions.report import add_patching_section
+from interp.pages.html import Report
+from interp.pages.patching import add_patching_section
+from interp.pages.patching_plots import patching_heatmap
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from interp.caching import PromptError, run_cached
+from interp.engine import PromptError, run_cached
 from interp.induction.batches import ordinary_token_ids, repeated_tokens
 from interp.interventions.paths import (
     COLUMNS,

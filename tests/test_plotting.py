@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from interp.html import Report
-from interp.plotting import (
+from interp.pages.html import Report
+from interp.pages.plotting import (
     attention_heatmap,
     attribution_bars,
     head_heatmap,

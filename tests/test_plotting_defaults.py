@@ -11,7 +11,7 @@ import torch
 import interp
 from interp.attribution import heads_table, logit_attribution, logit_lens
 from interp.circuits import copying_scores
-from interp.plotting import (
+from interp.pages.plotting import (
     attention_heatmap,
     attribution_bars,
     head_heatmap,
@@ -170,7 +170,7 @@ def test_head_heatmap_takes_a_path_patching_result(case):
 
 def test_head_heatmap_takes_a_heads_patching_frame(case):
     from interp.interventions import logit_diff, patch_activations
-    from interp.interventions.plots import patching_heatmap
+    from interp.pages.patching_plots import patching_heatmap
 
     model, prompt = case[0], case[1]
     clean = interp.run_cached(model, prompt).tokens

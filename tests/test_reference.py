@@ -2,7 +2,7 @@
 
 Three layers of checks: each piece against an independent torch computation; the whole
 model against TransformerLens's hooked model on the GPT-2 fixtures (every activation both
-record, greedy generation); and the reference as the oracle for ``interp.caching.run_cached``.
+record, greedy generation); and the reference as the oracle for ``interp.engine.run_cached``.
 Sensitivity tests show the tolerances are tight enough to catch a wrong reference.
 """
 
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from interp import load_model
-from interp.caching import run_cached
-from interp.loading import BUNDLED_DIR
+from interp.engine import run_cached
+from interp.models.loading import BUNDLED_DIR
 from interp.reference import (
     GPT2,
     Attention,
@@ -297,7 +297,7 @@ def test_the_tolerances_catch_a_wrong_reference(tiny_pair):
     assert pattern_error.abs().max() > 100 * PATTERN_ATOL
 
 
-# ---- the reference as the oracle for interp.caching.run_cached ------------------------------
+# ---- the reference as the oracle for interp.engine.run_cached ------------------------------
 
 
 def test_run_cached_matches_the_reference(pair):

@@ -17,8 +17,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, GemmaConfig, GemmaFor
 
 from interp import load_model
 from interp.attribution import AttributionError, logit_attribution, logit_lens
-from interp.layernorm import FoldError, fold_info, fold_layernorm
-from interp.norms import effective_bias, effective_weight
+from interp.models.layernorm import FoldError, fold_info, fold_layernorm
+from interp.models.norms import effective_bias, effective_weight
 from tests.checkpoints import make_tokenizer
 from tests.zoo import RMSNORM_ARCHS, _randomise
 
@@ -329,7 +329,7 @@ def test_soft_capped_model_folds_without_centring(models):
 
 def test_a_soft_cap_that_is_not_tanh_is_caught(models, monkeypatch):
     """If the pre-cap hook did not hold what the cap is applied to, refuse."""
-    import interp.residual as residual
+    import interp.attribution.residual as residual
 
     monkeypatch.setattr(residual, "soft_cap", lambda model: 2 * SMALL_CAP)
     with pytest.raises(AttributionError, match="soft-capping is not"):
@@ -428,7 +428,7 @@ def test_rmsnorm_model_is_left_unchanged(models):
 
 def test_layernorm_post_norm_is_refused(models, monkeypatch):
     """Only RMSNorm post-norms are decomposed; a LayerNorm there is refused in one line."""
-    import interp.residual as residual
+    import interp.attribution.residual as residual
 
     monkeypatch.setattr(residual, "is_rms", lambda norm: False)
     with pytest.raises(AttributionError, match="normalises its attn output with a LayerNorm"):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from interp import load_sae, run_cached
-from interp.attribution_features import feature_attribution
-from interp.layernorm import fold_layernorm
+from interp.attribution.features import feature_attribution
+from interp.models.layernorm import fold_layernorm
 from interp.saes.sae import SAE
 
 PROMPT = "def f(x):\n    return x + x\n\nclass A:\n    def g(self):\n        return self.g"

@@ -13,7 +13,7 @@ import torch
 
 from interp import load_sae
 from interp.cli import main
-from interp.layernorm import fold_layernorm
+from interp.models.layernorm import fold_layernorm
 from interp.saes.features import feature_summary, logit_effects
 from tests.test_html import ALLOWED_TAGS, HOSTILE, executable, parse
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from interp import estimate_cache_bytes, load_sae, run_cached
-from interp.memory import MemoryBudgetError
+from interp.engine import MemoryBudgetError
 from interp.saes.sae import SAE
 
 ATOL = 1e-5  # float32 logits of a 2-layer model

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from interp import load_model
-from interp.caching import to_tokens
+from interp.engine import to_tokens
 from interp.tasks import (
     Task,
     TaskError,

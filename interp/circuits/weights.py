@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.offload import materialized
+from interp.models.offload import materialized
 
 __all__ = ["CircuitWeights", "as_weights", "circuit_weights"]
 

@@ -71,8 +71,8 @@ def write_attention_page(*, model_name: str, prompt: str, out, layers=None, devi
     layers = unique(layers)
     model = load_model(model_name, device=device)
     # imported only now, so that a refused command line starts fast (docs/commands.md)
-    from interp.caching import run_cached
-    from interp.html import Report
+    from interp.engine import run_cached
+    from interp.pages.html import Report
 
     n_layers = int(model.cfg.n_layers)
     check_at_most(

@@ -78,8 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_report(model_name: str, prompt: str, attribution, lens):
     """The HTML page: the identity, top contributors, per-head heatmap, the logit lens."""
     from interp.attribution import heads_table, top_contributors
-    from interp.html import Report
-    from interp.plotting import attribution_bars, head_heatmap, logit_lens_lines
+    from interp.pages.html import Report
+    from interp.pages.plotting import attribution_bars, head_heatmap, logit_lens_lines
 
     attrs = attribution.attrs
     target = (

@@ -6,7 +6,7 @@ Each row is attributed at its own last token to its own answer (minus its own wr
 loads and checked against the tokenizer right after, before any forward pass: a refusal exits
 2 and writes nothing. ``--shard I/N`` attributes rows ``I, I+N, ...`` and writes their partial
 sums to ``partial.json``; ``interp merge`` combines the shards. A whole run is one shard of one
-and goes through the same sums (:mod:`interp.attribution_shards`).
+and goes through the same sums (:mod:`interp.attribution.shards`).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def run_task(args: argparse.Namespace, out: Path, say) -> int:
     index, count = check_shard(args.shard, len(task), str(args.task))
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
-    from interp.attribution_shards import attribution_partial_sums, merge_attribution_sums
+    from interp.attribution.shards import attribution_partial_sums, merge_attribution_sums
     from interp.tasks import TaskError
 
     try:  # every row against the tokenizer and the context, before any forward pass
@@ -140,8 +140,8 @@ def build_report(summary: dict, frame):
     import pandas as pd
 
     from interp.attribution import heads_table
-    from interp.html import Report
-    from interp.plotting import attribution_bars, head_heatmap
+    from interp.pages.html import Report
+    from interp.pages.plotting import attribution_bars, head_heatmap
 
     attrs = frame.attrs
     task = summary["task"]
@@ -214,7 +214,7 @@ def build_report(summary: dict, frame):
 def write_results(out: Path, parts: list[dict], frame) -> int:
     """attribution.csv, summary.json and report.html of a task run (whole or merged), and
     attribution_rows.csv when the shards kept each row (``--per-row``)."""
-    from interp.attribution_shards import merge_attribution_rows
+    from interp.attribution.shards import merge_attribution_rows
 
     summary = summary_of(parts, frame)
     html = build_report(summary, frame).to_html()

@@ -67,8 +67,8 @@ def _excess_by_head(comp, kind: str):
 
 
 def build_report(model_name: str, copying, composition, *, fold_ln: bool) -> str:
-    from interp.html import Report
-    from interp.plotting import head_heatmap
+    from interp.pages.html import Report
+    from interp.pages.plotting import head_heatmap
 
     report = Report(f"QK/OV circuits of {model_name}")
     report.add_text(

@@ -61,7 +61,7 @@ def _float(value) -> float | None:
 def write_results(out: Path, info: dict, method: str, params: dict, frame, result, ablation):
     """edges.csv, circuit.json, summary.json, report.html, and curve.csv when ``result`` (a
     CircuitEvaluation) is given; a merged run has none (no model to evaluate with)."""
-    from interp.discovery.report import discovery_report
+    from interp.pages.discovery import discovery_report
 
     attrs = frame.attrs
     edges = list(frame.loc[frame["in_circuit"].astype(bool), "edge"])

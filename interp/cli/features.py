@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     check_sae_fits(model, sae)
     import torch
 
-    from interp.feature_pages import features_report
+    from interp.pages.features import features_report
     from interp.saes.data import TokenRows
     from interp.saes.features import feature_summary
 

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         model = load_model(args.model, device_map=args.device_map, max_memory=max_memory)
     # imported only now, so that a refused command line starts fast (docs/commands.md)
     from interp.induction import run_induction_scan
-    from interp.induction.report import render_outputs
+    from interp.pages.induction import render_outputs
 
     seq_lens = args.seq_lens  # None: the scan fits the defaults to the context and vocabulary
     longest = (int(model.cfg.n_ctx) - 1) // 2  # BOS + a + a fits the context

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _merge_attribution(out: Path, folders: list[Path], parts: list[dict]) -> int:
     """The shards of ``interp attribute --task ... --shard I/N``: attribution.csv and the rest."""
-    from interp.attribution_shards import merge_attribution_sums
+    from interp.attribution.shards import merge_attribution_sums
 
     try:
         frame = merge_attribution_sums(parts)

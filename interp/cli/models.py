@@ -12,7 +12,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interp.cli.sources import BUNDLED_DIR, bundled_models  # interp.loading's, torch-free
+    from interp.cli.sources import (  # interp.models.loading's, torch-free
+        BUNDLED_DIR,
+        bundled_models,
+    )
     from interp.saes.bundled import bundled_sae_info, bundled_saes  # torch-free too
 
     names = bundled_models()

@@ -17,7 +17,7 @@ import argparse
 from collections.abc import Callable, Iterable
 
 from interp.cli.output import UsageError
-from interp.sizes import parse_size
+from interp.foundation.sizes import parse_size
 
 __all__ = [
     "int_between",
@@ -94,10 +94,10 @@ def unique(values: Iterable[int] | None) -> list[int] | None:
     return None if values is None else sorted(set(values))
 
 
-# interp.memory.parse_size's grammar (a test keeps them in step), here without its torch import
+# interp.engine.parse_size's grammar (a test keeps them in step), here without its torch import
 def memory_size(text: str) -> str:
     """An argparse type: a memory size such as ``500MB`` or ``1GiB`` (what
-    :func:`interp.sizes.parse_size` reads, torch-free), returned as written; the library
+    :func:`interp.foundation.sizes.parse_size` reads, torch-free), returned as written; the library
     parses it."""
     try:
         parse_size(text)

@@ -97,8 +97,8 @@ def _parse_sites(text: str) -> list[str]:
 
 
 def build_report(model_name: str, args: argparse.Namespace, frame, tokens: list[str]):
-    from interp.html import Report
-    from interp.interventions.report import add_patching_section
+    from interp.pages.html import Report
+    from interp.pages.patching import add_patching_section
 
     report = Report(f"Activation patching: {model_name}")
     report.add_text(
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, device=args.device)
     # imported only now, so that a refused command line starts fast (docs/commands.md)
     from interp.attribution import TokenError, resolve_token
-    from interp.caching import PromptError
+    from interp.engine import PromptError
     from interp.interventions import logit_diff, probability
     from interp.interventions.patching import COLUMNS, pair_tokens, patch_activations
 

@@ -168,9 +168,9 @@ def task_summary(parts: list[dict], frame) -> dict:
 
 def write_results(out: Path, parts: list[dict], frame) -> int:
     """patching.csv, summary.json and report.html of a task run (whole or merged)."""
-    from interp.html import Report
-    from interp.interventions.report import add_patching_section
     from interp.interventions.task_patching import TASK_COLUMNS
+    from interp.pages.html import Report
+    from interp.pages.patching import add_patching_section
 
     summary = task_summary(parts, frame)
     report = Report(f"Activation patching over a task: {summary['model']}")
@@ -193,7 +193,7 @@ def write_results(out: Path, parts: list[dict], frame) -> int:
 
 def print_results(frame, tokens: list[str], method: str) -> None:
     """The metrics, the sanity warnings (on stderr) and the top cells, ``pos`` with its token."""
-    from interp.interventions.report import pos_label, top_cells
+    from interp.pages.patching import pos_label, top_cells
 
     attrs = frame.attrs
     over = f" (means over {attrs['n_rows']} rows)" if attrs.get("n_rows") else ""

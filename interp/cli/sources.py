@@ -1,8 +1,8 @@
 """The commands' model loading: the source checked first, without torch.
 
-``interp.loading`` imports torch and TransformerLens (seconds) before it can look at the name
+``interp.models.loading`` imports torch and TransformerLens (seconds) before it can look at the name
 it was given, so a command line naming a folder that does not exist would wait for them only
-to fail. :func:`load_model` here runs the loader's own source checks (:mod:`interp.sources`,
+to fail. :func:`load_model` here runs the loader's own source checks (:mod:`interp.models.sources`,
 which imports no torch) first, and only then imports the loader. Hub names are left to the
 loader: finding one needs ``huggingface_hub`` and, outside its cache, the network.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from interp.sources import (
+from interp.models.sources import (
     BUNDLED_DIR,
     ModelLoadError,
     bundled_models,
@@ -40,10 +40,10 @@ def load_model(
     device_map: str | None = None,
     max_memory: dict[str | int, str] | None = None,
 ):
-    """:func:`check_source`, then ``interp.loading.load_model`` (looked up when called: tests
+    """:func:`check_source`, then ``interp.models.loading.load_model`` (looked up when called: tests
     replace it) with the keywords that were given."""
     check_source(name)
-    import interp.loading as loading
+    import interp.models.loading as loading
 
     given = {"device": device, "device_map": device_map, "max_memory": max_memory}
     return loading.load_model(name, **{k: v for k, v in given.items() if v is not None})

@@ -28,7 +28,7 @@ from interp.discovery.inputs import reader_hooks
 from interp.discovery.runs import WriterOutputs, rows_metric
 from interp.engine import rows_per_pass, run_logits
 from interp.engine.estimates import _itemsize
-from interp.norms import POST_NORMS, effective_weight, post_norm
+from interp.models.norms import POST_NORMS, effective_weight, post_norm
 from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = ["removed_metrics"]

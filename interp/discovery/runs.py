@@ -23,7 +23,7 @@ from interp.discovery.graph import Graph, Reader
 from interp.discovery.inputs import reader_hooks
 from interp.engine import run_cached, run_logits, task_blocks
 from interp.engine.estimates import _itemsize
-from interp.norms import POST_NORMS, effective_weight, is_rms, param, post_norm
+from interp.models.norms import POST_NORMS, effective_weight, is_rms, param, post_norm
 from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = [

@@ -22,8 +22,8 @@ import pandas as pd
 from interp.discovery.graph import split_edge
 from interp.discovery.runs import _undefined
 from interp.discovery.scores import SCORED_METHODS, edge_changes
+from interp.foundation.partials import check_one_run, check_shards
 from interp.interventions.shards import shard_rows, task_fingerprint
-from interp.partials import check_one_run, check_shards
 from interp.tasks import Task
 
 __all__ = ["discovery_partial_sums", "merge_discovery_sums", "DISCOVER_FORMAT"]

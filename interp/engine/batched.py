@@ -134,7 +134,7 @@ def rows_per_pass(
     default then also allows as many as keep the pass's largest moment
     (:func:`estimate_forward_bytes`) under 256 MiB, where that is more. Callers that must
     refuse a budget before any run ask here first; raises
-    :class:`interp.memory.MemoryBudgetError` when not even one run fits."""
+    :class:`interp.engine.MemoryBudgetError` when not even one run fits."""
     if max_rows is not None:
         return max_rows
     read = 1 if read_one else None
@@ -194,8 +194,8 @@ def run_patched(
     (tests/test_patching.py), but rows share forward passes: ``max_rows`` rows at most per pass
     (default: as many as keep the float32 logits under 256 MiB), or as many as fit
     ``max_bytes`` (bytes or text such as ``"500MB"``: one pass's working memory and the metric
-    over its logits, :func:`interp.memory.rows_per_chunk`; raises
-    :class:`interp.memory.MemoryBudgetError` when not even one row fits). ``held``: bytes the
+    over its logits, :func:`interp.engine.rows_per_chunk`; raises
+    :class:`interp.engine.MemoryBudgetError` when not even one row fits). ``held``: bytes the
     caller keeps throughout (e.g. the source run's cache, named by ``held_what`` in a refusal),
     which come off ``max_bytes`` first. Pass one of ``max_rows`` and ``max_bytes``, not both.
     ``fixed`` interventions apply to every row before the row's own (e.g. a frozen LayerNorm

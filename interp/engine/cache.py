@@ -33,7 +33,7 @@ from interp.engine.tokens import (
     hook_name,
     to_tokens,
 )
-from interp.formatting import (
+from interp.foundation.formatting import (
     grouped_names,
     megabytes,
     nbytes,
@@ -41,7 +41,7 @@ from interp.formatting import (
     table_html,
     tensor_text,
 )
-from interp.offload import stacked_weight
+from interp.models.offload import stacked_weight
 
 __all__ = ["CachedRun", "run_cached", "run_logits"]
 
@@ -66,7 +66,7 @@ class CachedRun:
 
     def memory_bytes(self) -> int:
         """Bytes held by the cached activations, the logits and the token ids (what
-        :func:`interp.memory.estimate_cache_bytes` estimates before the run)."""
+        :func:`interp.engine.estimate_cache_bytes` estimates before the run)."""
         return (
             sum(nbytes(t) for t in self.activations.values())
             + nbytes(self.logits)
@@ -198,7 +198,7 @@ def run_cached(
         keep_logits: return the logits (``[batch pos d_vocab]`` can be the largest tensor).
         max_bytes: a budget (bytes, or text such as ``"500MB"``, ``"1GiB"``) for the cache plus
             the forward pass's working memory; a run estimated to exceed it raises
-            :class:`interp.memory.MemoryBudgetError` before it starts, saying what would fit.
+            :class:`interp.engine.MemoryBudgetError` before it starts, saying what would fit.
         saes: SAEs (:func:`interp.load_sae`) spliced in at their hooks, their feature
             activations cached under ``f"{sae.hook_name}.hook_sae_acts"`` ``[batch pos d_sae]``.
         use_error_term: add each SAE's reconstruction error back, so the run is the model's

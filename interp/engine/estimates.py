@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from interp.engine.allocator import release_retained
-from interp.sizes import format_size, parse_size
+from interp.foundation.sizes import format_size, parse_size
 
 __all__ = [
     "parse_size",

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from interp.formatting import head_names, number, summary_html, table_html
+from interp.foundation.formatting import head_names, number, summary_html, table_html
 from interp.induction.batches import (
     RepeatedTokens,
     choose_seq_lens,

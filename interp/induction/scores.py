@@ -14,7 +14,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.engine import Intervention, Site, row_chunks, run_cached
-from interp.formatting import summary_html, table_html, tensor_text
+from interp.foundation.formatting import summary_html, table_html, tensor_text
 from interp.induction.batches import SCORE_TARGETS, RepeatedTokens
 
 __all__ = [
@@ -122,8 +122,8 @@ def chunk_rows(
 
     What the scan keeps for the whole batch (:func:`held_bytes`) comes off the budget first;
     each pass then needs the forward pass's working memory
-    (:func:`interp.memory.estimate_forward_bytes`), or after it the loss over the logits
-    (:func:`interp.memory.estimate_loss_bytes`), per row.
+    (:func:`interp.engine.estimate_forward_bytes`), or after it the loss over the logits
+    (:func:`interp.engine.estimate_loss_bytes`), per row.
     """
     n_rows, n_pos = batch.tokens.shape
     return row_chunks(

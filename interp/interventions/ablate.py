@@ -12,8 +12,6 @@ paper's mean ablation) and reads the metric. With ``m_i(site)`` the ablated metr
 A prompt with a metric callable is a task of one row: ``ablation_effects(model, prompt,
 metric)``. Rows are right-padded; real tokens never see the padding, and the dataset mean is
 taken over real tokens only, so padding changes no number (tests/test_ablation_effects.py).
-
-This module also keeps the old import path of the hook compiler (:mod:`interp.engine.hooks`).
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from interp.engine import Intervention, Site, check_eval, run_cached, run_patched_task, to_tokens
-from interp.engine.hooks import HookFn, compile_hooks, intervene
 from interp.interventions.grids import site_frame
 from interp.interventions.metrics import metric_name, row_by_row
 from interp.interventions.task_patching import TASK_METRICS, is_task, task_row_metric
@@ -37,9 +34,6 @@ __all__ = [
     "ablation_effects",
     "ABLATION_SITES",
     "ABLATION_KINDS",
-    "compile_hooks",
-    "intervene",
-    "HookFn",
 ]
 
 # site name -> (site kind, per head): every position of a head's output, attention or MLP layer

@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.attribution_core import resolve_token
+from interp.attribution.core import resolve_token
 from interp.engine.batched import MetricFn, per_row
 
 __all__ = [

@@ -114,7 +114,7 @@ def patch_activations(
             ``max_rows``): the source run's cache of the patched hooks is held throughout, and
             the patched runs go in passes of as many rows as fit what is left (same numbers as
             one pass). ``method="attribution"`` cannot be split (one forward and backward over
-            the prompt): over the budget it raises :class:`interp.memory.MemoryBudgetError`
+            the prompt): over the budget it raises :class:`interp.engine.MemoryBudgetError`
             before running, with its estimate.
         interventions: applied to every run (clean, corrupted and patched).
         corruption: applied to the corrupted run only (and so to the patched runs of the

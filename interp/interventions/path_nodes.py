@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from interp.formatting import number, summary_html, table_html
+from interp.foundation.formatting import number, summary_html, table_html
 
 __all__ = [
     "Sender",

@@ -242,7 +242,7 @@ def path_patch_senders(
     pass ``max_bytes`` (bytes or text such as ``"500MB"``, not with ``senders_per_pass``) for
     as many senders per pass as fit: the clean and corrupted caches are held throughout, each
     sender adds its recorded changes and one forward pass per prompt (or task) row. Raises
-    :class:`interp.memory.MemoryBudgetError` when not even one sender fits.
+    :class:`interp.engine.MemoryBudgetError` when not even one sender fits.
     """
     receivers = _settings(direction, mlps, receivers)
     inputs = path_inputs(model, clean, corrupted, metric, per_row)

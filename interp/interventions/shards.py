@@ -24,10 +24,10 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from interp.foundation.partials import check_shards
 from interp.interventions.grids import recovered, undefined
 from interp.interventions.sanity import sanity_warnings
 from interp.interventions.task_patching import TASK_COLUMNS, patch_task
-from interp.partials import check_shards
 from interp.tasks import Task
 
 __all__ = ["shard_rows", "task_fingerprint", "task_partial_sums", "merge_partial_sums", "FORMAT"]

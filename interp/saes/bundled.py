@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from interp.sources import BUNDLED_DIR
+from interp.models.sources import BUNDLED_DIR
 
 __all__ = ["SAE_FILES", "bundled_sae_info", "bundled_sae_path", "bundled_saes"]
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from interp.engine import run_cached
 from interp.engine.splice import sae_acts_name
-from interp.norms import effective_weight, is_rms
+from interp.models.norms import effective_weight, is_rms
 
 __all__ = ["FeatureContext", "FeatureSummary", "feature_summary", "logit_effects"]
 

@@ -47,7 +47,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.engine import check_hook_names
-from interp.formatting import summary_html, table_html
+from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows, activations_at
 from interp.saes.sae import SAE
 

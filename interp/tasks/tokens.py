@@ -4,7 +4,7 @@ Everything here needs only the model's tokenizer and config, never a forward pas
 is refused before any model work. Each refusal is one line that names the row (1-based) and
 shows its tokenisation.
 
-Prompts are tokenised exactly as :func:`interp.caching.to_tokens` tokenises them: text gets
+Prompts are tokenised exactly as :func:`interp.engine.to_tokens` tokenises them: text gets
 the model's BOS when the model prepends one, token ids are taken as they are. Rows of a task
 may differ in length (each pair may not); they are padded on the **right**, so every real
 token keeps its position (learned and rotary positions alike) and causal attention never lets

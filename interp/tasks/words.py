@@ -107,7 +107,7 @@ def ordinary_ids(model) -> list[int]:
 
 def bos_prefix(model) -> list[int]:
     """The ids the model puts before a text prompt: ``[BOS]`` or nothing, exactly as
-    :func:`interp.caching.to_tokens` does for this model."""
+    :func:`interp.engine.to_tokens` does for this model."""
     with_bos = to_tokens(model, "a")[0].tolist()
     without = to_tokens(model, "a", prepend_bos=False)[0].tolist()
     return with_bos[: len(with_bos) - len(without)]

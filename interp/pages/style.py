@@ -1,10 +1,10 @@
-"""The fixed parts of every interp page (:mod:`interp.html`): its Content-Security-Policy, its
+"""The fixed parts of every interp page (:mod:`interp.pages.html`): its Content-Security-Policy, its
 style sheet, the one bootstrap script that draws the figures and attention views from their
 JSON data blocks, and plotly's configuration. No data is ever spliced into any of them."""
 
 from __future__ import annotations
 
-__all__: list[str] = []  # private to interp.html, which imports them
+__all__: list[str] = []  # private to interp.pages.html, which imports them
 
 # no network, no plugins, no frames; scripts only by hash (filled in per page).
 # 'unsafe-inline' styles: plotly inserts <style> elements and React sets style attributes.

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from interp.html import Report
-from interp.plot_style import TEMPLATE
+from interp.pages.html import Report
+from interp.pages.plot_style import TEMPLATE
 
 __all__ = ["features_report"]
 

@@ -1,7 +1,7 @@
 """The page of ``interp discover``: the circuit as a graph, the faithfulness curve, the top edges
-and the task's first rows. Results in, a :class:`interp.html.Report` out; every text from the
+and the task's first rows. Results in, a :class:`interp.pages.html.Report` out; every text from the
 task file or the model goes through the report's escaping (tables, paragraphs) or
-:func:`interp.plot_style.plotly_text` (figures)."""
+:func:`interp.pages.plot_style.plotly_text` (figures)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 
 import pandas as pd
 
-from interp.discovery.plots import MAX_DRAWN, circuit_graph, faithfulness_curve
-from interp.html import Report
+from interp.pages.discovery_plots import MAX_DRAWN, circuit_graph, faithfulness_curve
+from interp.pages.html import Report
 
 __all__ = ["discovery_report", "TOP_EDGES"]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.plot_style import (
+from interp.pages.plot_style import (
     NEGATIVE,
     POSITIVE,
     TEMPLATE,

@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.norms import effective_bias, effective_weight, soft_cap
+from interp.models.norms import effective_bias, effective_weight, soft_cap
 
 __all__ = ["FoldError", "FoldInfo", "check_foldable", "fold_info", "fold_layernorm", "is_folded"]
 

@@ -1,9 +1,9 @@
 """How results show themselves in a notebook: a short ``repr`` and a small HTML summary.
 
-The helpers results use live in :mod:`interp.formatting` (the bottom layer, so that results of
-every layer can use them) and are re-exported here; this module adds :func:`page_iframe`:
+The helpers results use live in :mod:`interp.foundation.formatting` (the bottom layer, so that
+results of every layer can use them); this module adds :func:`page_iframe`:
 
-* a whole :class:`interp.html.Report` page is shown in an ``<iframe srcdoc>``: the page keeps
+* a whole :class:`interp.pages.html.Report` page is shown in an ``<iframe srcdoc>``: the page keeps
   its own Content-Security-Policy and script hashes, its plotly.js / CircuitsVis bundle is
   inlined once inside that frame, and its scripts run sandboxed (``sandbox="allow-scripts"``:
   no access to the notebook, its cookies or storage).
@@ -11,32 +11,9 @@ every layer can use them) and are re-exported here; this module adds :func:`page
 
 from __future__ import annotations
 
-from interp.formatting import (
-    MAX_ROWS,
-    esc,
-    grouped_names,
-    head_names,
-    megabytes,
-    nbytes,
-    number,
-    summary_html,
-    table_html,
-    tensor_text,
-)
+from interp.foundation.formatting import esc
 
-__all__ = [
-    "esc",
-    "tensor_text",
-    "nbytes",
-    "megabytes",
-    "table_html",
-    "summary_html",
-    "page_iframe",
-    "head_names",
-    "grouped_names",
-    "number",
-    "MAX_ROWS",
-]
+__all__ = ["page_iframe"]
 
 
 def page_iframe(page: str, *, title: str, height: int) -> str:

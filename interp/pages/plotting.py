@@ -1,7 +1,7 @@
 """Plotly figures made from results (DataFrames and tensors); nothing here shows or writes.
 
 Every function returns a ``plotly.graph_objects.Figure``: show it in a notebook, or put it in
-a page with :class:`interp.html.Report`. Conventions shared by all of them:
+a page with :class:`interp.pages.html.Report`. Conventions shared by all of them:
 
 * heads are labelled ``L5H1`` (:func:`head_label`), layers run down, heads across;
 * token strings label axes, with whitespace made visible (``\\n`` as ``↵``);
@@ -25,13 +25,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.plot_attribution import (
+from interp.pages.plot_attribution import (
     ATTRIBUTION_VALUES,
     attribution_bars,
     component_label,
     logit_lens_lines,
 )
-from interp.plot_style import (
+from interp.pages.plot_style import (
     MAX_HOVER_CELLS,
     POSITIVE,
     TEMPLATE,
@@ -110,7 +110,7 @@ def _one_head_grid(df: pd.DataFrame) -> pd.DataFrame:
         have = sorted(set(df["site"]))
         raise ValueError(
             f"this patching frame has no single layer x head grid (sites {have}); "
-            "draw one site with interp.interventions.plots.patching_heatmap(frame, "
+            "draw one site with interp.pages.patching_plots.patching_heatmap(frame, "
             "site), or patch with the 'heads' grid"
         )
     return rows

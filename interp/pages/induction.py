@@ -9,13 +9,14 @@ from pathlib import Path
 import pandas as pd
 
 from interp.engine import run_cached
-from interp.formatting import head_names
-from interp.html import Report, write_text_atomic
+from interp.foundation.files import write_text_atomic
+from interp.foundation.formatting import head_names
 from interp.induction.detect import INDUCTION_MIN, InductionResult
+from interp.pages.html import Report
 
 __all__ = ["table_csv", "table_json", "build_report", "render_outputs", "write_outputs"]
 
-# per-head score -> (colour scale, what the caption says); see interp.plotting.head_heatmap
+# per-head score -> (colour scale, what the caption says); see interp.pages.plotting.head_heatmap
 HEATMAPS = {
     "induction_score": ("unit", "share of attention on the token after the earlier copy"),
     "prev_token_score": ("unit", "share of attention on the previous token"),
@@ -60,7 +61,7 @@ def table_json(result: InductionResult, model_name: str) -> str:
 def _attention_views(report: Report, model, result: InductionResult) -> None:
     """The top heads' patterns on one repeated sequence, as heatmaps on a fixed 0..1 scale
     (plotly, already on the page: no second 1.3 MB library for three small patterns)."""
-    from interp.plotting import attention_heatmap
+    from interp.pages.plotting import attention_heatmap
 
     top = result.table.head(N_ATTENTION_VIEWS)
     row = int((result.batch.seq_lens == result.batch.seq_lens.min()).nonzero()[0])
@@ -92,7 +93,7 @@ def _why(result: InductionResult) -> str:
 
 def build_report(model, result: InductionResult, model_name: str) -> Report:
     """``report.html``: heatmaps, the ranked table, top heads' attention and loss by position."""
-    from interp.plotting import head_heatmap, loss_by_position
+    from interp.pages.plotting import head_heatmap, loss_by_position
 
     table = result.table
     found = table[table["is_induction"]]

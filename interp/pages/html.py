@@ -33,10 +33,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.display import page_iframe
-from interp.files import write_text_atomic
-from interp.formatting import format_cell as _format_cell
-from interp.page_assets import (
+from interp.foundation.files import write_text_atomic
+from interp.foundation.formatting import format_cell as _format_cell
+from interp.pages.assets import (
     ATTENTION_DECIMALS,
     PLOTLY_PARTIAL_VERSION,
     circuitsvis_js,
@@ -44,14 +43,13 @@ from interp.page_assets import (
     plotly_js,
     script_json,
 )
-from interp.page_assets import csp_hash as _csp_hash
-from interp.page_style import _BOOTSTRAP, _CSP, _PLOTLY_CONFIG, _STYLE
-from interp.token_html import token_spans
+from interp.pages.assets import csp_hash as _csp_hash
+from interp.pages.display import page_iframe
+from interp.pages.style import _BOOTSTRAP, _CSP, _PLOTLY_CONFIG, _STYLE
+from interp.pages.tokens import token_spans
 
 __all__ = [
     "Report",
-    "write_text_atomic",
-    "script_json",
     "ATTENTION_DECIMALS",
     "PLOTLY_PARTIAL_VERSION",
     "partial_trace_types",
@@ -211,7 +209,7 @@ class Report:
         self, lines: Sequence[tuple[Sequence[str], Sequence[float], int | None]], caption: str = ""
     ) -> None:
         """Lines of tokens shaded by a value each, ``(tokens, values, marked index)``, on one
-        shared scale (the largest value); tokens are shown as text (:mod:`interp.token_html`)."""
+        shared scale (the largest value); tokens are shown as text (:mod:`interp.pages.tokens`)."""
         scale = max((max(values, default=0.0) for _, values, _ in lines), default=0.0)
         body = "".join(token_spans(t, v, scale=scale, mark=m) for t, v, m in lines)
         self._blocks.append(
@@ -303,7 +301,7 @@ class Report:
     def _repr_html_(self) -> str:
         """The page inline in a notebook: an ``<iframe srcdoc>`` holding :meth:`to_html`
         (escaped), so the page keeps its CSP and runs its scripts, each bundle once, in a
-        sandboxed frame of its own (:func:`interp.display.page_iframe`)."""
+        sandboxed frame of its own (:func:`interp.pages.display.page_iframe`)."""
         height = 120 + sum(block.height for block in self._blocks)
         return page_iframe(self.to_html(), title=self.title, height=min(MAX_FRAME_HEIGHT, height))
 

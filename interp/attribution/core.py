@@ -2,8 +2,8 @@
 
 :func:`interp.attribution.logit_attribution` and :func:`interp.logit_attribution_batch` both
 build their frames here, from the residual parts of the folded model
-(:mod:`interp.residual`); every frame's rows must add up to the model's own logit (or logit
-difference) within ``IDENTITY_ATOL + IDENTITY_RTOL * |logit|``.
+(:mod:`interp.attribution.residual`); every frame's rows must add up to the model's own logit
+(or logit difference) within ``IDENTITY_ATOL + IDENTITY_RTOL * |logit|``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pandas as pd
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.attribution.residual import AttributionError, ResidualParts
 from interp.engine import Prompt, to_tokens
-from interp.layernorm import fold_info
-from interp.norms import effective_bias, effective_weight, is_rms, normalise, param, soft_cap
-from interp.residual import AttributionError, ResidualParts
+from interp.models.layernorm import fold_info
+from interp.models.norms import effective_bias, effective_weight, is_rms, normalise, param, soft_cap
 
 __all__ = ["COMPONENTS", "TokenError", "resolve_token", "IDENTITY_ATOL", "IDENTITY_RTOL"]
 

@@ -9,7 +9,7 @@ final norm (scale frozen) and the folded unembedding::
 
     contribution(v) = v · direction / s
 
-with the same ``direction`` and ``s`` as every other row (:func:`interp.attribution_core.
+with the same ``direction`` and ``s`` as every other row (:func:`interp.attribution.core.
 logit_direction`). Rows of layer ``L`` and later are kept as they are, so the rows still add up
 to the logit (difference); that is checked before the frame is returned, and the replaced rows'
 sum is checked against the features' too. Features read the model's own (unfolded)
@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from interp.attribution import logit_attribution
-from interp.attribution_core import (
+from interp.attribution.core import (
     IDENTITY_ATOL,
     IDENTITY_RTOL,
     _position,
@@ -32,9 +32,9 @@ from interp.attribution_core import (
     _target,
     logit_direction,
 )
+from interp.attribution.residual import AttributionError, residual_parts
 from interp.engine import Prompt, run_cached
-from interp.layernorm import fold_layernorm, is_folded
-from interp.residual import AttributionError, residual_parts
+from interp.models.layernorm import fold_layernorm, is_folded
 
 __all__ = ["feature_attribution"]
 

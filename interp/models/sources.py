@@ -1,7 +1,7 @@
 """Where a model comes from, checked before anything heavy is imported: the bundled models, a
 checkpoint directory that cannot load, a name that is neither a directory nor a hub id.
 
-Pure files and names, no torch: :func:`interp.loading.load_model` runs these checks before it
+Pure files and names, no torch: :func:`interp.models.loading.load_model` runs these checks before it
 hands a source to TransformerLens, and the command line runs them before it imports the loader
 (so a command naming a folder that does not exist fails in a tenth of a second).
 """

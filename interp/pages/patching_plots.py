@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.plotting import TEMPLATE, head_heatmap, head_label, plotly_text, token_label
+from interp.pages.plotting import TEMPLATE, head_heatmap, head_label, plotly_text, token_label
 
 __all__ = ["patching_heatmap", "patching_errorbars"]
 

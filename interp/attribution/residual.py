@@ -25,7 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.engine import run_cached
-from interp.norms import POST_NORMS, freeze, is_rms, param, post_norm, soft_cap
+from interp.models.norms import POST_NORMS, freeze, is_rms, param, post_norm, soft_cap
 
 __all__ = [
     "AttributionError",

@@ -13,7 +13,7 @@ of interp. The rules they follow:
   The HTML made here holds no script, no style element and no event attribute, so it
   cannot change the notebook around it.
 
-Whole pages shown inline are :mod:`interp.display`'s (presentation).
+Whole pages shown inline are :mod:`interp.pages.display`'s (presentation).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.plot_style import TEMPLATE, _require, _title, plotly_text
+from interp.pages.plot_style import TEMPLATE, _require, _title, plotly_text
 
 __all__ = ["circuit_graph", "faithfulness_curve", "READER_COLOURS", "MAX_DRAWN"]
 

@@ -19,7 +19,7 @@ import math
 import pandas as pd
 import torch
 
-from interp.attribution_batch import logit_attribution_batch
+from interp.attribution.batch import logit_attribution_batch
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["task_attribution"]

@@ -1,5 +1,5 @@
 """What every interp figure shares: the theme, labels for heads and tokens, escaped text, the
-colour scales and the axis helpers (the conventions are listed in :mod:`interp.plotting`)."""
+colour scales and the axis helpers (the conventions are listed in :mod:`interp.pages.plotting`)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from interp.interventions.patching import method_errors
-from interp.interventions.plots import patching_errorbars, patching_heatmap
+from interp.pages.patching_plots import patching_errorbars, patching_heatmap
 
 __all__ = ["add_patching_section", "top_cells", "cell_label", "pos_label"]
 

@@ -5,7 +5,7 @@
 by the same identity (the prompt's rows add up to its real logit or logit difference), but
 folds the model once and runs the prompts in batched forward passes: prompts of one token
 length share passes, as many rows per pass as fit ``max_bytes``
-(:func:`interp.memory.rows_per_chunk`).
+(:func:`interp.engine.rows_per_chunk`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from interp.attribution_core import _attribute, _position, _single_prompt, _target
+from interp.attribution.core import _attribute, _position, _single_prompt, _target
+from interp.attribution.residual import final_hooks, final_logits, parts_hooks, residual_parts
 from interp.engine import Prompt, estimate_cache_bytes, row_chunks, run_cached, to_tokens
-from interp.layernorm import fold_layernorm, is_folded
-from interp.residual import final_hooks, final_logits, parts_hooks, residual_parts
+from interp.models.layernorm import fold_layernorm, is_folded
 
 __all__ = ["logit_attribution_batch"]
 
@@ -81,7 +81,7 @@ def logit_attribution_batch(
         neurons: split each MLP row into neurons (see :func:`interp.logit_attribution`).
         max_bytes: a memory budget for the forward passes (bytes or text such as ``"500MB"``);
             the folded copy of the model made once at the start is not counted. Raises
-            :class:`interp.memory.MemoryBudgetError` when not even one prompt fits.
+            :class:`interp.engine.MemoryBudgetError` when not even one prompt fits.
 
     Returns:
         ``logit_attribution``'s columns after a ``prompt`` column (the prompt's index in

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from interp.sources import (
+from interp.models.sources import (
     BUNDLED_DIR,
     SAFE_WEIGHTS,
     ModelLoadError,
@@ -151,7 +151,7 @@ def load_model(
     if device is not None and device_map is not None:
         raise ModelLoadError("pass either device or device_map, not both")
     if max_memory is not None:
-        from interp.sizes import parse_size
+        from interp.foundation.sizes import parse_size
 
         if device_map is None:
             raise ModelLoadError(

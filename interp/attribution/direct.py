@@ -1,9 +1,9 @@
 """Direct logit attribution and the logit lens, as exact decompositions.
 
 **Direct logit attribution.** The final residual stream ``x`` at the answer position is a sum of
-what each component wrote (:mod:`interp.residual`): the token (and positional) embedding, every
-attention head (``z @ W_O``, per query head), each layer's attention bias ``b_O``, and each MLP.
-The final norm divides the stream by one scale ``s`` per position; *freezing* that scale at its
+what each component wrote (:mod:`interp.attribution.residual`): the token (and positional)
+embedding, every attention head (``z @ W_O``, per query head), each layer's attention bias
+``b_O``, and each MLP. The final norm divides the stream by one scale ``s`` per position; *freezing* that scale at its
 value in the run makes the logit linear in the components. With LayerNorm (which centres)::
 
     logit[t] = sum_c (c - mean(c)) / s · W_U[:, t]  +  b_U[t]  (+ mean_logit)
@@ -14,9 +14,9 @@ and with RMSNorm (Llama, Qwen, Mistral, Gemma: no centring, so no mean is taken 
 
 This is exact only once the final norm's weight (and LayerNorm's bias) are folded into
 ``W_U``/``b_U`` (TransformerLens's ``logit_attrs`` on an unfolded model silently drops them), so
-it is computed on the copy :func:`interp.layernorm.fold_layernorm` returns. For LayerNorm models
-that copy's unembedding is centred, which lowers every logit at a position by their mean over the
-vocabulary; for a single logit that mean is added back as the named term ``mean_logit`` so that
+it is computed on the copy :func:`interp.models.layernorm.fold_layernorm` returns. For LayerNorm
+models that copy's unembedding is centred, which lowers every logit at a position by their mean
+over the vocabulary; for a single logit that mean is added back as the named term ``mean_logit`` so that
 ``total`` equals the ORIGINAL model's logit. For a logit difference it cancels and is left out.
 
 Gemma 2 soft-caps its logits (``cap * tanh(logit / cap)``), which is not linear: the rows
@@ -35,8 +35,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from interp.attribution_batch import logit_attribution_batch
-from interp.attribution_core import (
+from interp.attribution.batch import logit_attribution_batch
+from interp.attribution.core import (
     COMPONENTS,
     IDENTITY_ATOL,
     IDENTITY_RTOL,
@@ -48,12 +48,12 @@ from interp.attribution_core import (
     _target,
     resolve_token,
 )
-from interp.attribution_task import task_attribution
+from interp.attribution.residual import AttributionError, final_logits, residual_parts
+from interp.attribution.task import task_attribution
 from interp.engine import Prompt, run_cached
-from interp.layernorm import fold_layernorm, is_folded
-from interp.norms import param, soft_cap
-from interp.offload import materialized
-from interp.residual import AttributionError, final_logits, residual_parts
+from interp.models.layernorm import fold_layernorm, is_folded
+from interp.models.norms import param, soft_cap
+from interp.models.offload import materialized
 from interp.tasks import Task, TaskTokens
 
 __all__ = [
@@ -84,11 +84,11 @@ def logit_attribution(
     ``logit_attribution(model, task)`` attributes every row of an :class:`interp.Task` to its
     own answer minus its own wrong token at its own last real token, and returns the mean over
     rows with ``contribution_sem`` (``per_row=True``: each row's table under a ``row`` column);
-    see :mod:`interp.attribution_task`.
+    see :mod:`interp.attribution.task`.
 
     Args:
         model: a TransformerBridge with LayerNorm or RMSNorm. An unfolded model is folded into a
-            copy here (:func:`interp.layernorm.fold_layernorm`) and its own logits are the
+            copy here (:func:`interp.models.layernorm.fold_layernorm`) and its own logits are the
             reference the rows must add up to; pass an already folded model to fold once for
             many calls.
         prompt: one prompt (text or token ids), tokenised like ``interp.run_cached``.
@@ -115,7 +115,7 @@ def logit_attribution(
     Raises:
         TokenError: ``answer``/``wrong`` is not a single token.
         AttributionError: the rows do not add up to the model's logit.
-        interp.layernorm.FoldError: the model cannot be folded.
+        interp.models.layernorm.FoldError: the model cannot be folded.
     """
     if isinstance(prompt, (Task, TaskTokens)):
         if answer is not None or wrong is not None or pos != -1:
