@@ -4,7 +4,8 @@
 what each component wrote (:mod:`interp.attribution.residual`): the token (and positional)
 embedding, every attention head (``z @ W_O``, per query head), each layer's attention bias
 ``b_O``, and each MLP. The final norm divides the stream by one scale ``s`` per position;
-*freezing* that scale at its value in the run makes the logit linear in the components. With LayerNorm (which centres)::
+*freezing* that scale at its value in the run makes the logit linear in the components. With
+LayerNorm (which centres)::
 
     logit[t] = sum_c (c - mean(c)) / s · W_U[:, t]  +  b_U[t]  (+ mean_logit)
 
@@ -17,7 +18,8 @@ This is exact only once the final norm's weight (and LayerNorm's bias) are folde
 it is computed on the copy :func:`interp.models.layernorm.fold_layernorm` returns. For LayerNorm
 models that copy's unembedding is centred, which lowers every logit at a position by their mean
 over the vocabulary; for a single logit that mean is added back as the named term
-``mean_logit`` so that ``total`` equals the ORIGINAL model's logit. For a logit difference it cancels and is left out.
+``mean_logit`` so that ``total`` equals the ORIGINAL model's logit. For a logit difference it
+cancels and is left out.
 
 Gemma 2 soft-caps its logits (``cap * tanh(logit / cap)``), which is not linear: the rows
 decompose the logit *before* the cap, and the result says so (``df.attrs["note"]``).
