@@ -200,7 +200,7 @@ def test_batched_attribution_equals_one_prompt_at_a_time(
     answers = [40, 41, 52, 7]
     folded = __import__("interp").fold_layernorm(model)
     n_pos = max(model.to_tokens(t).shape[1] for t in texts)
-    from interp.attribution.batch import _bytes_per_row
+    from interp.attribution.rows import _bytes_per_row
 
     per_row = estimate_forward_bytes(folded, (1, n_pos))
     per_row += _bytes_per_row(model, folded, n_pos, neurons)

@@ -27,35 +27,30 @@ decompose the logit *before* the cap, and the result says so (``df.attrs["note"]
 Every result is checked before it is returned: the rows must add up to the logit (difference)
 the models really produce, or :class:`AttributionError` is raised.
 
-**Logit lens.** The accumulated residual stream after the embeddings and after each block is read
-through the model's own final norm (statistics recomputed for each layer), unembedding and
-soft-cap; the last row is the model's output, which is checked.
+Every door here is thin: one prompt is one row, a batch a row per prompt, a task a row per task
+row, and all of them run through :func:`interp.attribution.rows.attribute_rows`, so a prompt
+alone, in a batch or as a task's only row gets the same numbers to the bit.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import pandas as pd
 import torch
 
-from interp.attribution.batch import logit_attribution_batch
 from interp.attribution.core import (
     COMPONENTS,
-    IDENTITY_ATOL,
-    IDENTITY_RTOL,
     TokenError,
-    _attribute,
-    _decode,
     _position,
     _single_prompt,
     _target,
     resolve_token,
 )
-from interp.attribution.residual import AttributionError, final_logits, residual_parts
-from interp.attribution.task import task_attribution
-from interp.engine import Prompt, run_cached
-from interp.models.layernorm import fold_layernorm, is_folded
-from interp.models.norms import param, soft_cap
-from interp.models.offload import materialized
+from interp.attribution.residual import AttributionError
+from interp.attribution.rows import Row, attribute_rows
+from interp.engine import Prompt, to_tokens
 from interp.tasks import Task, TaskTokens
 
 __all__ = [
@@ -65,10 +60,12 @@ __all__ = [
     "heads_table",
     "logit_attribution",
     "logit_attribution_batch",
-    "logit_lens",
     "resolve_token",
+    "task_attribution",
     "top_contributors",
 ]
+
+_KEYS = ["component", "layer", "head", "neuron"]  # what a table row is, "neuron" if present
 
 
 def logit_attribution(
@@ -86,7 +83,7 @@ def logit_attribution(
     ``logit_attribution(model, task)`` attributes every row of an :class:`interp.Task` to its
     own answer minus its own wrong token at its own last real token, and returns the mean over
     rows with ``contribution_sem`` (``per_row=True``: each row's table under a ``row`` column);
-    see :mod:`interp.attribution.task`.
+    see :func:`task_attribution`.
 
     Args:
         model: a TransformerBridge with LayerNorm or RMSNorm. An unfolded model is folded into a
@@ -132,11 +129,139 @@ def logit_attribution(
         raise TypeError("logit_attribution needs an answer token for a prompt (or pass a Task)")
     tokens = _single_prompt(model, prompt)
     target = _target(model, answer, wrong)
-    position = _position(pos, tokens.shape[1])
-    folded = model if is_folded(model) else fold_layernorm(model)
-    parts = residual_parts(folded, tokens, position, neurons=neurons)
-    reference = None if folded is model else final_logits(model, tokens, position)[0]
-    return _attribute(model, folded, tokens, target, position, parts, reference, neurons)
+    _position(pos, tokens.shape[1])  # refused before the model is folded
+    return attribute_rows(model, [Row(tokens, target, pos)], neurons=neurons)[0]
+
+
+def _per_prompt(value, n: int, what: str) -> list:
+    """One value per prompt: a single token for all, or a sequence of ``n``."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, (str, int)) or value is None or not isinstance(value, Sequence):
+        return [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise ValueError(
+            f"pass one {what} for all prompts or one per prompt: got {len(values)} "
+            f"{what}s for {n} prompts"
+        )
+    return values
+
+
+def _prompt_list(model, prompts) -> list[torch.Tensor]:
+    if isinstance(prompts, torch.Tensor):
+        tokens = to_tokens(model, prompts)
+        return [tokens[i : i + 1] for i in range(tokens.shape[0])]
+    if isinstance(prompts, str):
+        raise ValueError(
+            "pass a list of prompts (one string is one prompt: use "
+            "interp.logit_attribution, or wrap it in a list)"
+        )
+    return [_single_prompt(model, prompt) for prompt in prompts]
+
+
+def logit_attribution_batch(
+    model,
+    prompts: Sequence[Prompt] | torch.Tensor,
+    answers,
+    *,
+    wrong=None,
+    pos: int = -1,
+    neurons: bool = False,
+    max_bytes: int | str | None = None,
+) -> pd.DataFrame:
+    """:func:`interp.logit_attribution` of every prompt, in batched passes under a budget:
+    each prompt's rows are exactly what it gets alone, checked by the same identity.
+
+    Args:
+        prompts: a list of prompts (text or token ids), or a token tensor ``[batch pos]``.
+            Prompts may differ in length: each length runs in its own passes (no padding).
+        answers: one answer token for all prompts, or one per prompt (text or ids).
+        wrong: as ``answers``, for the logit difference ``answer - wrong``; None for the logit.
+        pos: the position explained in every prompt (default the last).
+        neurons: split each MLP row into neurons (see :func:`interp.logit_attribution`).
+        max_bytes: a memory budget for the forward passes (bytes or text such as ``"500MB"``);
+            the folded copy of the model made once at the start is not counted. Raises
+            :class:`interp.engine.MemoryBudgetError` when not even one prompt fits.
+
+    Returns:
+        ``logit_attribution``'s columns after a ``prompt`` column (the prompt's index in
+        ``prompts``), the prompts' rows one after another. ``attrs["prompts"]`` holds each
+        prompt's ``attrs`` (reference, identity error, tokens...), in order.
+    """
+    tokens = _prompt_list(model, prompts)
+    if not tokens:
+        raise ValueError("pass at least one prompt")
+    n = len(tokens)
+    pairs = zip(
+        _per_prompt(answers, n, "answer"), _per_prompt(wrong, n, "wrong token"), strict=True
+    )
+    rows = [Row(t, _target(model, a, w), pos) for t, (a, w) in zip(tokens, pairs, strict=True)]
+    frames = attribute_rows(model, rows, neurons=neurons, max_bytes=max_bytes)
+    frame = pd.concat([f.assign(prompt=i) for i, f in enumerate(frames)], ignore_index=True)
+    frame = frame[["prompt", *frames[0].columns]]
+    frame.attrs = {"prompts": [f.attrs for f in frames]}
+    return frame
+
+
+def _single(sets, what: str) -> list[int]:
+    for i, ids in enumerate(sets):
+        if len(ids) != 1:
+            raise ValueError(
+                f"row {i + 1}: the {what} is a list of {len(ids)} tokens; logit attribution "
+                "decomposes one logit (difference), so each row needs a single answer and "
+                "wrong token"
+            )
+    return [int(ids[0]) for ids in sets]
+
+
+def task_attribution(
+    model,
+    task: Task | TaskTokens,
+    *,
+    per_row: bool = False,
+    neurons: bool = False,
+    max_bytes: int | str | None = None,
+) -> pd.DataFrame:
+    """Mean direct logit attribution over ``task``'s rows.
+
+    Row ``i`` is attributed as its clean prompt alone, read at its last real token for its own
+    answer (minus its own wrong token): its components ``a_ic`` add up to that row's logit
+    (difference). The table holds ``contribution = mean_i a_ic`` and its standard error
+    ``contribution_sem = std_i(a_ic) / sqrt(n)`` (NaN for one row); ``total`` is then the mean
+    logit (difference). Answers given as lists of tokens (greater-than's sets) are not one
+    logit: they are refused.
+
+    Returns :func:`interp.logit_attribution`'s columns, ``contribution`` the mean over rows,
+    and ``contribution_sem``; with ``per_row`` a ``row`` column first and one table per row.
+    ``attrs``: ``n_rows``, ``reference_rows`` (each row's own logit difference, what its rows
+    add up to), ``rows`` (each row's ``logit_attribution`` attrs).
+    """
+    batch = task.tokens(model) if isinstance(task, Task) else task
+    answers = _single(batch.answers, "answer")
+    wrong = None if batch.wrong is None else _single(batch.wrong, "wrong token")
+    prompts = [batch.clean[i : i + 1, : int(n)] for i, n in enumerate(batch.lengths.tolist())]
+    frame = logit_attribution_batch(
+        model, prompts, answers, wrong=wrong, neurons=neurons, max_bytes=max_bytes
+    )
+    rows_attrs = frame.attrs["prompts"]
+    frame = frame.rename(columns={"prompt": "row"})
+    attrs = dict(
+        n_rows=len(prompts),
+        reference_rows=[a["reference"] for a in rows_attrs],
+        rows=rows_attrs,
+    )
+    if per_row:
+        frame.attrs = attrs
+        return frame
+    n = len(prompts)
+    keys = [k for k in _KEYS if k in frame.columns]
+    first = frame[frame["row"] == 0][keys].reset_index(drop=True)
+    values = torch.tensor(frame["contribution"].to_numpy(dtype=float)).reshape(n, -1)
+    first["contribution"] = values.mean(dim=0).numpy()
+    first["contribution_sem"] = (values.std(dim=0) / math.sqrt(n)).numpy() if n > 1 else math.nan
+    first.attrs = attrs
+    return first
 
 
 def top_contributors(frame: pd.DataFrame, n: int = 10) -> pd.DataFrame:
@@ -144,98 +269,6 @@ def top_contributors(frame: pd.DataFrame, n: int = 10) -> pd.DataFrame:
     rows = frame[frame["component"] != "total"]
     order = rows["contribution"].abs().sort_values(ascending=False).index
     return rows.loc[order[:n]].reset_index(drop=True)
-
-
-def logit_lens(
-    model,
-    prompt: Prompt,
-    answer: str | int | None = None,
-    *,
-    wrong: str | int | None = None,
-    pos: int = -1,
-    k: int = 5,
-) -> pd.DataFrame:
-    """Read the residual stream after the embeddings and after each block as if it were final.
-
-    Each state is passed through the model's own final norm (LayerNorm or RMSNorm, its
-    statistics recomputed for that state, as the model would), unembedding and, for soft-capped
-    models (Gemma 2), the soft-cap: every row is what the model would output if it stopped
-    there. Use the unfolded model to read the model's own logits; on a folded LayerNorm model
-    with a centred unembedding logits are lower by their mean over the vocabulary,
-    probabilities the same.
-
-    Returns:
-        DataFrame, one row per state: ``layer`` (blocks applied: 0 is the embeddings,
-        ``n_layers`` the model's output), ``label`` (``embed``, ``L0``, ...), when ``answer`` is
-        given ``answer_logit, answer_prob, answer_rank`` (0 = top), when ``wrong`` is given also
-        ``wrong_logit, wrong_prob, logit_diff``, then ``top1_token, top1_id, top1_prob`` ... up to
-        ``k``. The last row is checked against the model's logits.
-    """
-    if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
-    tokens = _single_prompt(model, prompt)
-    answer_id = None if answer is None else resolve_token(model, answer)
-    if wrong is not None and answer_id is None:
-        raise ValueError("a wrong token needs an answer to compare with")
-    wrong_id = None if wrong is None else resolve_token(model, wrong, role="wrong answer")
-    position = _position(pos, tokens.shape[1])
-    n_layers = int(model.cfg.n_layers)
-    run = run_cached(model, tokens, resid=("post",), hooks=["blocks.0.hook_resid_pre"])
-    states = torch.cat(
-        [run["blocks.0.hook_resid_pre"][:, position], run.resid("post")[:, 0, position]]
-    )  # [layer+1 d_model]
-    # offloaded final norm and unembedding: load their weights while they are read
-    with (
-        torch.inference_mode(),
-        materialized(model, model.ln_final),
-        materialized(model, model.unembed),
-    ):
-        normed = model.ln_final(states[None])[0]
-        logits = normed.double() @ model.W_U.detach().double()
-        b_U = param(model, "b_U")
-    logits = logits if b_U is None else logits + b_U.to(logits.device)
-    cap = soft_cap(model)
-    if cap is not None:
-        logits = cap * torch.tanh(logits / cap)
-    real = run.logits[0, position].double()
-    error = float((logits[-1] - real).abs().max())
-    bound = IDENTITY_ATOL + IDENTITY_RTOL * float(real.abs().max())
-    if not error <= bound:
-        raise AttributionError(
-            f"the logit lens's last row differs from the model's logits by "
-            f"{error:.3g} (> {bound:.3g}): this model's output is not "
-            "final norm then unembedding, so the lens would mislead"
-        )
-    log_probs = logits.log_softmax(-1)
-    probs = log_probs.exp()
-    frame = pd.DataFrame(
-        {
-            "layer": range(n_layers + 1),
-            "label": ["embed"] + [f"L{layer}" for layer in range(n_layers)],
-        }
-    )
-    if answer_id is not None:
-        frame["answer_logit"] = logits[:, answer_id].tolist()
-        frame["answer_prob"] = probs[:, answer_id].tolist()
-        frame["answer_rank"] = (logits > logits[:, answer_id, None]).sum(-1).tolist()
-    if wrong_id is not None:
-        frame["wrong_logit"] = logits[:, wrong_id].tolist()
-        frame["wrong_prob"] = probs[:, wrong_id].tolist()
-        frame["logit_diff"] = (logits[:, answer_id] - logits[:, wrong_id]).tolist()
-    top = probs.topk(min(k, probs.shape[-1]), dim=-1)
-    for i in range(top.indices.shape[1]):
-        ids = top.indices[:, i].tolist()
-        frame[f"top{i + 1}_token"] = [_decode(model, t) for t in ids]
-        frame[f"top{i + 1}_id"] = ids
-        frame[f"top{i + 1}_prob"] = top.values[:, i].tolist()
-    frame.attrs.update(
-        pos=position,
-        identity_error=error,
-        soft_cap=cap,
-        answer=None if answer_id is None else _decode(model, answer_id),
-        wrong=None if wrong_id is None else _decode(model, wrong_id),
-    )
-    return frame
 
 
 def heads_table(frame: pd.DataFrame) -> pd.DataFrame:

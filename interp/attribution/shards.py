@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from interp.attribution.task import task_attribution
+from interp.attribution.direct import task_attribution
 from interp.foundation.partials import check_one_run, check_shards
 from interp.interventions.shards import shard_rows, task_fingerprint
 from interp.tasks import Task
