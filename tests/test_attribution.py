@@ -402,12 +402,12 @@ def test_cli_multi_token_answer_fails_and_writes_nothing(gpt2_dir, tmp_path, cap
 
 
 def test_cli_failure_while_reporting_leaves_nothing(gpt2_dir, tmp_path, monkeypatch):
-    import interp.cli.attribute as command
+    import interp.pages.attribution as pages
 
     def broken(*args, **kwargs):
         raise RuntimeError("report failed")
 
-    monkeypatch.setattr(command, "build_report", broken)
+    monkeypatch.setattr(pages, "prompt_report", broken)
     out = tmp_path / "out"
     assert (
         run_cli("--model", str(gpt2_dir), "--prompt", PROMPT, "--answer", ANSWER, "--out", str(out))

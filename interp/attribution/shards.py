@@ -2,7 +2,7 @@
 
 Shard ``i`` of ``n`` takes the task's rows ``i, i + n, i + 2n, ...`` (0-based), as
 :mod:`interp.interventions.shards` does for patching. :func:`attribution_partial_sums`
-attributes one shard's rows (:func:`interp.attribution.task.task_attribution` with
+attributes one shard's rows (:func:`interp.attribution.task_attribution` with
 ``per_row=True``) and returns, per component, the sum of the rows' contributions and of their
 squares, with each row's logit (difference) and identity error: a JSON-ready dict.
 :func:`merge_attribution_sums` checks that the shards are of one task and cover every row once

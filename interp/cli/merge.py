@@ -21,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-from interp.cli import attribute_task
+from interp.cli import attribute
 from interp.cli.options import device
 from interp.cli.output import UsageError, check_out_dir
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return merge_discovery(out, args.shards, parts, args)
     if args.evaluate or args.device != "cpu":
         raise UsageError("--evaluate and --device are for the shards of interp discover")
-    if attribute_task.is_attribution_partial(parts[0]):
+    if attribute.is_attribution_partial(parts[0]):
         return _merge_attribution(out, args.shards, parts)
     from interp.cli.patch_task import write_results
     from interp.interventions.shards import merge_partial_sums
@@ -89,4 +89,4 @@ def _merge_attribution(out: Path, folders: list[Path], parts: list[dict]) -> int
         frame = merge_attribution_sums(parts)
     except (ValueError, KeyError) as exc:
         raise UsageError(f"cannot merge {', '.join(map(str, folders))}: {exc}") from None
-    return attribute_task.write_results(out, parts, frame)
+    return attribute.write_results(out, parts, frame)

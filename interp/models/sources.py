@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 
-BUNDLED_DIR = Path(__file__).parent.parent / "bundled"  # interp/bundled: the models shipped with the package
+BUNDLED_DIR = Path(__file__).parent.parent / "bundled"  # interp/bundled: shipped models
 
 
 # any one of these makes a directory's tokenizer loadable by transformers' AutoTokenizer
