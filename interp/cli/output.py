@@ -181,7 +181,7 @@ class Stage:
         """Write ``name`` (UTF-8) into the stage; it reaches ``--out`` at the commit."""
         if not name or Path(name).name != name or name.startswith("."):
             raise ValueError(f"output name {name!r} must be a plain file name")
-        from interp import html  # looked up at call time (tests replace it)
+        from interp.pages import html  # looked up at call time (tests replace it)
 
         try:
             html.write_text_atomic(self.path / name, text)
@@ -251,7 +251,7 @@ def staged_output(out: str | os.PathLike, *, owns: Iterable[str] = ()) -> Iterat
 def write_file(out: str | os.PathLike, text: str) -> Path:
     """Write one output file atomically (temp file beside it, fsync, rename); errors name
     ``out``. Call :func:`check_out_file` first."""
-    from interp import html  # looked up at call time (tests replace it)
+    from interp.pages import html  # looked up at call time (tests replace it)
 
     out = Path(out)
     try:
