@@ -52,7 +52,7 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-__version__ = "0.1.0"
+__version__ = "0.4.0"
 
 
 def __getattr__(name: str):

@@ -58,6 +58,34 @@ def test_the_layers_place_what_the_docs_say(layers):
     assert layer_of("interp.nowhere", layers) is None
 
 
+# the package of each layer but the analyses (one package per analysis)
+LAYER_PACKAGES = {
+    "0 foundation": ["foundation"],
+    "1 model access": ["models"],
+    "2 engine": ["engine"],
+    "4 presentation": ["pages"],
+    "5 command line": ["cli"],
+    "reference": ["reference"],
+}
+
+
+def test_folders_are_the_layers(layers):
+    """Every layer is whole packages (``interp.X`` and ``interp.X.*``), one package for each
+    layer but the analyses, and no module lies loose beside them: ``ls interp/`` shows the
+    layers."""
+    for name, patterns in layers:
+        packages = [p.split(".")[1] for p in patterns if p != "interp" and not p.endswith(".*")]
+        assert sorted(patterns) == sorted(
+            (["interp"] if name.startswith("0 ") else [])
+            + [f"interp.{p}" for p in packages]
+            + [f"interp.{p}.*" for p in packages]
+        ), f"layer {name} is not whole packages: {patterns}"
+        if name in LAYER_PACKAGES:
+            assert packages == LAYER_PACKAGES[name], (name, packages)
+    loose = sorted(p.name for p in (ROOT / "interp").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules outside the layers' folders: {loose}"
+
+
 # ---- the checks can fail: a small package with a circle and an upward import ----
 
 LAYERS = """```layers

@@ -54,7 +54,10 @@ def test_full_graph_is_one_and_empty_circuit_is_zero_exactly(zoo, arch):
         corrupted = _metric(batch, model(batch.corrupted))
         clean = _metric(batch, model(batch.clean))
     assert np.abs(empty.per_row["empty_metric"].to_numpy() - corrupted.numpy()).max() < ATOL
-    assert np.abs(empty.per_row["model_metric"].to_numpy() - clean.numpy()).max() == 0
+    # the model's own metric comes from run_logits (no KV cache, the engine's mask) and here from
+    # a plain call: the same model by two code paths, so float32 rounding apart, not bits
+    # (5.96e-7 seen on gptj; bits held on some machines and not on others)
+    assert np.abs(empty.per_row["model_metric"].to_numpy() - clean.numpy()).max() < ATOL
     assert list(empty.per_row.columns) == [
         "row",
         "circuit_metric",

@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 
-BUNDLED_DIR = Path(__file__).parent.parent / "bundled"  # interp/bundled: shipped models
+BUNDLED_DIR = Path(__file__).parents[1] / "bundled"  # the models shipped with the package
 
 
 # any one of these makes a directory's tokenizer loadable by transformers' AutoTokenizer

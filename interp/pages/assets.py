@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 # the official partial bundle, unmodified (see interp/assets/README.md)
-PLOTLY_PARTIAL = Path(__file__).parent / "assets" / "plotly-cartesian.min.js"
+PLOTLY_PARTIAL = Path(__file__).parents[1] / "assets" / "plotly-cartesian.min.js"
 PLOTLY_PARTIAL_VERSION = "4.1.1"  # version of the vendored partial plotly.js bundle
 _TRACE_MODULE = re.compile(r'moduleType:"trace",name:"(\w+)"')
 
