@@ -205,7 +205,7 @@ def test_a_missing_component_is_caught(gpt2_model, folded, monkeypatch):
 def test_rows_that_miss_the_original_logit_are_refused(gpt2_model, monkeypatch):
     """If the fold were wrong, the rows would add up on the folded model only; the check
     against the original model's own logit must refuse them."""
-    import interp.attribution.direct as attribution
+    import interp.attribution.rows as attribution
 
     def bad_fold(model):
         copy = fold_layernorm(model)
