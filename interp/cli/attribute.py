@@ -125,6 +125,7 @@ def _done(headline: str, frame, written) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``interp attribute``: ``--out`` checked first, then the ``--task`` or the prompt form."""
     out = check_out_dir(args.out)
     return run_task(args, out) if args.task is not None else run_prompt(args, out)
 
