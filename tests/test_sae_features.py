@@ -72,13 +72,20 @@ def test_logit_effects_rank_tokens_as_the_folded_unembedding(bundled_model, sae)
     assert torch.equal(suppressed, (-reference).topk(5, dim=-1).indices)
 
 
-def test_the_command_writes_the_files_and_hostile_text_stays_text(tmp_path):
+def test_the_command_writes_the_files_and_hostile_text_stays_text(tmp_path, capsys):
     text = tmp_path / "hostile.txt"
     text.write_text(("\n".join(HOSTILE) + "\ndef f(x):\n    return x + x\n") * 40, encoding="utf-8")
     out = tmp_path / "out"
     argv = ["features", "--sae", "tiny-induction-sae", "--text", str(text), "--tokens", "2048"]
     assert main([*argv, "--top", "6", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["features.csv", "report.html", "summary.json"]
+    names = ["features.csv", "report.html", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == names
+    # the output contract (interp.cli.output): results and one "wrote" line per file on stdout
+    printed = capsys.readouterr().out.splitlines()
+    assert sorted(line for line in printed if line.startswith("wrote ")) == [
+        f"wrote {out / name}" for name in names
+    ]
+    assert printed[0].startswith("2048 tokens scanned")
     table = pd.read_csv(out / "features.csv")
     assert list(table.columns) == COLUMNS and len(table) == 6
     summary = json.loads((out / "summary.json").read_text())
@@ -113,6 +120,21 @@ def test_bad_input_is_refused_before_any_output(tmp_path, capsys):
     narrow.save(tmp_path / "narrow")
     assert main(["features", "--sae", str(tmp_path / "narrow"), "--out", str(out)]) == 1
     assert "d_in=32" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content", [b"\xff" * 8 + b"not a header", b"\x01\x00", b""])
+def test_an_unreadable_weights_file_is_refused_in_one_line_naming_it(content, tmp_path, capsys):
+    folder = tmp_path / "broken"
+    load_sae("tiny-induction-sae").save(folder)
+    weights = folder / "sae_weights.safetensors"
+    weights.write_bytes(content)  # header too large, invalid length, empty
+    out = tmp_path / "out"
+    assert main(["features", "--sae", str(folder), "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1, error
+    assert str(weights) in error[0] and "is not a readable safetensors file" in error[0]
+    assert "save the SAE again, or download it afresh" in error[0]
     assert not out.exists()
 
 

@@ -109,8 +109,9 @@ def run(args: argparse.Namespace) -> int:
         for name, text in files.items():
             stage.write_text(name, text)
     print(
-        f"{summary.n_tokens} tokens, {summary.n_dead} of {sae.d_sae} features dead; "
-        f"top {len(summary.table)} written to {out} ({seconds:.1f} s)",
-        file=sys.stderr,
+        f"{summary.n_tokens} tokens scanned, {summary.n_dead} of {sae.d_sae} features dead; "
+        f"top {len(summary.table)} shown ({seconds:.1f} s)"
     )
+    for path in stage.written:
+        print(f"wrote {path}")
     return 0

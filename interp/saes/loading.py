@@ -43,9 +43,7 @@ def load_sae(path_or_name: str | Path, *, device: str | torch.device | None = No
     """
     folder = _folder(str(path_or_name))
     cfg = _read_cfg(folder)
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(folder / SAE_FILES[1]))
+    tensors = read_safetensors(folder / SAE_FILES[1])
     sae = _build(cfg, tensors, folder)
     return sae if device is None else sae.to(device)
 
@@ -175,3 +173,19 @@ def _build(cfg: dict, tensors: dict, folder: Path) -> SAE:
         )
     except ValueError as err:
         raise SAELoadError(f"{folder.name}: {err}") from None
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one ``.safetensors`` file; a file safetensors cannot read (corrupt,
+    truncated, not safetensors at all) is refused in one line naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        reason = str(err).removeprefix("Error while deserializing header: ")
+        raise SAELoadError(
+            f"{path} is not a readable safetensors file ({reason}); save the SAE again, or "
+            "download it afresh"
+        ) from None
