@@ -28,8 +28,10 @@ Every result is checked before it is returned: the rows must add up to the logit
 the models really produce, or :class:`AttributionError` is raised.
 
 Every door here is thin: one prompt is one row, a batch a row per prompt, a task a row per task
-row, and all of them run through :func:`interp.attribution.rows.attribute_rows`, so a prompt
-alone, in a batch or as a task's only row gets the same numbers to the bit.
+row, and all of them run through :func:`interp.attribution.rows.attribute_rows`. A prompt alone
+and the same prompt as a task's only row are the same operations, so the same numbers to the
+bit; in a pass shared with other prompts of its length, the same up to the batched matmuls'
+float32 rounding (tests/test_memory_budgets.py).
 """
 
 from __future__ import annotations
