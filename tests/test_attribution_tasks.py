@@ -1,18 +1,20 @@
 """logit_attribution over a task: each row's own answer minus wrong at its own last token.
 
-A task of one row is the one-prompt table exactly; per row, the components add up to that
-row's logit difference as the padded batch computes it; the task's means are the means of
-one-prompt attributions (<= 1e-5), over rows of different lengths.
+A prompt alone is a batch of that one prompt, and a task of one row the one-prompt table,
+exactly (the same operations: interp.attribution.rows is the one path); per row, the components
+add up to that row's logit difference as the padded batch computes it; the task's means are the
+means of one-prompt attributions (<= 1e-5), over rows of different lengths.
 """
 
 from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
-from interp import load_model, logit_attribution
+from interp import fold_layernorm, load_model, logit_attribution, logit_attribution_batch
 from interp.tasks import Task, greater_than
 from tests.test_patching_tasks import _records
 
@@ -38,6 +40,24 @@ def test_a_task_of_one_row_is_the_one_prompt_table(bundled):
     assert ours[keys].equals(theirs[keys])
     assert ours["contribution"].tolist() == theirs["contribution"].tolist()
     assert ours["contribution_sem"].isna().all() and ours.attrs["n_rows"] == 1
+
+
+@pytest.mark.parametrize("name", ["gpt2_model", "neox_model"])
+def test_a_prompt_alone_is_a_batch_of_one_to_the_bit(name, request):
+    model = request.getfixturevalue(name)
+    prompt = torch.tensor([_records([7], seed=3)[0]["clean"]])
+    folded = fold_layernorm(model)
+    for which, kwargs in [
+        (model, {}),
+        (model, {"wrong": 9}),
+        (model, {"wrong": 9, "pos": -3, "neurons": True}),
+        (folded, {"wrong": 9}),
+    ]:
+        alone = logit_attribution(which, prompt, 8, **kwargs)
+        batch = logit_attribution_batch(which, [prompt], 8, **kwargs)
+        assert (batch["prompt"] == 0).all()
+        pd.testing.assert_frame_equal(batch.drop(columns="prompt"), alone, check_exact=True)
+        assert batch.attrs["prompts"] == [alone.attrs]
 
 
 @pytest.mark.parametrize("name", ["gpt2_model", "neox_model"])
