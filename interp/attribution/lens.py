@@ -1,10 +1,6 @@
-"""The logit lens: the residual stream after the embeddings and after each block, read as if final.
-
-Each state goes through the model's own final norm (statistics recomputed for that state),
-unembedding and soft-cap, so every row is what the model would output if it stopped there; the
-last row is the model's output, checked against its logits (the identity
-:mod:`interp.attribution.core` states). Unlike direct logit attribution this is not a
-decomposition: the norm is not frozen, so the rows do not add up to anything.
+"""The logit lens: the residual stream after the embeddings and after each block, read as if final
+(the model's own final norm, its statistics recomputed, unembedding and soft-cap); the last row
+is the model's output, checked. Not a decomposition: the rows add up to nothing.
 """
 
 from __future__ import annotations

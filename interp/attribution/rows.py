@@ -1,18 +1,12 @@
-"""The one path of direct logit attribution: rows in, one checked frame per row out.
+"""The one path of direct logit attribution: rows in, one checked table per row out.
 
-A row is one prompt's tokens ``[1 pos]``, its target (answer, or answer minus wrong) and the
-position explained. Every entry point is a door onto :func:`attribute_rows`: one prompt is one
-row (:func:`interp.logit_attribution`), a batch is a row per prompt
-(:func:`interp.logit_attribution_batch`), a task is a row per task row, each read at its own
-last real token (:func:`interp.attribution.direct.task_attribution`).
-
-The model is folded once (:func:`interp.models.layernorm.fold_layernorm`), then rows of one
-token length and position share forward passes, unpadded, so padding cannot change a number:
-as many rows per pass as fit ``max_bytes`` (:func:`interp.engine.row_chunks`). Each pass is
-one cached run of the folded model (the residual parts) and, when the model was not folded
-already, one of the model itself (the logits its rows must add up to). Each row's frame is
-built and checked by :func:`interp.attribution.core._attribute`; a row's numbers do not
-depend on which rows share its pass (tests/test_memory_budgets.py).
+A row is a prompt's tokens, its target (answer, or answer minus wrong) and the position
+explained; every entry point of :mod:`interp.attribution.direct` is a door onto
+:func:`attribute_rows`. The model is folded once; rows of one length and position share
+forward passes, unpadded, as many as fit ``max_bytes`` (:func:`interp.engine.row_chunks`): one
+cached run of the folded copy (the residual parts) and, unless the model came folded, one of the
+model (the logits its rows must add up to). :func:`interp.attribution.core._attribute` builds
+and checks each row's table.
 """
 
 from __future__ import annotations
