@@ -26,6 +26,35 @@ import torch
 from safetensors.torch import save_file
 
 SAELENS_VERSION = "6.54.12"
+ATOL_LOGITS = 1e-4  # float32 reconstructions (to ~1e-5) through the bundled model's last layers
+PROMPT = "def f(x):\n    return x + x"
+
+
+def check_splice(model, sae, reference, hook: str, head: int | None = None) -> None:
+    """Spliced logits: the model's own with the error term; without it, those of a plain
+    TransformerLens hook writing ``reference(x)`` (the library's reconstruction of the rows
+    ``x [n d_in]``, computed by the test) in place of the activation (of one head's slice when
+    ``head`` is set; the heads flattened when the SAE reads ``hook_z`` whole)."""
+    from interp import run_cached
+
+    plain = run_cached(model, PROMPT)
+    spliced = run_cached(model, PROMPT, saes=[sae])
+    assert torch.allclose(spliced.logits, plain.logits, atol=1e-5)
+
+    def replace(x, hook):
+        part = x[..., head, :] if head is not None else x
+        out = reference(part.reshape(-1, sae.d_in)).to(x.dtype).reshape(part.shape)
+        if head is None:
+            return out
+        x = x.clone()
+        x[..., head, :] = out
+        return x
+
+    with torch.no_grad():
+        expected = model.run_with_hooks(plain.tokens, fwd_hooks=[(hook, replace)])
+    alone = run_cached(model, PROMPT, saes=[sae], use_error_term=False)
+    assert torch.allclose(alone.logits, expected, atol=ATOL_LOGITS)
+    assert (alone.logits - plain.logits).abs().max() > 1e-3, "the splice changed nothing"
 
 
 def randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:

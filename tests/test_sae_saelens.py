@@ -8,12 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp import load_sae, run_cached
-from tests.sae_folders import pre6_folder, saelens_folder
+from interp import load_sae
+from tests.sae_folders import check_splice, pre6_folder, saelens_folder
 
 ATOL = 1e-5  # float32 dot products of width 64-128 with O(1) terms, against float64
-ATOL_LOGITS = 1e-4  # those errors through the bundled model's second layer and unembedding
-PROMPT = "def f(x):\n    return x + x"
 RESID = "blocks.1.hook_resid_pre"
 Z = "blocks.1.attn.hook_z"  # [batch pos head d_head], 4 heads of 16 in the bundled model
 
@@ -112,31 +110,12 @@ def test_every_architecture_and_flag_is_saelens(tmp_path, bundled_model, case):
     assert torch.allclose(sae.decode(f, x).double(), out_ref, atol=ATOL), case
     assert torch.allclose(sae(x).double(), out_ref, atol=ATOL), case
     if arch != "batchtopk":  # features of a batch top-k depend on the whole batch
-        _check_splice(bundled_model, sae, w, {"architecture": arch, **ref}, RESID)
-
-
-def _check_splice(model, sae, w, ref, hook, head=None):
-    """Spliced logits: the model's own with the error term; without it, a plain hook's that
-    writes the reference reconstruction (of the head's slice when ``head`` is set)."""
-    plain = run_cached(model, PROMPT)
-    spliced = run_cached(model, PROMPT, saes=[sae])
-    assert torch.allclose(spliced.logits, plain.logits, atol=1e-5)
-
-    def replace(x, hook):
-        part = x[..., head, :] if head is not None else x
-        flat = part.reshape(-1, sae.d_in)
-        out = saelens_reference(w, flat, ref)[1].to(x.dtype).reshape(part.shape)
-        if head is None:
-            return out
-        x = x.clone()
-        x[..., head, :] = out
-        return x
-
-    with torch.no_grad():
-        expected = model.run_with_hooks(plain.tokens, fwd_hooks=[(hook, replace)])
-    alone = run_cached(model, PROMPT, saes=[sae], use_error_term=False)
-    assert torch.allclose(alone.logits, expected, atol=ATOL_LOGITS)
-    assert (alone.logits - plain.logits).abs().max() > 1e-3, "the splice changed nothing"
+        check_splice(
+            bundled_model,
+            sae,
+            lambda x: saelens_reference(w, x, {"architecture": arch, **ref})[1],
+            RESID,
+        )
 
 
 def test_hook_z_sae_flattens_the_heads(tmp_path, bundled_model):
@@ -147,7 +126,9 @@ def test_hook_z_sae_flattens_the_heads(tmp_path, bundled_model):
     assert torch.allclose(sae.encode(z).double(), f_ref, atol=ATOL)
     assert sae(z).shape == (6, 4, 16)
     assert torch.allclose(sae(z).double(), out_ref.reshape(6, 4, 16), atol=ATOL)
-    _check_splice(bundled_model, sae, w, {"architecture": "standard"}, Z)
+    check_splice(
+        bundled_model, sae, lambda x: saelens_reference(w, x, {"architecture": "standard"})[1], Z
+    )
 
 
 def test_hook_head_index_reads_and_writes_one_head(tmp_path, bundled_model):
@@ -155,7 +136,13 @@ def test_hook_head_index_reads_and_writes_one_head(tmp_path, bundled_model):
                        metadata={"hook_head_index": 2})  # fmt: skip
     sae = load_sae(tmp_path / "h")
     assert sae.hook_head_index == 2
-    _check_splice(bundled_model, sae, w, {"architecture": "jumprelu"}, Z, head=2)
+    check_splice(
+        bundled_model,
+        sae,
+        lambda x: saelens_reference(w, x, {"architecture": "jumprelu"})[1],
+        Z,
+        head=2,
+    )
 
 
 @pytest.mark.parametrize(

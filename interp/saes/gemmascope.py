@@ -40,7 +40,7 @@ def gemmascope_hook(path: str | Path) -> str | None:
 
 def read_gemmascope(folder: Path, hook_name: str | None) -> SAE:
     """A JumpReLU :class:`SAE` from a Gemma Scope ``params.npz`` (the module docstring)."""
-    if "embedding" in folder.as_posix() and hook_name is None:
+    if any(part.startswith("embedding") for part in folder.parts) and hook_name is None:
         raise ValueError(
             "a Gemma Scope embedding SAE reads the embedding before Gemma's sqrt(d_model) "
             "scale, which interp does not splice; pass hook_name= if you know its hook"
