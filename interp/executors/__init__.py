@@ -24,6 +24,7 @@ _EXPORTS = {
     "RayExecutor": "interp.executors.backends",
     "SlurmExecutor": "interp.executors.backends",
     "EXECUTORS": "interp.executors.backends",
+    "Sharding": "interp.executors.sharding",
 }
 
 __all__ = sorted(_EXPORTS)
