@@ -220,10 +220,15 @@ class SlurmExecutor:
         }
         if partition is not None:
             self.params["slurm_partition"] = partition
-        self.cluster = cluster
+        self.cluster = cluster or "slurm"  # never submitit's silent fallback to local
         self._jobs: dict = {}  # submitit job -> shard index
 
     def start(self, work_dir: Path) -> None:
+        if self.cluster in (None, "slurm") and shutil.which("sbatch") is None:
+            raise RuntimeError(
+                "--executor slurm needs SLURM's sbatch here: run it on a login node of the "
+                "cluster (or use --executor local)"
+            )
         self._ex = self.submitit.AutoExecutor(folder=Path(work_dir) / "slurm", cluster=self.cluster)
         self._ex.update_parameters(**self.params)
 
