@@ -29,6 +29,7 @@ from interp.executors.call import call_shard
 
 __all__ = [
     "EXECUTORS",
+    "InlineExecutor",
     "LocalExecutor",
     "RayExecutor",
     "SlurmExecutor",
@@ -68,6 +69,25 @@ def _last_line(path: Path) -> str:
         if lines:
             return lines[-1].strip()
     return "no message"
+
+
+class InlineExecutor:
+    """Shards one after the other in this process: no worker to start, nothing to pickle (the
+    Python API's default where no executor is given; what the CLI never needs)."""
+
+    def start(self, work_dir: Path) -> None:
+        self._queue: collections.deque = collections.deque()
+
+    def submit(self, job, index: int, count: int) -> None:
+        self._queue.append((job, index, count))
+
+    def wait(self) -> list[tuple[int, dict | None, str | None]]:
+        job, index, count = self._queue.popleft()
+        answer = call_shard(job, index, count)
+        return [(index, answer.get("result"), answer.get("error"))]
+
+    def close(self) -> None:
+        pass
 
 
 class LocalExecutor:

@@ -17,14 +17,13 @@ import tempfile
 from dataclasses import dataclass, field
 
 import pandas as pd
-import torch
 
 from interp.attribution_shards import attribution_partial_sums
 from interp.discovery.shards import discovery_partial_sums, merge_discovery_sums
+from interp.executors.models import model_source, worker_model
 from interp.executors.runner import run_shards
 from interp.executors.sharding import Sharding, as_sharding
 from interp.interventions.shards import merge_partial_sums, task_fingerprint, task_partial_sums
-from interp.loading import load_model
 from interp.stores.fingerprint import model_fingerprint
 from interp.tasks import Task
 
@@ -42,20 +41,6 @@ SHARD_FUNCTIONS = {  # kind -> f(model, task, *, shard=(i, n), **settings) -> pa
     "attribute": attribution_partial_sums,
     "discover": discovery_partial_sums,
 }
-_MODELS: dict[tuple, tuple] = {}  # in a worker: (source, device, dtype) -> (model, fingerprint)
-
-
-def model_source(model) -> str:
-    """The checkpoint ``model`` was loaded from (a folder or hub name), for the workers."""
-    config = getattr(getattr(model, "original_model", None), "config", None)
-    source = getattr(config, "_name_or_path", "") or ""
-    if not source:
-        raise ValueError(
-            "executor=: the workers load the model from its checkpoint, and this one was built "
-            "in memory; save it (model.original_model.save_pretrained(folder) with its "
-            "tokenizer) and load it with interp.load_model(folder)"
-        )
-    return str(source)
 
 
 @dataclass(frozen=True)
@@ -71,17 +56,7 @@ class TaskShard:
     fingerprint: str | None = None  # the driver's model_fingerprint; None: not checked
 
     def __call__(self, index: int, count: int) -> dict:
-        wanted = (self.model, self.device, self.dtype)
-        if wanted not in _MODELS:
-            model = load_model(self.model, device=self.device, dtype=getattr(torch, self.dtype))
-            _MODELS[wanted] = (model, model_fingerprint(model))
-        model, found = _MODELS[wanted]
-        if self.fingerprint is not None and found != self.fingerprint:
-            raise ValueError(
-                f"the model loaded from {self.model} is not the one given (fingerprint {found}, "
-                f"expected {self.fingerprint}): was it changed after loading? Save it and load "
-                "it from its folder"
-            )
+        model = worker_model(self.model, self.device, self.dtype, self.fingerprint)
         task = Task.from_records(self.records)
         return SHARD_FUNCTIONS[self.kind](model, task, shard=(index, count), **self.settings)
 
