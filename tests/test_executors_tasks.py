@@ -62,6 +62,8 @@ def test_what_executors_refuse(bundled_model, task):
     assert model_source(bundled_model).endswith("tiny-induction")
     with pytest.raises(ValueError, match="takes max_bytes"):
         discover_circuit(bundled_model, task, "eap", top_n=3, max_rows=4, executor="local")
+    with pytest.raises(ValueError, match="acdc' has no shards"):
+        discover_circuit(bundled_model, task, "acdc", threshold=0.1, executor="local")
     with pytest.raises(ValueError, match="needs a Task"):
         discover_circuit(bundled_model, task.tokens(bundled_model), "eap", top_n=3,
                          executor="local")  # fmt: skip

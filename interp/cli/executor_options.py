@@ -21,6 +21,7 @@ EXECUTORS = ("local", "ray", "slurm")  # interp.executors.EXECUTORS, torch-free 
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--executor``, ``--shards``, ``--retries`` and the Ray and SLURM options."""
     group = parser.add_argument_group("running the shards (docs/scale.md)")
     group.add_argument(
         "--executor",

@@ -35,6 +35,7 @@ def _done(out: Path) -> None:
 
 
 def run_patch(args, out: Path, model, task, batch, settings: dict, strings, say) -> int:
+    """``interp patch --task --executor``: patching.csv, summary.json, report.html."""
     from interp.cli.patch_task import write_results
     from interp.interventions.shards import merge_partial_sums
 
@@ -50,6 +51,7 @@ def run_patch(args, out: Path, model, task, batch, settings: dict, strings, say)
 
 
 def run_attribute(args, out: Path, model, task, say) -> int:
+    """``interp attribute --task --executor``: the files of a whole task run."""
     from interp.attribution_shards import merge_attribution_sums
     from interp.cli.attribute_task import write_results
 

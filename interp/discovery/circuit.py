@@ -84,6 +84,8 @@ def discover_circuit(
     if method == "acdc":
         if threshold is None:
             raise ValueError("method 'acdc' takes threshold (it prunes edges), not top_n")
+        if executor is not None:
+            raise ValueError("method 'acdc' has no shards (each decision depends on the last)")
         frame = acdc(model, task, threshold=float(threshold), metric=metric, **budget)
         params["threshold"] = float(threshold)
         edges = tuple(frame.loc[frame["in_circuit"].astype(bool), "edge"])

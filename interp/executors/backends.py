@@ -38,7 +38,7 @@ __all__ = [
     "require",
 ]
 
-EXECUTORS = ("local", "ray", "slurm")
+EXECUTORS = ("local", "ray", "slurm")  # the --executor names
 EXTRAS = {"ray": ("ray", "ray"), "slurm": ("submitit", "slurm")}  # executor: (module, extra)
 POLL_S = 0.05  # how often local processes and SLURM jobs are looked at
 

@@ -103,19 +103,48 @@ def _key(task: Task, settings: dict) -> dict:
     return {"task": task_fingerprint(task), **settings}
 
 
-def sharded_edge_scores(model, task, method: str, executor, **settings) -> pd.DataFrame:
+def sharded_edge_scores(
+    model,
+    task: Task,
+    method: str,
+    executor: Sharding | str,
+    *,
+    metric: str = "logit_diff",
+    ig_steps: int = 5,
+    max_bytes: int | str | None = None,
+) -> pd.DataFrame:
     """:func:`interp.discovery.edge_scores`'s frame (scored methods), its shards run by
     ``executor``: the merge of :mod:`interp.discovery.shards`."""
-    sharding = as_sharding(executor)
-    job = task_shard("discover", model, task, method=method, **settings)
-    parts = run_task_shards(job, len(task), sharding, _key(task, {"method": method, **settings}))
+    settings = {"method": method, "metric": metric, "ig_steps": ig_steps, "max_bytes": max_bytes}
+    job = task_shard("discover", model, task, **settings)
+    parts = run_task_shards(job, len(task), as_sharding(executor), _key(task, settings))
     return merge_discovery_sums(parts)
 
 
-def sharded_patch(model, task, executor, **settings) -> pd.DataFrame:
+def sharded_patch(
+    model,
+    task: Task,
+    executor: Sharding | str,
+    *,
+    metric: str = "logit_diff",
+    sites=("resid_pre",),
+    direction: str = "denoising",
+    method: str = "exact",
+    layers=None,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+) -> pd.DataFrame:
     """:func:`interp.patch_activations`'s table over ``task``, its shards run by ``executor``:
     the merge of :mod:`interp.interventions.shards`."""
-    sharding = as_sharding(executor)
+    settings = {
+        "metric": metric,
+        "sites": list(sites),
+        "direction": direction,
+        "method": method,
+        "layers": None if layers is None else list(layers),
+        "max_rows": max_rows,
+        "max_bytes": max_bytes,
+    }
     job = task_shard("patch", model, task, **settings)
-    parts = run_task_shards(job, len(task), sharding, _key(task, settings))
+    parts = run_task_shards(job, len(task), as_sharding(executor), _key(task, settings))
     return merge_partial_sums(parts)

@@ -42,7 +42,7 @@ from interp.stores.fingerprint import model_fingerprint
 
 __all__ = ["ActivationStore", "fill_store", "write_part", "FORMAT", "BLOCK"]
 
-FORMAT = "interp-activations/1"
+FORMAT = "interp-activations/1"  # store.json's format: other stores are refused
 BLOCK = 1024  # tokens read together: the unit of the shuffle across the whole store
 ROWS_PER_PASS = 64  # token rows per forward pass while filling
 
