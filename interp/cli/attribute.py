@@ -8,6 +8,7 @@ from pathlib import Path
 
 from interp.cli import attribute_task
 from interp.cli.attribute_task import _display, _label
+from interp.cli.executor_options import add_executor_arguments
 from interp.cli.options import add_model_option, check_at_most, device, int_between
 from interp.cli.output import UsageError, check_out_dir, staged_output, terminal_table
 from interp.cli.patch_task import shard
@@ -52,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --task: also write attribution_rows.csv, each row's own contributions",
     )
+    add_executor_arguments(parser)
     parser.add_argument(
         "--wrong",
         default=None,
@@ -158,7 +160,11 @@ def run(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     if args.task is not None:
         return attribute_task.run_task(args, out, say)
-    for option, value in (("--shard", args.shard), ("--per-row", args.per_row or None)):
+    for option, value in (
+        ("--shard", args.shard),
+        ("--per-row", args.per_row or None),
+        ("--executor", args.executor),
+    ):
         if value is not None:
             raise UsageError(
                 f"{option} is for --task; pass --task FILE.jsonl, or leave {option} out"

@@ -16,6 +16,7 @@ import json
 import math
 from pathlib import Path
 
+from interp.cli.executor_options import check_executor
 from interp.cli.output import (
     UsageError,
     check_shard,
@@ -67,6 +68,7 @@ def run_task(args: argparse.Namespace, out: Path, say) -> int:
     task = read_task(args.task)  # before loading: a malformed file is refused at once
     _refuse_lists(task)
     index, count = check_shard(args.shard, len(task), str(args.task))
+    check_executor(args, len(task))
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
     from interp.attribution.shards import attribution_partial_sums, merge_attribution_sums
@@ -76,6 +78,10 @@ def run_task(args: argparse.Namespace, out: Path, say) -> int:
         task.tokens(model)
     except TaskError as exc:
         raise UsageError(f"--task: {exc}") from None
+    if args.executor is not None:
+        from interp.cli.executor_run import run_attribute
+
+        return run_attribute(args, out, model, task, say)
     rows = len(range(index, len(task), count))
     say(f"folding LayerNorm into a copy of the model and attributing {rows} of {len(task)} rows")
     partial = attribution_partial_sums(model, task, shard=(index, count), per_row=args.per_row)
