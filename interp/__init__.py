@@ -49,6 +49,9 @@ _EXPORTS = {
     "feature_attribution": "interp.attribution.features",
     "SAE": "interp.saes.sae",
     "Task": "interp.tasks",
+    "ActivationStore": "interp.stores.activations",
+    "fill_store": "interp.stores.activations",
+    "Sharding": "interp.executors.sharding",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -10,6 +10,7 @@ its own copy from the fixture's directory. Build variants with
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -129,3 +130,21 @@ def browser():
         pytest.skip(message)
     with Chromium(executable) as chromium:
         yield chromium
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs, started once for every test that runs shards on Ray
+    (seconds to start); its workers import this checkout (PYTHONPATH). Skipped without ray."""
+    ray = pytest.importorskip("ray")
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {"PYTHONPATH": path, "OMP_NUM_THREADS": str(THREADS), "HF_HUB_OFFLINE": "1"}
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env},
+    )
+    yield ray
+    ray.shutdown()

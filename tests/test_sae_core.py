@@ -146,12 +146,12 @@ def _refused(tmp_path, match, changes):
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        ({"architecture": "gated"}, "architecture 'gated' is not one"),
+        ({"architecture": "abstopk"}, "architecture='abstopk': interp computes"),
         ({"normalize_activations": "expected_average_only_in"}, "normalize_activations"),
         ({"metadata": {}}, "names no hook_name"),
-        ({"d_sae": 11}, "d_sae=11 but W_enc is 6x10"),
+        ({"d_sae": 11}, "d_sae=11 but the weights are 6x10"),
         ({"architecture": "jumprelu"}, "lacks threshold"),
-        ({"architecture": "topk"}, "a topk SAE needs k"),
+        ({"architecture": "topk", "k": None}, "k=None: a topk SAE needs k"),
     ],
 )
 def test_bad_configs_are_refused_in_one_line(tmp_path, changes, match):
@@ -161,7 +161,7 @@ def test_bad_configs_are_refused_in_one_line(tmp_path, changes, match):
 def test_not_an_sae_is_refused_naming_what_is_missing(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "cfg.json").write_text("{}")
-    with pytest.raises(SAELoadError, match="no sae_weights.safetensors"):
+    with pytest.raises(SAELoadError, match="has none of cfg.json . sae_weights.safetensors"):
         load_sae(tmp_path / "x")
     (tmp_path / "f.txt").write_text("")
     with pytest.raises(SAELoadError, match="is a file"):

@@ -20,6 +20,7 @@ import math
 import sys
 from pathlib import Path
 
+from interp.cli.executor_options import add_executor_arguments, check_executor
 from interp.cli.options import add_model_option, check_at_most, device, int_between
 from interp.cli.output import (
     UsageError,
@@ -85,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --task: also write attribution_rows.csv, each row's own contributions",
     )
+    add_executor_arguments(parser)
     parser.add_argument(
         "--wrong",
         default=None,
@@ -132,7 +134,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_prompt_options(args: argparse.Namespace) -> None:
     """The ``--prompt/--answer`` form's options, checked before loading; fills the defaults."""
-    for option, value in (("--shard", args.shard), ("--per-row", args.per_row or None)):
+    for option, value in (
+        ("--shard", args.shard),
+        ("--per-row", args.per_row or None),
+        ("--executor", args.executor),
+    ):
         if value is not None:
             raise UsageError(
                 f"{option} is for --task; pass --task FILE.jsonl, or leave {option} out"
@@ -239,6 +245,7 @@ def run_task(args: argparse.Namespace, out: Path) -> int:
     task = read_task(args.task)  # before loading: a malformed file is refused at once
     _refuse_lists(task)
     index, count = check_shard(args.shard, len(task), str(args.task))
+    check_executor(args, len(task))
     _say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
     from interp.attribution.shards import attribution_partial_sums, merge_attribution_sums
@@ -248,6 +255,10 @@ def run_task(args: argparse.Namespace, out: Path) -> int:
         task.tokens(model)
     except TaskError as exc:
         raise UsageError(f"--task: {exc}") from None
+    if args.executor is not None:
+        from interp.cli.executor_run import run_attribute
+
+        return run_attribute(args, out, model, task, _say)
     rows = len(range(index, len(task), count))
     _say(f"folding LayerNorm into a copy of the model and attributing {rows} of {len(task)} rows")
     partial = attribution_partial_sums(model, task, shard=(index, count), per_row=args.per_row)

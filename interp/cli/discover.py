@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from interp.cli.discover_results import GENERATED, generated_task
+from interp.cli.executor_options import add_executor_arguments, check_executor
 from interp.cli.options import MAX_SEED, add_model_option, device, int_between, memory_size
 from interp.cli.output import UsageError, check_out_dir, check_shard, write_partial
 from interp.cli.patch_task import TASK_METRICS, read_task, shard
@@ -101,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
+    add_executor_arguments(parser)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -155,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     task = None if args.task in GENERATED else read_task(Path(args.task))  # before loading
     n_rows = len(task) if task is not None else (args.n or 16)
     index, count = check_shard(args.shard, n_rows, "the task")
+    check_executor(args, n_rows, scored=args.method != "acdc")
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
     from interp.cli.options import check_at_most
@@ -180,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
     }
     settings = {"top_n": args.top_n, "threshold": args.threshold, "ablation": args.ablation}
     ig_steps = args.ig_steps or 5
+    if args.executor is not None:
+        from interp.cli.executor_run import run_discover
+
+        return run_discover(args, out, model, task, source, ig_steps, say)
     if args.shard is not None:
         return _write_shard(args, out, model, task, source, settings, ig_steps, say)
     from interp.cli.discover_results import write_results

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     sites = _parse_sites(args.sites)
     if args.task is not None:
         return run_task(args, out, sites, say)
-    for option in ("--metric", "--shard"):
+    for option in ("--metric", "--shard", "--executor"):
         if getattr(args, option[2:]) is not None:
             raise UsageError(f"{option} is for --task; leave it out with --clean/--corrupted")
     missing = [o for o in PAIR_OPTIONS[:3] if getattr(args, o[2:]) is None]

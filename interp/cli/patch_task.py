@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from interp.cli.executor_options import add_executor_arguments, check_executor
 from interp.cli.output import (
     UsageError,
     check_shard,
@@ -78,6 +79,7 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --task: patch rows I, I+N, ... (0-based) and write partial.json; "
         "combine the shards with interp merge",
     )
+    add_executor_arguments(parser)
 
 
 def read_task(path: Path):
@@ -100,6 +102,7 @@ def run_task(args: argparse.Namespace, out: Path, sites: list[str], say) -> int:
         )
     task = read_task(args.task)  # before loading: a malformed file is refused at once
     index, count = check_shard(args.shard, len(task), str(args.task))
+    check_executor(args, len(task))
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
     from interp.interventions.shards import merge_partial_sums, task_partial_sums
@@ -110,6 +113,12 @@ def run_task(args: argparse.Namespace, out: Path, sites: list[str], say) -> int:
     except TaskError as exc:
         raise UsageError(f"--task: {exc}") from None
     metric = args.metric or "logit_diff"
+    if args.executor is not None:
+        from interp.cli.executor_run import run_patch
+
+        settings = {"metric": metric, "sites": sites, "direction": args.direction}
+        return run_patch(args, out, model, task, batch, {**settings, "method": args.method},
+                         _strings, say)  # fmt: skip
     rows = len(range(index, len(task), count))
     say(f"patching {', '.join(sites)} over {rows} of {len(task)} rows ({args.method}) ...")
     try:

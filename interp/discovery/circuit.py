@@ -52,6 +52,7 @@ def discover_circuit(
     max_rows: int | None = None,
     max_bytes: int | str | None = None,
     progress: bool = False,
+    executor=None,
 ) -> Circuit:
     """The circuit of ``task`` found by ``method`` (module docstring).
 
@@ -62,6 +63,10 @@ def discover_circuit(
         top_n: keep the ``top_n`` edges by ``|score|``.
         threshold: keep the edges with ``|score| >= threshold``.
         metric, ig_steps, max_rows, max_bytes, progress: as :func:`edge_scores`.
+        executor: scored methods over a :class:`interp.Task`: run the scores in shards on an
+            executor (``"local"``, ``"ray"``, ``"slurm"`` or an
+            :class:`interp.executors.Sharding`; :mod:`interp.executors.tasks`), merged into the
+            same scores (float64 sums of the rows; docs/scale.md).
 
     Returns a :class:`Circuit`: its edges in graph order, the method, the parameters and the
     score frame with an ``in_circuit`` column.
@@ -79,11 +84,21 @@ def discover_circuit(
     if method == "acdc":
         if threshold is None:
             raise ValueError("method 'acdc' takes threshold (it prunes edges), not top_n")
+        if executor is not None:
+            raise ValueError("method 'acdc' has no shards (each decision depends on the last)")
         frame = acdc(model, task, threshold=float(threshold), metric=metric, **budget)
         params["threshold"] = float(threshold)
         edges = tuple(frame.loc[frame["in_circuit"].astype(bool), "edge"])
         return Circuit(edges=edges, method=method, params=params, scores=frame)
-    frame = edge_scores(model, task, method, metric=metric, ig_steps=ig_steps, **budget)
+    if executor is not None:
+        from interp.executors.tasks import sharded_edge_scores
+
+        if max_rows is not None:
+            raise ValueError("executor= takes max_bytes (each shard's budget), not max_rows")
+        settings = {"metric": metric, "ig_steps": ig_steps, "max_bytes": max_bytes}
+        frame = sharded_edge_scores(model, task, method, executor, **settings)
+    else:
+        frame = edge_scores(model, task, method, metric=metric, ig_steps=ig_steps, **budget)
     if method == "eap-ig":
         params["ig_steps"] = ig_steps
     return circuit_from_scores(frame, method, top_n=top_n, threshold=threshold, params=params)

@@ -1,11 +1,12 @@
 """SAEs spliced into a run: each at its hook, its feature activations kept.
 
-An SAE here is anything with ``hook_name``, ``d_in``, ``d_sae``, ``encode`` and ``decode``
+An SAE here is anything with ``hook_name``, ``d_sae`` and ``splice(x, use_error_term=)``
 (:class:`interp.saes.sae.SAE`; the engine does not import the analyses). At its hook the
-activation ``x`` becomes ``decode(f) + (x - decode(f))`` with ``f = encode(x)``: the
-reconstruction plus the error, so the run is the model's own (``use_error_term=True``, the
-default), or ``decode(f)`` alone, the run the SAE's reconstruction gives. ``f`` is kept under
-``f"{hook_name}.hook_sae_acts"`` ``[batch pos d_sae]``.
+part ``x`` it reads (one head's slice for a per-head SAE) becomes ``r + (x - r)`` with
+``r`` its reconstruction of ``f = encode(x)``: the reconstruction plus the error, so the run is
+the model's own (``use_error_term=True``, the default), or ``r`` alone, the run the SAE's
+reconstruction gives. A transcoder (reading one hook, writing another) is refused. ``f`` is
+kept under ``f"{hook_name}.hook_sae_acts"`` ``[batch pos d_sae]``.
 """
 
 from __future__ import annotations
@@ -36,22 +37,21 @@ def check_saes(model, saes: Sequence) -> None:
                 f"an SAE reads {sae.hook_name!r}, which this model has no hook for; "
                 "load an SAE trained on this model"
             )
+        if getattr(sae, "output_hook_name", None) is not None:
+            raise ValueError(
+                f"a transcoder reads {sae.hook_name} and writes {sae.output_hook_name}; "
+                "splice SAEs, which write what they read"
+            )
         if sae.hook_name in seen:
             raise ValueError(f"two SAEs read {sae.hook_name}; splice one SAE per hook")
         seen.add(sae.hook_name)
 
 
 def _hook(sae, store: dict, use_error_term: bool) -> HookFn:
-    def hook(x: Float[Tensor, "batch pos d_in"], hook) -> Tensor:
-        if x.shape[-1] != sae.d_in:
-            raise ValueError(
-                f"the SAE at {sae.hook_name} takes d_in={sae.d_in}, but this model's "
-                f"activation there has width {x.shape[-1]}; load an SAE trained on this model"
-            )
-        acts = sae.encode(x)
+    def hook(x: Float[Tensor, "batch pos ..."], hook) -> Tensor:
+        out, acts = sae.splice(x, use_error_term=use_error_term)
         store[sae_acts_name(sae)] = acts.detach()
-        recon = sae.decode(acts).to(x.dtype)
-        return recon + (x - recon) if use_error_term else recon
+        return out
 
     return hook
 

@@ -86,6 +86,7 @@ def patch_activations(
     interventions: Sequence[Intervention | tuple[str, HookFn]] = (),
     corruption: Sequence[Intervention | tuple[str, HookFn]] = (),
     positions: str | None = None,
+    executor=None,
 ) -> pd.DataFrame:
     """Patch every site of the requested grids and measure ``metric``; a tidy DataFrame.
 
@@ -120,6 +121,9 @@ def patch_activations(
         corruption: applied to the corrupted run only (and so to the patched runs of the
             corrupted prompt when denoising): causal tracing is ``corrupted=clean`` with
             ``noise`` interventions here.
+        executor: over a :class:`interp.Task` only: patch its rows in shards on an executor
+            (``"local"``, ``"ray"``, ``"slurm"`` or an :class:`interp.executors.Sharding`;
+            :mod:`interp.executors.tasks`), merged into the same table (docs/scale.md).
 
     Returns columns ``site, layer, head, pos, method, metric, recovered``; ``head``/``pos`` are
     NA where they do not apply. ``attrs`` hold ``clean_metric``, ``corrupted_metric``,
@@ -143,6 +147,19 @@ def patch_activations(
                 f"over a task, metric is one of {', '.join(TASK_METRICS)} (each row's own "
                 f"answer and wrong at its last real token), got {metric_name(kind)}"
             )
+        if executor is not None:
+            from interp.executors.tasks import sharded_patch
+
+            if per_row or interventions or corruption or positions is not None:
+                raise ValueError(
+                    "executor= merges means over shards: leave out per_row, interventions, "
+                    "corruption and positions"
+                )
+            settings = dict(sites=sites, direction=direction, method=method, layers=layers)
+            return sharded_patch(
+                model, clean, executor, metric=kind, max_rows=max_rows, max_bytes=max_bytes,
+                **settings,
+            )  # fmt: skip
         return patch_task(
             model,
             clean,

@@ -34,6 +34,22 @@ class FeatureEdit:
         d_sae = int(self.sae.d_sae)
         if isinstance(self.feature, bool) or not 0 <= int(self.feature) < d_sae:
             raise ValueError(f"feature must be an index in 0 .. {d_sae - 1}, got {self.feature!r}")
+        flags = {
+            "normalize_activations": getattr(self.sae, "normalize_activations", "none"),
+            "rescale_acts_by_decoder_norm": getattr(
+                self.sae, "rescale_acts_by_decoder_norm", False
+            ),
+            "reshape_activations": getattr(self.sae, "reshape_activations", "none"),
+            "hook_head_index": getattr(self.sae, "hook_head_index", None),
+            "output_hook_name": getattr(self.sae, "output_hook_name", None),
+        }
+        odd = {k: v for k, v in flags.items() if v not in ("none", False, None)}
+        if odd:  # the edit adds (v - f_j) W_dec[j] to the hook's whole activation
+            key, value = next(iter(odd.items()))
+            raise ValueError(
+                f"feature edits take an SAE writing f W_dec + b_dec at its hook; this one has "
+                f"{key}={value!r}"
+            )
 
     def hook(self) -> tuple[str, object]:
         """The forward hook ``(hook_name, fn)`` making the edit."""

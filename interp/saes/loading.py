@@ -1,12 +1,15 @@
-"""Load an SAE saved in SAELens's format: a bundled name, a local folder, or a hub name.
+"""Load an SAE from a bundled name, a local folder, or a hub name, in any of four formats.
 
-A saved SAE is a folder with ``cfg.json`` and ``sae_weights.safetensors`` (``W_enc``,
-``b_enc``, ``W_dec``, ``b_dec``, and ``threshold`` for JumpReLU). From ``cfg.json`` interp
-reads ``architecture`` (default ``"standard"``), ``d_in``, ``d_sae``, ``hook_name`` (top level,
-or under ``metadata`` as SAELens 6 writes it), ``apply_b_dec_to_input`` (default False), ``k``
-for TopK (or ``activation_fn_kwargs.k``, as older SAELens wrote it) and
-``normalize_activations``, which must be ``"none"`` (or absent): interp does not rescale inputs.
-Every other key is kept in ``sae.cfg``.
+The folder's files say its format (:data:`FORMATS`):
+
+- SAELens (``cfg.json`` + ``sae_weights.safetensors``): :mod:`interp.saes.saelens`;
+- EleutherAI sparsify (``cfg.json`` + ``sae.safetensors``): :mod:`interp.saes.sparsify`;
+- dictionary_learning (``ae.pt`` + ``config.json``): :mod:`interp.saes.dictionary_learning`;
+- Gemma Scope (``params.npz``): :mod:`interp.saes.gemmascope`.
+
+Each reader computes what its own library computes, or refuses in one line naming what
+interp does not compute. Tensors are read straight into the SAE's parameters (safetensors,
+memory-mapped ``torch.load``, ``np.load``), with no second copy of the weights.
 """
 
 from __future__ import annotations
@@ -16,12 +19,18 @@ from pathlib import Path
 
 import torch
 
-from interp.saes.bundled import SAE_FILES, bundled_sae_path, bundled_saes
-from interp.saes.sae import ARCHITECTURES, SAE
+from interp.saes.bundled import bundled_sae_path, bundled_saes
+from interp.saes.sae import SAE
 
-__all__ = ["SAEFitError", "SAELoadError", "check_sae_fits", "load_sae"]
+__all__ = ["FORMATS", "SAEFitError", "SAELoadError", "check_sae_fits", "load_sae", "sae_format"]
 
-WEIGHTS = ("W_enc", "b_enc", "W_dec", "b_dec")  # the tensors every architecture has
+# format -> the files that make a folder one (first match wins; SAELens before sparsify)
+FORMATS = {
+    "saelens": ("cfg.json", "sae_weights.safetensors"),
+    "sparsify": ("cfg.json", "sae.safetensors"),
+    "dictionary_learning": ("ae.pt", "config.json"),
+    "gemmascope": ("params.npz",),
+}
 
 
 class SAELoadError(ValueError):
@@ -32,30 +41,81 @@ class SAEFitError(ValueError):
     """An SAE whose hook or width does not fit the model, in one line."""
 
 
-def load_sae(path_or_name: str | Path, *, device: str | torch.device | None = None) -> SAE:
-    """An SAE from a bundled name (``"tiny-induction-sae"``), a local folder in SAELens's
-    saved format, or a Hugging Face repository (``"owner/repo"`` or ``"owner/repo/subfolder"``).
+def load_sae(
+    path_or_name: str | Path,
+    *,
+    device: str | torch.device | None = None,
+    hook_name: str | None = None,
+) -> SAE:
+    """An SAE from a bundled name (``"tiny-induction-sae"``), a local folder in one of
+    :data:`FORMATS`, or a Hugging Face repository (``"owner/repo"`` or
+    ``"owner/repo/subfolder"``). ``hook_name`` names the hook for a folder that does not
+    say it (a Gemma Scope or dictionary_learning folder renamed), or overrides it.
 
     Raises:
-        SAELoadError: a folder that is not an SAE (naming the missing file), an unknown
-            architecture, missing tensors or shapes that disagree with ``cfg.json``, or a hub
-            name that cannot be fetched (offline: what to download, and how).
+        SAELoadError: a folder that is not an SAE (naming the files each format needs), a
+            key whose value interp does not compute (naming the key), missing tensors or
+            shapes that disagree with the config, or a hub name that cannot be fetched
+            (offline: what to download, and how).
     """
-    folder = _folder(str(path_or_name))
-    cfg = _read_cfg(folder)
-    tensors = read_safetensors(folder / SAE_FILES[1])
-    sae = _build(cfg, tensors, folder)
+    folder, fmt = _folder(str(path_or_name))
+    try:
+        sae = _read(fmt, folder, hook_name)
+    except (ValueError, KeyError, OSError) as err:
+        if isinstance(err, SAELoadError):
+            raise
+        raise SAELoadError(f"{folder.name} ({fmt}): {err}") from None
+    if hook_name is not None:
+        sae.hook_name = hook_name
     return sae if device is None else sae.to(device)
+
+
+def _read(fmt: str, folder: Path, hook_name: str | None) -> SAE:
+    if fmt == "saelens":
+        from interp.saes.saelens import read_saelens
+        from interp.saes.safetensors_file import read_safetensors
+
+        cfg = _read_json(folder / "cfg.json")
+        if hook_name is not None and not _names_hook(cfg):
+            cfg = {**cfg, "hook_name": hook_name}
+        return read_saelens(folder, cfg, read_safetensors(folder / FORMATS[fmt][1]))
+    if fmt == "sparsify":
+        from interp.saes.sparsify import read_sparsify
+
+        return read_sparsify(folder, _read_json(folder / "cfg.json"), hook_name)
+    if fmt == "dictionary_learning":
+        from interp.saes.dictionary_learning import read_dictionary_learning
+
+        return read_dictionary_learning(folder, _read_json(folder / "config.json"), hook_name)
+    from interp.saes.gemmascope import read_gemmascope
+
+    return read_gemmascope(folder, hook_name)
+
+
+def _names_hook(cfg: dict) -> bool:
+    return bool(cfg.get("hook_name") or cfg.get("hook_point") or
+                (cfg.get("metadata") or {}).get("hook_name"))  # fmt: skip
+
+
+def sae_format(folder: str | Path) -> str | None:
+    """The format whose files ``folder`` has (:data:`FORMATS`), or None."""
+    folder = Path(folder)
+    return next(
+        (name for name, files in FORMATS.items() if all((folder / f).is_file() for f in files)),
+        None,
+    )
 
 
 def check_sae_fits(model, sae: SAE) -> None:
     """Refuse, in one line, an SAE whose hook the model lacks or whose ``d_in`` is not the
     width of the activation at that hook."""
-    if sae.hook_name not in model.hook_dict:
-        raise SAEFitError(
-            f"this SAE reads {sae.hook_name!r}, which this model has no hook for; "
-            "load an SAE trained on this model"
-        )
+    hooks = [sae.hook_name] + ([sae.output_hook_name] if sae.output_hook_name else [])
+    for hook in hooks:
+        if hook not in model.hook_dict:
+            raise SAEFitError(
+                f"this SAE reads {hook!r}, which this model has no hook for; "
+                "load an SAE trained on this model"
+            )
     width = _hook_width(model, sae.hook_name)
     if width is not None and width != sae.d_in:
         raise SAEFitError(
@@ -74,23 +134,24 @@ def _hook_width(model, hook: str) -> int | None:
     return None
 
 
-def _folder(name: str) -> Path:
+def _folder(name: str) -> tuple[Path, str]:
     bundled = bundled_sae_path(name)
     if bundled is not None:
-        return bundled
+        return bundled, "saelens"
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise SAELoadError(
-                f"{name} is a file; an SAE is a folder with {' and '.join(SAE_FILES)}"
-            )
-        missing = [f for f in SAE_FILES if not (path / f).is_file()]
-        if missing:
-            raise SAELoadError(
-                f"{name} is not an SAE folder: it has no {' and no '.join(missing)} "
-                "(SAELens's saved format)"
-            )
-        return path
+            raise SAELoadError(f"{name} is a file; an SAE is a folder ({_needs()})")
+        fmt = sae_format(path)
+        if fmt is None:
+            inner = sorted(p.name for p in path.iterdir() if p.is_dir() and sae_format(p))
+            if inner:
+                raise SAELoadError(
+                    f"{name} holds {len(inner)} SAEs ({', '.join(inner[:4])}"
+                    f"{', ...' if len(inner) > 4 else ''}); pass one of its subfolders"
+                )
+            raise SAELoadError(f"{name} is not an SAE folder: it has none of {_needs()}")
+        return path, fmt
     parts = name.strip("/").split("/")
     if len(parts) < 2 or name.startswith((".", "~")) or "\\" in name:
         known = ", ".join(bundled_saes()) or "none"
@@ -101,91 +162,42 @@ def _folder(name: str) -> Path:
     return _from_hub("/".join(parts[:2]), "/".join(parts[2:]))
 
 
-def _from_hub(repo: str, subfolder: str) -> Path:
-    """Download (or find in the local cache) the two files of an SAE on the hub."""
+def _needs() -> str:
+    return "; ".join(f"{' + '.join(files)} ({fmt})" for fmt, files in FORMATS.items())
+
+
+def _from_hub(repo: str, subfolder: str) -> tuple[Path, str]:
+    """Download (or find in the local cache) the files of an SAE on the hub, trying each
+    format's files in turn."""
     try:
         from huggingface_hub import hf_hub_download
     except ImportError as err:  # pragma: no cover - transformers depends on it
         raise SAELoadError("loading an SAE by hub name needs huggingface_hub") from err
-    paths = []
-    for file in SAE_FILES:
-        filename = f"{subfolder}/{file}" if subfolder else file
-        try:
-            paths.append(Path(hf_hub_download(repo, filename)))
-        except Exception as err:  # offline, missing repo or file: one line saying what to do
-            where = f"{repo}/{subfolder}" if subfolder else repo
-            raise SAELoadError(
-                f"could not get {filename} of the SAE {where} from the Hugging Face hub "
-                f"({type(err).__name__}); online, run `huggingface-cli download {repo} "
-                f"{filename}` or pass a local folder with {' and '.join(SAE_FILES)}"
-            ) from None
-    return paths[0].parent
+    where = f"{repo}/{subfolder}" if subfolder else repo
+    for fmt, files in FORMATS.items():
+        paths = []
+        for file in files:
+            filename = f"{subfolder}/{file}" if subfolder else file
+            try:
+                paths.append(Path(hf_hub_download(repo, filename)))
+            except Exception as err:  # a missing file: the next format; offline: say so
+                if type(err).__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+                    break
+                raise SAELoadError(
+                    f"could not get {filename} of the SAE {where} from the Hugging Face hub "
+                    f"({type(err).__name__}); online, run `huggingface-cli download {repo} "
+                    f"{filename}` or pass a local folder ({_needs()})"
+                ) from None
+        else:
+            return paths[0].parent, fmt
+    raise SAELoadError(f"the hub repository {where} has none of {_needs()}")
 
 
-def _read_cfg(folder: Path) -> dict:
+def _read_json(path: Path) -> dict:
     try:
-        cfg = json.loads((folder / SAE_FILES[0]).read_text(encoding="utf-8"))
+        cfg = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise SAELoadError(f"{folder / SAE_FILES[0]} is not valid JSON ({err.msg})") from None
+        raise SAELoadError(f"{path} is not valid JSON ({err.msg})") from None
     if not isinstance(cfg, dict):
-        raise SAELoadError(f"{folder / SAE_FILES[0]} is not a JSON object")
+        raise SAELoadError(f"{path} is not a JSON object")
     return cfg
-
-
-def _build(cfg: dict, tensors: dict, folder: Path) -> SAE:
-    architecture = cfg.get("architecture", "standard")
-    if architecture not in ARCHITECTURES:
-        raise SAELoadError(
-            f"{folder.name}: architecture {architecture!r} is not one interp runs "
-            f"({', '.join(ARCHITECTURES)})"
-        )
-    normalize = cfg.get("normalize_activations") or "none"
-    if normalize != "none":
-        raise SAELoadError(
-            f"{folder.name}: normalize_activations={normalize!r} rescales the model's "
-            "activations before encoding, which interp does not do; fold the scale into the "
-            "weights or use an SAE saved with 'none'"
-        )
-    hook = cfg.get("hook_name") or (cfg.get("metadata") or {}).get("hook_name")
-    if not hook:
-        raise SAELoadError(f"{folder.name}: cfg.json names no hook_name (top level or metadata)")
-    needed = WEIGHTS + (("threshold",) if architecture == "jumprelu" else ())
-    missing = [name for name in needed if name not in tensors]
-    if missing:
-        raise SAELoadError(f"{folder.name}: sae_weights.safetensors lacks {', '.join(missing)}")
-    d_in, d_sae = (int(d) for d in tensors["W_enc"].shape)
-    for key, value in (("d_in", d_in), ("d_sae", d_sae)):
-        if key in cfg and int(cfg[key]) != value:
-            raise SAELoadError(
-                f"{folder.name}: cfg.json says {key}={cfg[key]} but W_enc is {d_in}x{d_sae}"
-            )
-    k = cfg.get("k")
-    k = (cfg.get("activation_fn_kwargs") or {}).get("k") if k is None else k
-    try:
-        return SAE(
-            *(tensors[name] for name in WEIGHTS),
-            architecture=architecture,
-            hook_name=hook,
-            threshold=tensors.get("threshold") if architecture == "jumprelu" else None,
-            k=None if architecture != "topk" or k is None else int(k),
-            apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", False)),
-            cfg=cfg,
-        )
-    except ValueError as err:
-        raise SAELoadError(f"{folder.name}: {err}") from None
-
-
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of one ``.safetensors`` file; a file safetensors cannot read (corrupt,
-    truncated, not safetensors at all) is refused in one line naming it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except SafetensorError as err:
-        reason = str(err).removeprefix("Error while deserializing header: ")
-        raise SAELoadError(
-            f"{path} is not a readable safetensors file ({reason}); save the SAE again, or "
-            "download it afresh"
-        ) from None

@@ -1,15 +1,24 @@
-"""A sparse autoencoder at one hook of a model, in SAELens's conventions.
+"""A sparse autoencoder (or transcoder) at one hook of a model, computed as SAELens 6 does.
 
-With ``x`` the activation at the hook and ``x' = x - b_dec`` when ``apply_b_dec_to_input``
-(else ``x' = x``), the pre-activation is ``h = x' @ W_enc + b_enc`` and the features are
+With ``x`` the activation the SAE reads (one head's slice when ``hook_head_index`` is set,
+the heads flattened into one vector when ``reshape_activations == "hook_z"``), the input is
+``s = norm_in(x) - b_dec`` (``- b_dec`` only when ``apply_b_dec_to_input``), where
+``norm_in`` is the identity, ``x * sqrt(d_in) / |x|`` (``constant_norm_rescale``) or
+``(x - mean) / (std + 1e-5)`` (``layer_norm``, ``std`` unbiased). With ``h = s W_enc + b_enc``:
 
 - ``standard``: ``f = ReLU(h)``;
-- ``jumprelu``: ``f = ReLU(h) * (h > threshold)`` (a per-feature threshold);
-- ``topk``: the ``k`` largest entries of ``h`` through ReLU, every other feature 0.
+- ``jumprelu``: ``f = ReLU(h) * (h > threshold)`` (a pre-activation at its threshold gives 0);
+- ``gated``: ``f = (s W_enc + b_gate > 0) * ReLU(s (W_enc * exp(r_mag)) + b_mag)``;
+- ``topk``: the ``k`` largest entries of ``h`` (of ``h * |W_dec[j]|`` when
+  ``rescale_acts_by_decoder_norm``) through ReLU, every other 0; ties as ``torch.topk`` picks;
+- ``batchtopk``: the ``int(k * n)`` largest entries of ``ReLU(h)`` over all ``n`` rows of
+  the call together (SAELens's BatchTopK training SAE: features depend on the batch).
 
-The reconstruction is ``x_hat = f @ W_dec + b_dec``. These are SAELens 6's ``encode`` and
-``decode`` for its ``StandardSAE``, ``JumpReLUSAE`` and ``TopKSAE`` (``normalize_activations``
-``"none"``); tests/test_sae_core.py computes them independently.
+The reconstruction is ``norm_out(f W_dec + b_dec)`` (``f / |W_dec[j]|`` first when rescaled),
+``norm_out`` undoing ``norm_in`` with the input's own statistics. A transcoder (an
+``output_hook_name``) reads one hook and writes another: no ``norm_out``, and ``forward`` adds
+``x W_skip^T`` when it has a skip connection. tests/test_sae_formulas.py transcribes each
+formula independently; benchmarks/bench_saes.py compares with SAELens itself.
 """
 
 from __future__ import annotations
@@ -21,127 +30,243 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-__all__ = ["ARCHITECTURES", "SAE"]
+__all__ = ["ARCHITECTURES", "NORMALIZATIONS", "SAE"]
 
-ARCHITECTURES = ("standard", "jumprelu", "topk")  # the SAELens architectures interp runs
+ARCHITECTURES = ("standard", "gated", "jumprelu", "topk", "batchtopk")
+NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")  # computed at run time
+LAYER_NORM_EPS = 1e-5  # SAELens's run_time_activation_ln_in
 
 
 class SAE(torch.nn.Module):
     """A sparse autoencoder at one hook of a model, SAELens conventions.
 
-    Parameters ``W_enc [d_in d_sae]``, ``b_enc [d_sae]``, ``W_dec [d_sae d_in]``,
-    ``b_dec [d_in]`` and, for ``jumprelu``, ``threshold [d_sae]``. ``hook_name`` is a
-    TransformerLens hook name such as ``"blocks.1.hook_resid_pre"``; ``cfg`` is the
-    ``cfg.json`` as loaded (unknown keys kept, written back by :meth:`save`).
+    Parameters ``W_enc [d_in d_sae]``, ``b_enc [d_sae]`` (None for ``gated``, which has
+    ``b_gate``, ``r_mag``, ``b_mag [d_sae]``), ``W_dec [d_sae d_out]``, ``b_dec [d_out]``,
+    ``threshold [d_sae]`` for ``jumprelu`` and ``W_skip [d_out d_in]`` for a skip transcoder.
+    ``d_out == d_in`` except for transcoders. ``hook_name`` is a TransformerLens hook name
+    such as ``"blocks.1.hook_resid_pre"``; ``cfg`` is the saved config as read (kept, written
+    back by :meth:`save`); ``source`` says which library's folder it came from.
     """
 
     def __init__(
         self,
         W_enc: Float[Tensor, "d_in d_sae"],
-        b_enc: Float[Tensor, " d_sae"],
-        W_dec: Float[Tensor, "d_sae d_in"],
-        b_dec: Float[Tensor, " d_in"],
+        b_enc: Float[Tensor, " d_sae"] | None,
+        W_dec: Float[Tensor, "d_sae d_out"],
+        b_dec: Float[Tensor, " d_out"],
         *,
         architecture: str = "standard",
         hook_name: str,
         threshold: Float[Tensor, " d_sae"] | None = None,
-        k: int | None = None,
+        k: float | None = None,
         apply_b_dec_to_input: bool = False,
+        rescale_acts_by_decoder_norm: bool = False,
+        normalize_activations: str = "none",
+        gate: dict[str, Tensor] | None = None,
+        hook_head_index: int | None = None,
+        reshape_activations: str = "none",
+        output_hook_name: str | None = None,
+        W_skip: Float[Tensor, "d_out d_in"] | None = None,
         cfg: dict | None = None,
+        source: str = "saelens",
     ):
         super().__init__()
-        if architecture not in ARCHITECTURES:
-            raise ValueError(
-                f"unknown SAE architecture {architecture!r}; interp runs {', '.join(ARCHITECTURES)}"
-            )
+        _check(architecture, normalize_activations, reshape_activations)
         d_in, d_sae = W_enc.shape
-        shapes = {
-            "b_enc": (b_enc, (d_sae,)),
-            "W_dec": (W_dec, (d_sae, d_in)),
-            "b_dec": (b_dec, (d_in,)),
-        }
-        if threshold is not None:
-            shapes["threshold"] = (threshold, (d_sae,))
+        d_out = W_dec.shape[-1]
+        shapes = {"W_dec": (W_dec, (d_sae, d_out)), "b_dec": (b_dec, (d_out,))}
+        for name, tensor in {"b_enc": b_enc, "threshold": threshold, **(gate or {})}.items():
+            if tensor is not None:
+                shapes[name] = (tensor, (d_sae,))
+        if W_skip is not None:
+            shapes["W_skip"] = (W_skip, (d_out, d_in))
         for name, (tensor, shape) in shapes.items():
             if tuple(tensor.shape) != shape:
                 raise ValueError(
-                    f"SAE {name} has shape {tuple(tensor.shape)}; W_enc {d_in}x{d_sae} needs "
-                    f"{shape}"
+                    f"SAE {name} has shape {tuple(tensor.shape)}; W_enc {d_in}x{d_sae} and "
+                    f"W_dec {d_sae}x{d_out} need {shape}"
                 )
-        if (architecture == "jumprelu") != (threshold is not None):
-            raise ValueError("a jumprelu SAE needs a threshold, and only a jumprelu SAE takes one")
-        if (architecture == "topk") != (k is not None):
-            raise ValueError("a topk SAE needs k, and only a topk SAE takes one")
-        if k is not None and not 1 <= k <= d_sae:
-            raise ValueError(f"a topk SAE needs k between 1 and d_sae={d_sae}, got k={k}")
-        self.W_enc = torch.nn.Parameter(W_enc)
-        self.b_enc = torch.nn.Parameter(b_enc)
-        self.W_dec = torch.nn.Parameter(W_dec)
-        self.b_dec = torch.nn.Parameter(b_dec)
-        self.threshold = None if threshold is None else torch.nn.Parameter(threshold)
-        self.architecture = architecture
-        self.hook_name = hook_name
-        self.k = k
-        self.apply_b_dec_to_input = apply_b_dec_to_input
-        self.d_in, self.d_sae = int(d_in), int(d_sae)
-        self.cfg = dict(cfg or {})
+        _check_parts(architecture, b_enc, threshold, gate, k, d_sae)
+        if output_hook_name is None and d_out != d_in:
+            raise ValueError(f"an SAE writes what it reads: W_dec's width {d_out} != d_in {d_in}")
+        if apply_b_dec_to_input and d_out != d_in:
+            raise ValueError("apply_b_dec_to_input needs d_out == d_in")
+        param = torch.nn.Parameter
+        self.W_enc, self.W_dec, self.b_dec = param(W_enc), param(W_dec), param(b_dec)
+        self.b_enc = None if b_enc is None else param(b_enc)
+        self.threshold = None if threshold is None else param(threshold)
+        self.b_gate, self.r_mag, self.b_mag = (
+            (param(gate["b_gate"]), param(gate["r_mag"]), param(gate["b_mag"]))
+            if gate is not None
+            else (None, None, None)
+        )
+        self.W_skip = None if W_skip is None else param(W_skip)
+        self.architecture, self.hook_name, self.k = architecture, hook_name, k
+        self.apply_b_dec_to_input = bool(apply_b_dec_to_input)
+        self.rescale_acts_by_decoder_norm = bool(rescale_acts_by_decoder_norm)
+        self.normalize_activations = normalize_activations
+        self.hook_head_index = hook_head_index
+        self.reshape_activations = reshape_activations
+        self.output_hook_name = output_hook_name
+        self.d_in, self.d_sae, self.d_out = int(d_in), int(d_sae), int(d_out)
+        self.cfg, self.source = dict(cfg or {}), source
 
     def __repr__(self) -> str:
-        k = f", k={self.k}" if self.k is not None else ""
+        extra = f", k={self.k}" if self.k is not None else ""
+        extra += f", writes {self.output_hook_name}" if self.output_hook_name else ""
         return (
-            f"SAE({self.architecture}, {self.hook_name}, d_in={self.d_in}, d_sae={self.d_sae}{k})"
+            f"SAE({self.architecture}, {self.hook_name}, d_in={self.d_in}, "
+            f"d_sae={self.d_sae}{extra})"
         )
 
-    def pre_activation(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
-        """``h = (x - b_dec if apply_b_dec_to_input) @ W_enc + b_enc``."""
-        if self.apply_b_dec_to_input:
-            x = x - self.b_dec
-        return x @ self.W_enc + self.b_enc
+    def _flat(self, x: Tensor) -> Tensor:
+        x = x.to(self.W_enc.dtype)
+        return x.flatten(-2) if self.reshape_activations == "hook_z" else x
+
+    def _stats(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The scale (and shift) ``norm_in`` applies to ``x`` (already flat)."""
+        if self.normalize_activations == "constant_norm_rescale":
+            return (self.d_in**0.5) / x.norm(dim=-1, keepdim=True), torch.zeros(())
+        mean = x.mean(dim=-1, keepdim=True)
+        return (x - mean).std(dim=-1, keepdim=True), mean
+
+    def sae_input(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_in"]:
+        """What the encoder multiplies: ``norm_in(x) - b_dec`` (module docstring)."""
+        x = self._flat(x)
+        if self.normalize_activations == "constant_norm_rescale":
+            x = x * self._stats(x)[0]
+        elif self.normalize_activations == "layer_norm":
+            mean = x.mean(dim=-1, keepdim=True)
+            x = x - mean
+            x = x / (x.std(dim=-1, keepdim=True) + LAYER_NORM_EPS)
+        return x - self.b_dec if self.apply_b_dec_to_input else x
 
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
         """Feature activations of ``x`` (the formulas of the module docstring)."""
-        h = self.pre_activation(x)
+        s = self.sae_input(x)
+        if self.architecture == "gated":
+            active = (s @ self.W_enc + self.b_gate > 0).to(s.dtype)
+            return active * torch.relu(s @ (self.W_enc * self.r_mag.exp()) + self.b_mag)
+        h = s @ self.W_enc + self.b_enc
         if self.architecture == "standard":
             return torch.relu(h)
         if self.architecture == "jumprelu":
-            return torch.relu(h) * (h > self.threshold)
-        values, indices = h.topk(self.k, dim=-1)
-        return torch.zeros_like(h).scatter(-1, indices, torch.relu(values))
+            return torch.relu(h) * (h > self.threshold).to(h.dtype)
+        if self.rescale_acts_by_decoder_norm:
+            h = h * self.W_dec.norm(dim=-1)
+        if self.architecture == "topk":
+            values, indices = torch.topk(h, k=int(self.k), dim=-1, sorted=False)
+            return torch.zeros_like(h).scatter_(-1, indices, values.relu())
+        acts = h.relu()  # batchtopk: one top-k over every row of the call
+        flat = acts.flatten()
+        top = torch.topk(flat, int(self.k * acts.shape[:-1].numel()), dim=-1)
+        return torch.zeros_like(flat).scatter(-1, top.indices, top.values).reshape(acts.shape)
 
-    def decode(self, acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_in"]:
-        """The reconstruction ``acts @ W_dec + b_dec``."""
-        return acts @ self.W_dec + self.b_dec
+    def decode(
+        self, acts: Float[Tensor, "... d_sae"], x: Tensor | None = None
+    ) -> Float[Tensor, "... d_out"]:
+        """``norm_out(acts W_dec + b_dec)``. ``x``, the input ``acts`` came from, gives the
+        statistics ``norm_out`` needs and the heads' shape for ``hook_z``; required when the
+        SAE normalizes its input."""
+        if self.rescale_acts_by_decoder_norm:
+            acts = acts * (1 / self.W_dec.norm(dim=-1))
+        out = acts @ self.W_dec + self.b_dec
+        if self.output_hook_name is not None:
+            return out  # SAELens's transcoders decode without norm_out or reshaping
+        if self.normalize_activations != "none":
+            if x is None:
+                raise ValueError(
+                    f"this SAE normalizes its input ({self.normalize_activations}); pass "
+                    "decode(acts, x) with the activation acts came from"
+                )
+            scale, shift = self._stats(self._flat(x))
+            if self.normalize_activations == "constant_norm_rescale":
+                out = out / scale
+            else:
+                out = out * scale + shift
+        if self.reshape_activations == "hook_z" and x is not None:
+            out = out.unflatten(-1, x.shape[-2:])
+        return out
 
-    def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_in"]:
-        """``decode(encode(x))``."""
-        return self.decode(self.encode(x))
+    def reconstruct(
+        self, acts: Float[Tensor, "... d_sae"], x: Tensor
+    ) -> Float[Tensor, "... d_out"]:
+        """``decode(acts, x)``, plus ``x W_skip^T`` when the SAE has a skip connection."""
+        out = self.decode(acts, x)
+        return out if self.W_skip is None else out + x @ self.W_skip.T
+
+    def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
+        """``reconstruct(encode(x), x)``: what the SAE writes for ``x``."""
+        return self.reconstruct(self.encode(x), x)
+
+    def splice(self, x: Tensor, *, use_error_term: bool = True) -> tuple[Tensor, Tensor]:
+        """The hook's activation with the SAE's part replaced by its reconstruction (plus
+        the error when ``use_error_term``), and the features ``[... d_sae]``."""
+        if self.output_hook_name is not None:
+            raise ValueError(
+                f"this transcoder reads {self.hook_name} and writes {self.output_hook_name}; "
+                "it is not spliced at one hook (use its encode and forward)"
+            )
+        part = x[..., self.hook_head_index, :] if self.hook_head_index is not None else x
+        width = part.shape[-2:].numel() if self.reshape_activations == "hook_z" else None
+        width = part.shape[-1] if width is None or part.ndim < 2 else width
+        if width != self.d_in:
+            raise ValueError(
+                f"the SAE at {self.hook_name} takes d_in={self.d_in}, but this model's "
+                f"activation there has width {width}; load an SAE trained on this model"
+            )
+        acts = self.encode(part)
+        recon = self.reconstruct(acts, part).to(x.dtype)
+        new = recon + (part - recon) if use_error_term else recon
+        if self.hook_head_index is None:
+            return new, acts
+        out = x.clone()
+        out[..., self.hook_head_index, :] = new
+        return out, acts
 
     def save(self, folder: str | Path) -> None:
-        """Write ``cfg.json`` and ``sae_weights.safetensors`` (SAELens's saved format)."""
+        """Write ``cfg.json`` and ``sae_weights.safetensors`` in SAELens 6's format, every
+        flag written out (so SAELens and interp read the same SAE back)."""
         from safetensors.torch import save_file
+
+        from interp.saes.saelens_config import saelens_config
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {
-            "W_enc": self.W_enc,
-            "b_enc": self.b_enc,
-            "W_dec": self.W_dec,
-            "b_dec": self.b_dec,
-        }
-        if self.threshold is not None:
-            tensors["threshold"] = self.threshold
+        names = ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "b_gate", "r_mag", "b_mag")
+        tensors = {n: getattr(self, n) for n in (*names, "W_skip")}
         save_file(
-            {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
+            {n: t.detach().contiguous().cpu() for n, t in tensors.items() if t is not None},
             str(folder / "sae_weights.safetensors"),
         )
-        cfg = {
-            **self.cfg,
-            "architecture": self.architecture,
-            "d_in": self.d_in,
-            "d_sae": self.d_sae,
-            "hook_name": self.hook_name,
-            "apply_b_dec_to_input": self.apply_b_dec_to_input,
-        }
-        if self.k is not None:
-            cfg["k"] = self.k
-        (folder / "cfg.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(saelens_config(self), indent=2) + "\n"
+        (folder / "cfg.json").write_text(text, encoding="utf-8")
+
+
+def _check(architecture: str, normalize: str, reshape: str) -> None:
+    if architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"unknown SAE architecture {architecture!r}; interp runs {', '.join(ARCHITECTURES)}"
+        )
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(
+            f"normalize_activations={normalize!r} is not one interp computes "
+            f"({', '.join(NORMALIZATIONS)})"
+        )
+    if reshape not in ("none", "hook_z"):
+        raise ValueError(f"reshape_activations={reshape!r} is not 'none' or 'hook_z'")
+
+
+def _check_parts(architecture, b_enc, threshold, gate, k, d_sae: int) -> None:
+    if (architecture == "gated") != (gate is not None) or (architecture == "gated") == (
+        b_enc is not None
+    ):
+        raise ValueError("a gated SAE has b_gate, r_mag and b_mag instead of b_enc; others b_enc")
+    if (architecture == "jumprelu") != (threshold is not None):
+        raise ValueError("a jumprelu SAE needs a threshold, and only a jumprelu SAE takes one")
+    if (architecture in ("topk", "batchtopk")) != (k is not None):
+        raise ValueError(f"a {architecture} SAE needs k, and only topk and batchtopk take one")
+    if architecture == "topk" and not (float(k).is_integer() and 1 <= k <= d_sae):
+        raise ValueError(f"a topk SAE needs k between 1 and d_sae={d_sae}, got k={k}")
+    if architecture == "batchtopk" and not 0 < k <= d_sae:
+        raise ValueError(f"a batchtopk SAE needs 0 < k <= d_sae={d_sae}, got k={k}")

@@ -50,6 +50,7 @@ from interp.engine import check_hook_names
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows, activations_at
 from interp.saes.sae import SAE
+from interp.stores.training import activation_source
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "train_sae"]
 
@@ -57,7 +58,6 @@ TRAINABLE = ("standard", "topk")
 EVAL_TOKENS = 32768  # held-out tokens the report's figures are measured on
 EVAL_CHUNK = 4096  # tokens encoded at a time for those figures
 EVAL_SEED = 12345  # the same held-out rows for every run on the same texts
-BUFFER_BATCHES = 32  # activations are drawn this many batches at a time, then shuffled
 L1_WARMUP = 0.05  # share of steps over which λ rises from 0
 LR_DECAY = 0.2  # share of steps, at the end, over which the learning rate falls to 0
 HISTORY_ROWS = 200  # about this many rows of history per run
@@ -135,6 +135,8 @@ def train_sae(
     seed: int = 0,
     progress: bool = True,
     device: str | torch.device | None = None,
+    store=None,
+    max_bytes: int | str | None = None,
 ) -> tuple[SAE, TrainingReport]:
     """Train an SAE on the activations at ``hook`` (e.g. ``"blocks.1.hook_resid_pre"``).
 
@@ -149,6 +151,10 @@ def train_sae(
         seed: seeds the data, the initialisation and the shuffles: the same seed gives the
             same weights.
         device: where to train (default: the model's device).
+        store: an :class:`interp.ActivationStore` (or its folder) of the model's activations
+            at ``hook`` to train on instead of running the model (:mod:`interp.stores.training`;
+            one filled by ``fill_training_store`` with these settings gives the same SAE).
+        max_bytes: with a store: the most its reading holds at once (bytes or ``"1GB"``).
 
     Returns:
         ``(sae, report)``: the SAE in the model's units, and its figures on held-out tokens.
@@ -162,11 +168,8 @@ def train_sae(
     rows = TokenRows(model, texts, gen)
     k = k if architecture == "topk" else None
 
-    def buffer() -> Tensor:
-        acts = activations_at(model, hook, rows.draw(BUFFER_BATCHES * batch_tokens))
-        return acts[torch.randperm(len(acts), generator=gen)].to(device)
-
-    acts = buffer()
+    source = activation_source(model, hook, rows, gen, batch_tokens, store, max_bytes)
+    acts = source.next().to(device)
     d_in = acts.shape[1]
     scale = math.sqrt(d_in) / acts.norm(dim=1).mean().clamp_min(1e-12).item()
     W_dec = torch.rand(d_sae, d_in, generator=gen) * 2 - 1
@@ -185,7 +188,7 @@ def train_sae(
     bar = tqdm(range(steps), desc="training SAE", unit="step", disable=not progress)
     for step in bar:
         if used + batch_tokens > len(acts):
-            acts, used = buffer(), 0
+            acts, used = source.next().to(device), 0
         x = acts[used : used + batch_tokens] * scale
         used += batch_tokens
         for group in opt.param_groups:

@@ -1,0 +1,99 @@
+"""The ``--executor`` path of ``interp patch --task``, ``interp attribute --task`` and ``interp
+discover``: the shards run on the executor (:mod:`interp.executors.tasks`), then the partials go
+through the same merge and writers as ``interp merge``, and the discover circuit is evaluated
+here as a whole run does; the kept partials are removed once the files are in place."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from interp.cli.executor_options import WORK_DIR, sharding_of
+
+__all__ = ["run_patch", "run_attribute", "run_discover"]
+
+
+def _shards(kind: str, args, out: Path, model, task, say, **settings) -> list[dict]:
+    from interp.executors.runner import ShardError
+    from interp.executors.tasks import run_task_shards, task_shard
+    from interp.interventions.shards import task_fingerprint
+
+    source = str(Path(args.model).resolve()) if Path(args.model).exists() else str(args.model)
+    job = task_shard(kind, model, task, source=source, **settings)
+    sharding = sharding_of(args, out)
+    say(f"{kind}: {args.shards} shards on {args.executor} (kept in {sharding.work_dir}) ...")
+    key = {"task": task_fingerprint(task), **settings}
+    try:
+        return run_task_shards(job, len(task), sharding, key)
+    except ShardError as exc:  # one line; the finished shards stay for the re-run
+        raise RuntimeError(f"{exc}; run the same command again to redo only that shard") from None
+
+
+def _done(out: Path) -> None:
+    """The merged files are in place: the kept partials have done their work."""
+    shutil.rmtree(Path(out) / WORK_DIR, ignore_errors=True)
+
+
+def run_patch(args, out: Path, model, task, batch, settings: dict, strings, say) -> int:
+    """``interp patch --task --executor``: patching.csv, summary.json, report.html."""
+    from interp.cli.patch_task import write_results
+    from interp.interventions.shards import merge_partial_sums
+
+    parts = _shards("patch", args, out, model, task, say, **settings)
+    for part in parts:  # what a --shard run adds: the first row's tokens, where it came from
+        first = batch.select([part["shard"]])
+        part["tokens"] = strings(model, first.clean[0])
+        part["corrupted_tokens"] = strings(model, first.corrupted[0])
+        part["source"] = {"model": str(args.model), "task": str(args.task)}
+    code = write_results(out, parts, merge_partial_sums(parts))
+    _done(out)
+    return code
+
+
+def run_attribute(args, out: Path, model, task, say) -> int:
+    """``interp attribute --task --executor``: the files of a whole task run."""
+    from interp.attribution.shards import merge_attribution_sums
+    from interp.cli.attribute import write_results
+
+    parts = _shards("attribute", args, out, model, task, say, per_row=args.per_row)
+    for part in parts:
+        part["source"] = {"model": str(args.model), "task": str(args.task)}
+    code = write_results(out, parts, merge_attribution_sums(parts))
+    _done(out)
+    return code
+
+
+def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, say) -> int:
+    """The whole run's files: merged scores, the circuit, and its evaluation here."""
+    from interp.cli.discover_results import write_results
+    from interp.discovery import evaluate_circuit
+    from interp.discovery.circuit import circuit_from_scores
+    from interp.discovery.shards import merge_discovery_sums
+    from interp.interventions.shards import task_fingerprint
+
+    settings = {"method": args.method, "metric": args.metric, "ig_steps": ig_steps}
+    parts = _shards("discover", args, out, model, task, say, max_bytes=args.max_bytes, **settings)
+    frame = merge_discovery_sums(parts)
+    params = {"metric": args.metric, **({"ig_steps": ig_steps} if args.method == "eap-ig" else {})}
+    circuit = circuit_from_scores(
+        frame, args.method, top_n=args.top_n, threshold=args.threshold, params=params
+    )
+    say(f"evaluating the circuit of {len(circuit)} edges ({args.ablation} ablation) ...")
+    budget = {"metric": args.metric, "max_bytes": args.max_bytes, "progress": True}
+    result = evaluate_circuit(model, task, circuit, ablation=args.ablation, **budget)
+    info = {
+        "model": source["model"],
+        "task": {
+            "source": source["task"],
+            "n_rows": len(task),
+            "fingerprint": task_fingerprint(task),
+            "shards": len(parts),
+            "generated": source["generated"],
+        },
+        "examples": source["examples"],
+    }
+    code = write_results(
+        out, info, circuit.method, circuit.params, circuit.scores, result, args.ablation
+    )
+    _done(out)
+    return code

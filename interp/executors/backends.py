@@ -1,0 +1,307 @@
+"""Where shards run: processes on this machine, Ray tasks, or SLURM jobs through submitit.
+
+Each executor has the same four methods, which :func:`interp.executors.run_shards` calls:
+``start(work_dir)``, ``submit(job, index, count)``, ``wait()`` (blocks until at least one
+submitted shard ends; returns ``(index, result, error)`` for each, ``error`` a one-line text or
+None) and ``close()`` (cancels what still runs). Every worker runs
+:func:`interp.executors.call.call_shard`, which turns an exception into its one line, so a
+failure reads the same on every executor. Ray and submitit are optional: imported when an
+executor is made, refused with the install line when missing (:func:`require`).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from interp.executors.call import call_shard
+
+__all__ = [
+    "EXECUTORS",
+    "InlineExecutor",
+    "LocalExecutor",
+    "RayExecutor",
+    "SlurmExecutor",
+    "make_executor",
+    "missing_extra",
+    "require",
+]
+
+EXECUTORS = ("local", "ray", "slurm")  # the --executor names
+EXTRAS = {"ray": ("ray", "ray"), "slurm": ("submitit", "slurm")}  # executor: (module, extra)
+POLL_S = 0.05  # how often local processes and SLURM jobs are looked at
+
+
+def missing_extra(name: str) -> str | None:
+    """The install line when executor ``name`` needs a package that is not installed."""
+    if name not in EXTRAS:
+        return None
+    module, extra = EXTRAS[name]
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return (
+        f'--executor {name} needs {module}, which is not installed: pip install "interp[{extra}]"'
+    )
+
+
+def require(name: str):
+    """The module executor ``name`` runs on; ImportError with the install line when missing."""
+    line = missing_extra(name)
+    if line is not None:
+        raise ImportError(line)
+    return importlib.import_module(EXTRAS[name][0])
+
+
+def _last_line(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+        if lines:
+            return lines[-1].strip()
+    return "no message"
+
+
+class InlineExecutor:
+    """Shards one after the other in this process: no worker to start, nothing to pickle (the
+    Python API's default where no executor is given; what the CLI never needs)."""
+
+    def start(self, work_dir: Path) -> None:
+        self._queue: collections.deque = collections.deque()
+
+    def submit(self, job, index: int, count: int) -> None:
+        self._queue.append((job, index, count))
+
+    def wait(self) -> list[tuple[int, dict | None, str | None]]:
+        job, index, count = self._queue.popleft()
+        answer = call_shard(job, index, count)
+        return [(index, answer.get("result"), answer.get("error"))]
+
+    def close(self) -> None:
+        pass
+
+
+class LocalExecutor:
+    """Shards as ``python -m interp.executors.child`` processes on this machine, at most
+    ``workers`` at a time (default: one per CPU). They inherit the environment (PYTHONPATH,
+    threads); a process that dies (killed, out of memory) is a failed shard."""
+
+    def __init__(self, workers: int | None = None):
+        self.workers = max(1, workers or os.cpu_count() or 1)
+        self._dir: Path | None = None
+        self._jobs: dict[int, Path] = {}  # id(job) -> its pickle
+        self._queue: collections.deque = collections.deque()
+        self._running: dict[subprocess.Popen, tuple[int, Path, Path]] = {}
+        self._tries = 0
+
+    def start(self, work_dir: Path) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix=".local-", dir=work_dir))
+
+    def submit(self, job, index: int, count: int) -> None:
+        if id(job) not in self._jobs:
+            path = self._dir / f"job-{len(self._jobs)}.pkl"
+            path.write_bytes(pickle.dumps(job))
+            self._jobs[id(job)] = path
+        self._queue.append((self._jobs[id(job)], index, count))
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._queue and len(self._running) < self.workers:
+            job_file, index, count = self._queue.popleft()
+            self._tries += 1
+            out = self._dir / f"result-{index}-{self._tries}.json"
+            log = self._dir / f"stderr-{index}-{self._tries}.txt"
+            with open(log, "wb") as err:
+                argv = [sys.executable, "-m", "interp.executors.child", str(job_file)]
+                proc = subprocess.Popen(
+                    [*argv, str(index), str(count), str(out)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
+            self._running[proc] = (index, out, log)
+
+    def wait(self) -> list[tuple[int, dict | None, str | None]]:
+        while True:
+            ended = [p for p in self._running if p.poll() is not None]
+            if ended:
+                break
+            time.sleep(POLL_S)
+        done = []
+        for proc in ended:
+            index, out, log = self._running.pop(proc)
+            if out.is_file():
+                answer = json.loads(out.read_text(encoding="utf-8"))
+                done.append((index, answer.get("result"), answer.get("error")))
+            elif proc.returncode < 0:
+                done.append(
+                    (index, None, f"the worker process was killed (signal {-proc.returncode})")
+                )
+            else:
+                code = proc.returncode
+                done.append(
+                    (index, None, f"the worker process exited with code {code}: {_last_line(log)}")
+                )
+        self._fill()
+        return done
+
+    def close(self) -> None:
+        for proc in self._running:
+            proc.kill()
+            proc.wait()
+        self._running.clear()
+        self._queue.clear()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class RayExecutor:
+    """Shards as Ray tasks: on the cluster at ``address`` (``"auto"``, ``"ray://host:10001"``),
+    or on a local one started here (and stopped by :meth:`close`) when None and none runs.
+    Ray places them; each asks for ``cpus_per_shard`` CPUs and ``gpus_per_shard`` GPUs."""
+
+    def __init__(
+        self, address: str | None = None, *, cpus_per_shard: float = 1, gpus_per_shard: float = 0
+    ):
+        self.ray = require("ray")
+        self.address = address
+        self.resources = {"num_cpus": cpus_per_shard, "num_gpus": gpus_per_shard}
+        self._started = False
+        self._refs: dict = {}  # object ref -> shard index
+        self._jobs: dict[int, object] = {}  # id(job) -> its ref in the object store
+
+    def start(self, work_dir: Path) -> None:
+        ray = self.ray
+        if not ray.is_initialized():
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            self._started = True
+        self._remote = ray.remote(max_retries=0, **self.resources)(call_shard)
+
+    def submit(self, job, index: int, count: int) -> None:
+        if id(job) not in self._jobs:
+            self._jobs[id(job)] = self.ray.put(job)
+        self._refs[self._remote.remote(self._jobs[id(job)], index, count)] = index
+
+    def wait(self) -> list[tuple[int, dict | None, str | None]]:
+        ready, _ = self.ray.wait(list(self._refs), num_returns=1)
+        done = []
+        for ref in ready:
+            index = self._refs.pop(ref)
+            try:
+                answer = self.ray.get(ref)
+            except self.ray.exceptions.RayError as exc:
+                first = (str(exc).strip().splitlines() or ["no message"])[0]
+                done.append((index, None, f"the Ray worker died ({type(exc).__name__}: {first})"))
+                continue
+            done.append((index, answer.get("result"), answer.get("error")))
+        return done
+
+    def close(self) -> None:
+        for ref in self._refs:
+            with contextlib.suppress(Exception):
+                self.ray.cancel(ref, force=True)
+        self._refs.clear()
+        self._jobs.clear()
+        if self._started:
+            self.ray.shutdown()
+            self._started = False
+
+
+class SlurmExecutor:
+    """Shards as SLURM jobs through submitit, each in ``partition`` for at most ``time_min``
+    minutes with ``gpus_per_shard`` GPUs; their logs go under ``work_dir/slurm``, which must be
+    on a file system the nodes share. ``cluster="local"``: submitit's local executor (the same
+    code path, processes on this machine; what the tests run)."""
+
+    def __init__(
+        self,
+        *,
+        partition: str | None = None,
+        time_min: int = 60,
+        gpus_per_shard: int = 0,
+        cpus_per_shard: int = 1,
+        cluster: str | None = None,
+    ):
+        self.submitit = require("slurm")
+        self.params = {
+            "timeout_min": time_min,
+            "gpus_per_node": gpus_per_shard,
+            "cpus_per_task": cpus_per_shard,
+            "name": "interp-shard",
+        }
+        if partition is not None:
+            self.params["slurm_partition"] = partition
+        self.cluster = cluster or "slurm"  # never submitit's silent fallback to local
+        self._jobs: dict = {}  # submitit job -> shard index
+
+    def start(self, work_dir: Path) -> None:
+        if self.cluster in (None, "slurm") and shutil.which("sbatch") is None:
+            raise RuntimeError(
+                "--executor slurm needs SLURM's sbatch here: run it on a login node of the "
+                "cluster (or use --executor local)"
+            )
+        self._ex = self.submitit.AutoExecutor(folder=Path(work_dir) / "slurm", cluster=self.cluster)
+        self._ex.update_parameters(**self.params)
+
+    def submit(self, job, index: int, count: int) -> None:
+        self._jobs[self._ex.submit(call_shard, job, index, count)] = index
+
+    def wait(self) -> list[tuple[int, dict | None, str | None]]:
+        while True:
+            ended = [j for j in self._jobs if j.done()]
+            if ended:
+                break
+            time.sleep(POLL_S)
+        done = []
+        for job in ended:
+            index = self._jobs.pop(job)
+            try:
+                answer = job.result()
+            except Exception as exc:  # submitit's UncompletedJobError, FailedJobError
+                first = (str(exc).strip().splitlines() or ["no message"])[0]
+                done.append(
+                    (index, None, f"SLURM job {job.job_id} ended without a result ({first})")
+                )
+                continue
+            done.append((index, answer.get("result"), answer.get("error")))
+        return done
+
+    def close(self) -> None:
+        for job in self._jobs:
+            with contextlib.suppress(Exception):
+                job.cancel(check=False)
+        self._jobs.clear()
+
+
+def make_executor(
+    name: str,
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    slurm_partition: str | None = None,
+    slurm_time: int = 60,
+    gpus_per_shard: int = 0,
+    slurm_cluster: str | None = None,
+):
+    """The executor called ``name`` (one of :data:`EXECUTORS`) with its options."""
+    if name == "local":
+        return LocalExecutor(workers)
+    if name == "ray":
+        return RayExecutor(ray_address, gpus_per_shard=gpus_per_shard)
+    if name == "slurm":
+        return SlurmExecutor(
+            partition=slurm_partition,
+            time_min=slurm_time,
+            gpus_per_shard=gpus_per_shard,
+            cluster=slurm_cluster,
+        )
+    raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {name!r}")

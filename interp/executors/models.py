@@ -1,0 +1,53 @@
+"""The model a worker runs: loaded from the driver's checkpoint once per worker process, and
+checked against the driver's fingerprint (a model changed in memory after loading is refused,
+never silently replaced by its checkpoint)."""
+
+from __future__ import annotations
+
+import torch
+
+from interp.models.loading import load_model
+from interp.stores.fingerprint import model_fingerprint
+
+__all__ = ["model_source", "model_spec", "worker_model"]
+
+_MODELS: dict[tuple, tuple] = {}  # (source, device, dtype) -> (model, fingerprint)
+
+
+def model_source(model) -> str:
+    """The checkpoint ``model`` was loaded from (a folder or hub name), for the workers."""
+    config = getattr(getattr(model, "original_model", None), "config", None)
+    source = getattr(config, "_name_or_path", "") or ""
+    if not source:
+        raise ValueError(
+            "executor=: the workers load the model from its checkpoint, and this one was built "
+            "in memory; save it (model.original_model.save_pretrained(folder) with its "
+            "tokenizer) and load it with interp.load_model(folder)"
+        )
+    return str(source)
+
+
+def model_spec(model, source: str | None = None) -> dict:
+    """What a worker needs to load ``model``: source, device, dtype and fingerprint."""
+    return {
+        "source": source or model_source(model),
+        "device": str(model.cfg.device),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "fingerprint": model_fingerprint(model),
+    }
+
+
+def worker_model(source: str, device: str, dtype: str, fingerprint: str | None = None):
+    """The model of ``source`` in this process (loaded once), checked against ``fingerprint``."""
+    wanted = (source, device, dtype)
+    if wanted not in _MODELS:
+        model = load_model(source, device=device, dtype=getattr(torch, dtype))
+        _MODELS[wanted] = (model, model_fingerprint(model))
+    model, found = _MODELS[wanted]
+    if fingerprint is not None and found != fingerprint:
+        raise ValueError(
+            f"the model loaded from {source} is not the one given (fingerprint {found}, "
+            f"expected {fingerprint}): was it changed after loading? Save it and load it from "
+            "its folder"
+        )
+    return model

@@ -1,0 +1,173 @@
+"""Where :func:`interp.saes.train_sae` gets its activations: computed as it goes, or a store.
+
+Three sources, one method (``next()``: the next buffer of activations, in the order training
+consumes them):
+
+- memory (no store): draw :data:`BUFFER_BATCHES` batches of token rows, run the model, shuffle
+  (what ``train_sae`` always did);
+- a store filled by :func:`fill_training_store`: the same draws, replayed (token draws cost no
+  forward pass), with the activations read from the store's part for that draw and checked to
+  be of the same tokens; shuffled by the same generator, so training gives bit for bit the
+  weights the memory source gives (tests/test_stores.py);
+- any other store (:func:`interp.stores.fill_store`): one shuffled batch at a time from
+  :meth:`ActivationStore.batches`, holding at most ``max_bytes``: data many times memory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from interp.executors.models import model_spec, worker_model
+from interp.executors.runner import run_shards
+from interp.saes.data import TokenRows, activations_at
+from interp.stores.activations import ActivationStore, write_meta, write_part
+
+__all__ = ["BUFFER_BATCHES", "activation_source", "fill_training_store", "training_draws"]
+
+BUFFER_BATCHES = 32  # activations are drawn this many batches at a time, then shuffled
+
+
+def _kept(batches: Sequence[Tensor], bos: int | None) -> Tensor:
+    """The token ids activations_at keeps (all but a BOS at position 0), flattened."""
+    out = []
+    for tokens in batches:
+        keep = torch.ones(tokens.shape, dtype=torch.bool)
+        if bos is not None:
+            keep[:, 0] = tokens[:, 0] != bos
+        out.append(tokens[keep])
+    return torch.cat(out)
+
+
+def training_draws(model, texts, *, seed, steps, batch_tokens, d_sae, d_in) -> list[list[Tensor]]:
+    """The token rows of every buffer ``train_sae`` with these settings draws, in order: its
+    generator's calls replayed (draws, shuffles, the decoder's initialisation) without the
+    model's forward passes."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = TokenRows(model, texts, gen)
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    draws = []
+
+    def draw() -> int:
+        batches = rows.draw(BUFFER_BATCHES * batch_tokens)
+        n = len(_kept(batches, bos))
+        torch.randperm(n, generator=gen)
+        draws.append(batches)
+        return n
+
+    n = draw()
+    torch.rand(d_sae, d_in, generator=gen)  # W_dec's initialisation
+    used = 0
+    for _ in range(steps):
+        if used + batch_tokens > n:
+            n, used = draw(), 0
+        used += batch_tokens
+    return draws
+
+
+class _Source:
+    def __init__(self, model, hook, rows, gen, batch_tokens, store, max_bytes):
+        self.model, self.hook, self.rows, self.gen = model, hook, rows, gen
+        self.size = BUFFER_BATCHES * batch_tokens
+        self.store, self.drawn = store, 0
+        self.replay = store is not None and store.meta["filled"]["kind"] == "training"
+        if store is not None and not self.replay:
+            self.batches = store.batches(hook, batch_tokens, generator=gen, max_bytes=max_bytes)
+
+    def next(self) -> Tensor:
+        if self.store is None:
+            acts = activations_at(self.model, self.hook, self.rows.draw(self.size))
+        elif not self.replay:
+            return next(self.batches)
+        else:
+            batches = self.rows.draw(self.size)
+            if self.drawn >= len(self.store.parts):
+                raise ValueError(
+                    f"{self.store.path} holds {len(self.store.parts)} draws and training needs "
+                    "more: fill it with the same steps, batch_tokens and d_sae"
+                )
+            wanted = _kept(batches, getattr(self.model.tokenizer, "bos_token_id", None))
+            found = torch.from_numpy(self.store.tokens(self.drawn))
+            if not torch.equal(wanted, found):
+                raise ValueError(
+                    f"{self.store.path}'s draw {self.drawn} is of other tokens than this run's: "
+                    "it was filled with another seed, texts, steps, batch_tokens or d_sae"
+                )
+            acts = torch.from_numpy(np.array(self.store.part(self.drawn, self.hook)))
+            self.drawn += 1
+        return acts[torch.randperm(len(acts), generator=self.gen)]
+
+
+def activation_source(model, hook, rows, gen, batch_tokens, store=None, max_bytes=None) -> _Source:
+    """The source ``train_sae`` reads (module docstring); ``store`` is checked against the
+    model (its fingerprint) and the hook."""
+    if store is not None:
+        store = store if isinstance(store, ActivationStore) else ActivationStore(store)
+        store.check(model, hook)
+    elif max_bytes is not None:
+        raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
+    return _Source(model, hook, rows, gen, batch_tokens, store, max_bytes)
+
+
+@dataclass(frozen=True)
+class _TrainingShard:
+    """Shard ``i`` of ``n``: the activations of draws ``i, i + n, ...`` into their parts."""
+
+    spec: dict
+    hook: str
+    texts: tuple[str, ...] | None
+    settings: dict  # seed, steps, batch_tokens, d_sae
+    path: str
+
+    def __call__(self, index: int, count: int) -> dict:
+        model = worker_model(**self.spec)
+        d_in = activations_at(model, self.hook, [torch.tensor([[1, 2]])]).shape[1]
+        draws = training_draws(model, self.texts, d_in=d_in, **self.settings)
+        bos = getattr(model.tokenizer, "bos_token_id", None)
+        parts = []
+        for k in range(index, len(draws), count):
+            acts = activations_at(model, self.hook, draws[k])
+            folder = Path(self.path) / f"part-{k:05d}"
+            parts.append({**write_part(folder, {self.hook: acts}, _kept(draws[k], bos)), "k": k})
+        return {"parts": parts, "d": {self.hook: int(d_in)}, "draws": len(draws)}
+
+
+def fill_training_store(
+    path: str | os.PathLike,
+    model,
+    hook: str,
+    texts: Sequence[str] | None = None,
+    *,
+    d_sae: int,
+    steps: int = 2000,
+    batch_tokens: int = 1024,
+    seed: int = 0,
+    shards: int = 1,
+    executor=None,
+    progress: bool = True,
+) -> ActivationStore:
+    """A store of exactly the activations ``train_sae(model, hook, texts, d_sae=..., steps=...,
+    batch_tokens=..., seed=...)`` draws, one part per draw, computed in ``shards`` on
+    ``executor``; ``train_sae(..., store=path)`` with those settings then gives the same SAE."""
+    from interp.executors.backends import InlineExecutor
+
+    spec = model_spec(model)
+    settings = {"seed": seed, "steps": steps, "batch_tokens": batch_tokens, "d_sae": d_sae}
+    job = _TrainingShard(spec, hook, None if texts is None else tuple(texts), settings, str(path))
+    key = {"store": "training", "model": spec["fingerprint"], "hook": hook, **settings}
+    if texts is not None:
+        key["texts"] = len(texts), sum(len(t) for t in texts)
+    results = run_shards(
+        job, shards, executor or InlineExecutor(), path, key=key, progress=progress,
+        desc="activation shards",
+    )  # fmt: skip
+    parts = sorted((p for r in results for p in r["parts"]), key=lambda p: p["k"])
+    parts = [{**p, "d": results[0]["d"]} for p in parts]
+    write_meta(Path(path), spec, [hook], parts, {"kind": "training", **settings})
+    return ActivationStore(path)
