@@ -32,7 +32,7 @@ from torch import Tensor
 
 __all__ = ["ARCHITECTURES", "NORMALIZATIONS", "SAE"]
 
-ARCHITECTURES = ("standard", "gated", "jumprelu", "topk", "batchtopk")
+ARCHITECTURES = ("standard", "gated", "jumprelu", "topk", "batchtopk")  # the encoders interp runs
 NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")  # computed at run time
 LAYER_NORM_EPS = 1e-5  # SAELens's run_time_activation_ln_in
 
