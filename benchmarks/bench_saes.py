@@ -5,13 +5,18 @@
    architecture and flag with SAELens's own classes, saves it, loads it back and records its
    ``encode`` / ``decode`` of a batch and the time of ``encode``; interp then loads the same
    folder with ``load_sae`` and reports the largest difference of features and outputs, and
-   the time of its own ``encode`` on the same batch (both on one thread, medians).
-2. Peak memory of ``load_sae`` for a 16k- and a 131k-feature SAE on d_model 768, each in a
+   the time of its own ``encode`` on the same batch (both on one thread; medians over
+   ``--rounds`` rounds that alternate SAELens's process and interp's).
+2. With ``--formats-python`` (a Python with eai-sparsify and dictionary-learning),
+   ``benchmarks/formats_side.py`` does the same with those libraries' own classes, savers and
+   loaders (``SparseCoder``, ``load_dictionary``), and interp reports the largest differences.
+3. Peak memory of ``load_sae`` for a 16k- and a 131k-feature SAE on d_model 768, each in a
    fresh process: the RSS growth right after ``load_sae`` (the parameters are the
    memory-mapped safetensors file, read on first use) and the peak RSS growth once a first
    ``sae(x)`` has read every weight, against the weights' bytes (target <= 1.2x).
 
-    python benchmarks/bench_saes.py [--saelens-python PATH] [--d-sae 4096] [--batch 256]
+    python benchmarks/bench_saes.py [--saelens-python PATH] [--formats-python PATH]
+        [--d-sae 4096] [--batch 256] [--widths 16384 131072]
 """
 
 from __future__ import annotations
@@ -75,37 +80,77 @@ def cases(d_in: int, d_sae: int, batch: int, repeat: int) -> list[dict]:
     return out
 
 
-def compare(saelens_python: str, d_in: int, d_sae: int, batch: int, repeat: int) -> list[dict]:
+def compare(
+    saelens_python: str, d_in: int, d_sae: int, batch: int, repeat: int, rounds: int
+) -> list[dict]:
+    import statistics
+
     import torch
     from safetensors.torch import load_file
 
     from interp import load_sae
 
     torch.set_num_threads(1)
-    rows = []
+    side = str(ROOT / "benchmarks" / "saelens_side.py")
+    rows, ours, theirs = [], {}, {}
     with tempfile.TemporaryDirectory(prefix="interp-bench-saes-") as scratch:
         spec = Path(scratch) / "cases.json"
         todo = cases(d_in, d_sae, batch, repeat)
         spec.write_text(json.dumps(todo))
-        subprocess.run([saelens_python, str(ROOT / "benchmarks" / "saelens_side.py"), str(spec),
-                        scratch], check=True)  # fmt: skip
+        subprocess.run([saelens_python, side, str(spec), scratch], check=True)
+        saes = {case["name"]: load_sae(Path(scratch) / case["name"]) for case in todo}
+        for round_ in range(rounds):  # SAELens's process and interp's, alternately
+            if round_:
+                subprocess.run([saelens_python, side, str(spec), scratch, "time"], check=True)
+            for case in todo:
+                folder = Path(scratch) / case["name"]
+                time_file = json.loads((folder / "saelens_time.json").read_text())
+                theirs.setdefault(case["name"], []).append(time_file["encode_s"])
+                x = load_file(str(folder / "saelens_outputs.safetensors"))["x"]
+                encode = {"interp": lambda s=saes[case["name"]], x=x: s.encode(x)}
+                with torch.no_grad():
+                    seconds = time_side_by_side(encode, repeat=repeat)["interp"]
+                ours.setdefault(case["name"], []).append(seconds)
         for case in todo:
             folder = Path(scratch) / case["name"]
             ref = load_file(str(folder / "saelens_outputs.safetensors"))
-            sae = load_sae(folder)
-            x = ref["x"]
+            sae, x = saes[case["name"]], ref["x"]
             with torch.no_grad():
                 f = sae.encode(x)
                 out = sae(x) if sae.W_skip is not None else sae.decode(f, x)
-                encode = {"interp": lambda s=sae, x=x: s.encode(x)}
-                seconds = time_side_by_side(encode, repeat=repeat)
-            theirs = json.loads((folder / "saelens_time.json").read_text())["encode_s"]
             rows.append({
                 "case": case["label"],
                 "features max |diff|": float((f - ref["features"]).abs().max()),
                 "output max |diff|": float((out - ref["output"]).abs().max()),
                 "features equal": bool(torch.equal(f, ref["features"])),
-                "interp encode ms": 1e3 * seconds["interp"], "SAELens encode ms": 1e3 * theirs,
+                "interp encode ms": 1e3 * statistics.median(ours[case["name"]]),
+                "SAELens encode ms": 1e3 * statistics.median(theirs[case["name"]]),
+            })  # fmt: skip
+    return rows
+
+
+def compare_formats(formats_python: str, d_in: int, d_sae: int, batch: int) -> list[dict]:
+    """sparsify's and dictionary_learning's own classes and loaders against ``load_sae``."""
+    import torch
+    from safetensors.torch import load_file
+
+    from interp import load_sae
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="interp-bench-formats-") as scratch:
+        side = str(ROOT / "benchmarks" / "formats_side.py")
+        subprocess.run([formats_python, side, scratch, str(d_in), str(d_sae), str(batch)],
+                       check=True, capture_output=True)  # fmt: skip
+        for folder in sorted(Path(scratch).glob("*/*")):
+            ref = load_file(str(folder / "ref_outputs.safetensors"))
+            sae = load_sae(folder)
+            with torch.no_grad():
+                f, out = sae.encode(ref["x"]), sae(ref["x"])
+            rows.append({
+                "format": folder.parent.name, "case": folder.name,
+                "features max |diff|": float((f - ref["features"]).abs().max()),
+                "output max |diff|": float((out - ref["output"]).abs().max()),
+                "largest |output|": float(ref["output"].abs().max()),
             })  # fmt: skip
     return rows
 
@@ -161,20 +206,26 @@ def load_memory(d_in: int, widths: list[int]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--saelens-python", default=os.environ.get("INTERP_SAELENS_PYTHON"))
+    parser.add_argument("--formats-python", default=os.environ.get("INTERP_FORMATS_PYTHON"))
     parser.add_argument("--d-in", type=int, default=768)
     parser.add_argument("--d-sae", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--widths", type=int, nargs="*", default=[16384, 131072])
     args = parser.parse_args()
     import pandas as pd
 
     if args.saelens_python:
-        rows = compare(args.saelens_python, args.d_in, args.d_sae, args.batch, args.repeat)
+        rows = compare(args.saelens_python, args.d_in, args.d_sae, args.batch, args.repeat,
+                       args.rounds)  # fmt: skip
         print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     else:
         print("no --saelens-python (or INTERP_SAELENS_PYTHON): the comparison with SAELens is "
               "skipped")  # fmt: skip
+    if args.formats_python:
+        rows = compare_formats(args.formats_python, args.d_in, args.d_sae, args.batch)
+        print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.widths:
         rows = load_memory(args.d_in, args.widths)
         print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))

@@ -7,7 +7,10 @@ checkpoint), loads it back with ``SAE.load_from_disk`` (``TrainingSAE`` for ``ba
 which SAELens has only as a training SAE), and writes the input, SAELens's features and
 output, and the median seconds of ``encode`` to the case's folder.
 
-    python benchmarks/saelens_side.py CASES.json OUT_DIR
+    python benchmarks/saelens_side.py CASES.json OUT_DIR [build|time]
+
+``time`` loads the folders built before and only times ``encode`` again, so that the caller
+can alternate rounds of SAELens and interp (load on a shared machine hits both alike).
 """
 
 from __future__ import annotations
@@ -37,9 +40,30 @@ def fill(sae, g: torch.Generator) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * SCALES.get(name, 0.3))
 
 
-def main(cases_path: str, out: str) -> None:
+def time_again(cases: list[dict], out: str) -> None:
+    for case in cases:
+        folder = Path(out) / case["name"]
+        cls = TrainingSAE if case["training"] else SAE
+        loaded = cls.load_from_disk(str(folder))
+        if case.get("scale") is not None:
+            loaded.fold_activation_norm_scaling_factor(case["scale"])
+        x = torch.randn(case["x_shape"], generator=torch.Generator().manual_seed(1)) * 1.5
+        times = []
+        with torch.no_grad():
+            loaded.encode(x)
+            for _ in range(case["repeat"]):
+                start = time.perf_counter()
+                loaded.encode(x)
+                times.append(time.perf_counter() - start)
+        seconds = {"encode_s": statistics.median(times)}
+        (folder / "saelens_time.json").write_text(json.dumps(seconds))
+
+
+def main(cases_path: str, out: str, mode: str = "build") -> None:
     torch.set_num_threads(1)
     cases = json.loads(Path(cases_path).read_text())
+    if mode == "time":
+        return time_again(cases, out)
     for case in cases:
         folder = Path(out) / case["name"]
         cls = TrainingSAE if case["training"] else SAE
@@ -72,4 +96,4 @@ def main(cases_path: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

@@ -172,3 +172,18 @@ def test_splicing_a_transcoder_is_refused(tmp_path, bundled_model):
     with pytest.raises(ValueError, match="a transcoder reads blocks.1.hook_resid_pre and writes"):
         run_cached(bundled_model, "x = 1", saes=[load_sae(tmp_path / "t")])
     assert json.loads((tmp_path / "t" / "cfg.json").read_text())["architecture"] == "transcoder"
+
+
+def test_analyses_splitting_the_stream_into_features_refuse_nonlinear_decoders(
+    tmp_path, bundled_model
+):
+    from interp import feature_attribution
+    from interp.discovery.features import sae_layer
+
+    flags = {"k": 8, "rescale_acts_by_decoder_norm": True}
+    saelens_folder(tmp_path / "s", "topk", flags=flags)
+    sae = load_sae(tmp_path / "s")
+    with pytest.raises(ValueError, match="rescale_acts_by_decoder_norm=True"):
+        feature_attribution(bundled_model, "x = 1", sae, "1")
+    with pytest.raises(ValueError, match="rescale_acts_by_decoder_norm=True"):
+        sae_layer(bundled_model, sae)

@@ -204,3 +204,12 @@ def test_save_writes_a_folder_saelens_reads_back_the_same(tmp_path):
     x = _x()
     assert torch.equal(back.encode(x), sae.encode(x))
     assert (back.apply_b_dec_to_input, back.rescale_acts_by_decoder_norm) == (True, True)
+
+
+def test_a_scaling_factor_not_saved_can_be_given(tmp_path):
+    flags = {"normalize_activations": "expected_average_only_in"}
+    w = saelens_folder(tmp_path / "s", "standard", flags=flags)
+    sae = load_sae(tmp_path / "s", norm_scaling_factor=0.37)
+    f_ref, out_ref = saelens_reference(w, _x(), {"architecture": "standard", "scale": 0.37})
+    assert torch.allclose(sae.encode(_x()).double(), f_ref, atol=ATOL)
+    assert torch.allclose(sae(_x()).double(), out_ref, atol=ATOL)

@@ -35,6 +35,7 @@ from interp.attribution.core import (
 from interp.attribution.residual import AttributionError, residual_parts
 from interp.engine import Prompt, run_cached
 from interp.models.layernorm import fold_layernorm, is_folded
+from interp.saes.sae import decoder_flag
 
 __all__ = ["feature_attribution"]
 
@@ -64,6 +65,12 @@ def feature_attribution(
             already folded (features read the model's own activations).
         AttributionError: the rows do not add up.
     """
+    odd = decoder_flag(sae)
+    if odd is not None:
+        raise ValueError(
+            f"feature attribution splits the stream into f_j W_dec[j], which an SAE with "
+            f"{odd[0]}={odd[1]!r} does not write; use an SAE without it"
+        )
     found = _RESID_PRE.match(sae.hook_name)
     if found is None:
         raise ValueError(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "list the models and SAEs bundled with interp (they load offline by short name)"
+HELP = (
+    "list the models and SAEs bundled with interp (they load offline by short name), and the "
+    "SAE formats load_sae reads with published repositories in each"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
         bundled_models,
     )
     from interp.saes.bundled import bundled_sae_info, bundled_saes  # torch-free too
+    from interp.saes.published import FORMATS, PUBLISHED  # torch-free too
 
     names = bundled_models()
     for name in names:
@@ -29,4 +33,8 @@ def run(args: argparse.Namespace) -> int:
             f"{name}\t{info['path']}\tSAE of {info['model'] or 'an unnamed model'} at "
             f"{info['hook']}: {info['architecture']}, {info['d_in']} -> {info['d_sae']} features"
         )
+    print("\nSAE formats (load_sae takes a folder, or a hub name owner/repo/subfolder):")
+    for fmt, files in FORMATS.items():  # format, its files, what interp computes, repositories
+        computes, repos = PUBLISHED[fmt]
+        print(f"{fmt}\t{' + '.join(files)}\t{computes}\te.g. {', '.join(repos)}")
     return 0

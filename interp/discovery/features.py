@@ -35,6 +35,7 @@ from interp.discovery.graph import Graph, edge_name
 from interp.discovery.runs import _undefined, check_arguments
 from interp.engine import check_eval, run_cached
 from interp.engine.estimates import _itemsize
+from interp.saes.sae import decoder_flag
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["FEATURE_METHODS", "feature_edge_scores", "feature_name", "error_name", "sae_layer"]
@@ -56,6 +57,12 @@ def error_name(layer: int) -> str:
 def sae_layer(model, sae) -> int:
     """The layer ``L`` of an SAE at ``blocks.L.hook_resid_pre`` of ``model``; a ValueError
     for any other hook or a width that does not fit."""
+    odd = decoder_flag(sae)
+    if odd is not None:
+        raise ValueError(
+            f"feature edges split the stream into f_j W_dec[j], which an SAE with "
+            f"{odd[0]}={odd[1]!r} does not write; use an SAE without it"
+        )
     found = _RESID_PRE.match(str(sae.hook_name))
     if found is None:
         raise ValueError(

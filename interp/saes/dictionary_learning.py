@@ -37,8 +37,10 @@ from interp.saes.sae import SAE
 
 __all__ = ["CLASSES", "read_dictionary_learning"]
 
-CLASSES = ("AutoEncoder", "AutoEncoderNew", "GatedAutoEncoder", "JumpReluAutoEncoder",
-           "AutoEncoderTopK", "BatchTopKSAE", "MatryoshkaBatchTopKSAE")  # fmt: skip
+CLASSES = (  # the dictionary classes interp computes
+    "AutoEncoder", "AutoEncoderNew", "GatedAutoEncoder", "JumpReluAutoEncoder",
+    "AutoEncoderTopK", "BatchTopKSAE", "MatryoshkaBatchTopKSAE",
+)  # fmt: skip
 SUBMODULE = re.compile(r"^(resid_post|resid_pre|resid_out|mlp_out|attn_out)_layer_?(\d+)$")
 SITES = {"resid_post": "hook_resid_post", "resid_out": "hook_resid_post",
          "resid_pre": "hook_resid_pre", "mlp_out": "hook_mlp_out",

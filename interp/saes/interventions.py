@@ -16,6 +16,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.saes.sae import decoder_flag
+
 __all__ = ["FeatureEdit", "ablate_feature", "patch_feature"]
 
 
@@ -34,21 +36,11 @@ class FeatureEdit:
         d_sae = int(self.sae.d_sae)
         if isinstance(self.feature, bool) or not 0 <= int(self.feature) < d_sae:
             raise ValueError(f"feature must be an index in 0 .. {d_sae - 1}, got {self.feature!r}")
-        flags = {
-            "normalize_activations": getattr(self.sae, "normalize_activations", "none"),
-            "rescale_acts_by_decoder_norm": getattr(
-                self.sae, "rescale_acts_by_decoder_norm", False
-            ),
-            "reshape_activations": getattr(self.sae, "reshape_activations", "none"),
-            "hook_head_index": getattr(self.sae, "hook_head_index", None),
-            "output_hook_name": getattr(self.sae, "output_hook_name", None),
-        }
-        odd = {k: v for k, v in flags.items() if v not in ("none", False, None)}
-        if odd:  # the edit adds (v - f_j) W_dec[j] to the hook's whole activation
-            key, value = next(iter(odd.items()))
+        odd = decoder_flag(self.sae)
+        if odd is not None:  # the edit adds (v - f_j) W_dec[j] to the hook's whole activation
             raise ValueError(
                 f"feature edits take an SAE writing f W_dec + b_dec at its hook; this one has "
-                f"{key}={value!r}"
+                f"{odd[0]}={odd[1]!r}"
             )
 
     def hook(self) -> tuple[str, object]:

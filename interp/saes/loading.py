@@ -20,17 +20,10 @@ from pathlib import Path
 import torch
 
 from interp.saes.bundled import bundled_sae_path, bundled_saes
+from interp.saes.published import FORMATS
 from interp.saes.sae import SAE
 
 __all__ = ["FORMATS", "SAEFitError", "SAELoadError", "check_sae_fits", "load_sae", "sae_format"]
-
-# format -> the files that make a folder one (first match wins; SAELens before sparsify)
-FORMATS = {
-    "saelens": ("cfg.json", "sae_weights.safetensors"),
-    "sparsify": ("cfg.json", "sae.safetensors"),
-    "dictionary_learning": ("ae.pt", "config.json"),
-    "gemmascope": ("params.npz",),
-}
 
 
 class SAELoadError(ValueError):
@@ -46,11 +39,15 @@ def load_sae(
     *,
     device: str | torch.device | None = None,
     hook_name: str | None = None,
+    norm_scaling_factor: float | None = None,
 ) -> SAE:
     """An SAE from a bundled name (``"tiny-induction-sae"``), a local folder in one of
     :data:`FORMATS`, or a Hugging Face repository (``"owner/repo"`` or
     ``"owner/repo/subfolder"``). ``hook_name`` names the hook for a folder that does not
     say it (a Gemma Scope or dictionary_learning folder renamed), or overrides it.
+    ``norm_scaling_factor`` is the factor of a SAELens ``expected_average_only_in`` SAE
+    saved without ``activation_scaler.json`` (SAELens's ``pretrained_saes.yaml`` lists it
+    for the releases it folds on ``from_pretrained``).
 
     Raises:
         SAELoadError: a folder that is not an SAE (naming the files each format needs), a
@@ -60,7 +57,7 @@ def load_sae(
     """
     folder, fmt = _folder(str(path_or_name))
     try:
-        sae = _read(fmt, folder, hook_name)
+        sae = _read(fmt, folder, hook_name, norm_scaling_factor)
     except (ValueError, KeyError, OSError) as err:
         if isinstance(err, SAELoadError):
             raise
@@ -70,7 +67,7 @@ def load_sae(
     return sae if device is None else sae.to(device)
 
 
-def _read(fmt: str, folder: Path, hook_name: str | None) -> SAE:
+def _read(fmt: str, folder: Path, hook_name: str | None, factor: float | None) -> SAE:
     if fmt == "saelens":
         from interp.saes.saelens import read_saelens
         from interp.saes.safetensors_file import read_safetensors
@@ -78,7 +75,8 @@ def _read(fmt: str, folder: Path, hook_name: str | None) -> SAE:
         cfg = _read_json(folder / "cfg.json")
         if hook_name is not None and not _names_hook(cfg):
             cfg = {**cfg, "hook_name": hook_name}
-        return read_saelens(folder, cfg, read_safetensors(folder / FORMATS[fmt][1]))
+        tensors = read_safetensors(folder / FORMATS[fmt][1])
+        return read_saelens(folder, cfg, tensors, norm_scaling_factor=factor)
     if fmt == "sparsify":
         from interp.saes.sparsify import read_sparsify
 

@@ -30,9 +30,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-__all__ = ["ARCHITECTURES", "NORMALIZATIONS", "SAE"]
+__all__ = ["ARCHITECTURES", "NORMALIZATIONS", "SAE", "decoder_flag"]
 
-ARCHITECTURES = ("standard", "gated", "jumprelu", "topk", "batchtopk")
+ARCHITECTURES = ("standard", "gated", "jumprelu", "topk", "batchtopk")  # the encoders interp runs
 NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")  # computed at run time
 LAYER_NORM_EPS = 1e-5  # SAELens's run_time_activation_ln_in
 
@@ -270,3 +270,18 @@ def _check_parts(architecture, b_enc, threshold, gate, k, d_sae: int) -> None:
         raise ValueError(f"a topk SAE needs k between 1 and d_sae={d_sae}, got k={k}")
     if architecture == "batchtopk" and not 0 < k <= d_sae:
         raise ValueError(f"a batchtopk SAE needs 0 < k <= d_sae={d_sae}, got k={k}")
+
+
+def decoder_flag(sae) -> tuple[str, object] | None:
+    """The first setting that makes ``sae`` write something other than ``f W_dec + b_dec``
+    over its hook's whole activation (analyses that split the stream into ``f_j W_dec[j]``
+    refuse it, naming the key), or None."""
+    flags = {
+        "normalize_activations": getattr(sae, "normalize_activations", "none"),
+        "rescale_acts_by_decoder_norm": getattr(sae, "rescale_acts_by_decoder_norm", False),
+        "reshape_activations": getattr(sae, "reshape_activations", "none"),
+        "hook_head_index": getattr(sae, "hook_head_index", None),
+        "output_hook_name": getattr(sae, "output_hook_name", None),
+        "W_skip": "a skip connection" if getattr(sae, "W_skip", None) is not None else None,
+    }
+    return next(((k, v) for k, v in flags.items() if v not in ("none", False, None)), None)

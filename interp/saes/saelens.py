@@ -78,7 +78,13 @@ def _refuse(key: str, value, why: str):
     raise SAELensConfigError(f"{key}={value!r}: {why}")
 
 
-def read_saelens(folder: Path, cfg: dict, tensors: dict[str, torch.Tensor]) -> SAE:
+def read_saelens(
+    folder: Path,
+    cfg: dict,
+    tensors: dict[str, torch.Tensor],
+    *,
+    norm_scaling_factor: float | None = None,
+) -> SAE:
     """An :class:`SAE` from a SAELens folder's config and tensors (the module docstring)."""
     version = _version(cfg)
     cfg6 = _pre6(cfg) if version is None or version < (6, 0, 0) else dict(cfg)
@@ -118,7 +124,7 @@ def read_saelens(folder: Path, cfg: dict, tensors: dict[str, torch.Tensor]) -> S
         if reshape != "none":
             _refuse("reshape_activations", reshape, "SAELens's transcoders never reshape")
     if normalize == "expected_average_only_in":
-        _fold_scaling_factor(folder, tensors)
+        _fold_scaling_factor(folder, tensors, norm_scaling_factor)
         normalize = "none"
     _check_tensors(arch, kind, skip, tensors)
     d_in, d_sae = (int(d) for d in tensors["W_enc"].shape)
@@ -154,16 +160,18 @@ def _scaling_factor_tensor(tensors: dict, cfg6: dict) -> None:
                 "does not load; interp refuses it too")  # fmt: skip
 
 
-def _fold_scaling_factor(folder: Path, tensors: dict) -> None:
-    """``fold_activation_norm_scaling_factor(s)``: ``W_enc * s``, ``W_dec / s``, ``b_dec / s``."""
+def _fold_scaling_factor(folder: Path, tensors: dict, factor: float | None) -> None:
+    """``fold_activation_norm_scaling_factor(s)``: ``W_enc * s``, ``W_dec / s``, ``b_dec / s``,
+    with ``s`` given, or saved beside the weights."""
     path = folder / SCALER_FILE
-    factor = None
-    if path.is_file():
+    if factor is None and path.is_file():
         factor = json.loads(path.read_text(encoding="utf-8")).get("scaling_factor")
     if factor is None:
-        _refuse("normalize_activations", "expected_average_only_in",
-                f"its scaling factor is not saved beside the weights ({SCALER_FILE}); fold it "
-                "in with SAELens (from_pretrained) and save again")  # fmt: skip
+        why = (
+            f"its scaling factor is not saved beside the weights ({SCALER_FILE}); pass "
+            "load_sae(..., norm_scaling_factor=) (SAELens's pretrained_saes.yaml has it)"
+        )
+        _refuse("normalize_activations", "expected_average_only_in", why)
     tensors["W_enc"] = tensors["W_enc"] * factor
     tensors["W_dec"] = tensors["W_dec"] / factor
     tensors["b_dec"] = tensors["b_dec"] / factor
