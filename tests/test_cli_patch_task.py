@@ -13,7 +13,7 @@ import pytest
 import interp.models.loading
 from interp import Task, patch_activations
 from interp.cli import main
-from interp.interventions.task_patching import TASK_COLUMNS
+from interp.interventions.patching import TASK_COLUMNS
 from interp.tasks import induction
 
 SITES = "heads,resid_pre"

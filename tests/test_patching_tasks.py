@@ -22,7 +22,7 @@ from interp.engine import (
     estimate_cache_bytes,
     estimate_forward_bytes,
     estimate_loss_bytes,
-    run_patched_task,
+    run_patched,
 )
 from interp.interventions import logit_diff, patch_activations
 from interp.tasks import Task, induction
@@ -242,4 +242,4 @@ def test_refusals_are_one_line(gpt2_model):
     batch = task.tokens(gpt2_model)
     mean = [[Intervention(Site("head", 0, head=0), "mean")]]
     with pytest.raises(ValueError, match="would mix the rows of a pass"):
-        run_patched_task(gpt2_model, batch.clean, mean, lambda logits, rows: logits[:, -1, 0])
+        run_patched(gpt2_model, batch.clean, mean, row_metric=lambda logits, rows: logits[:, -1, 0])

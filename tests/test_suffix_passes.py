@@ -3,7 +3,7 @@
 A run whose patches all sit at positions >= s runs on positions s... only, over the base run's
 keys and values before s, and joins the batch at its own start layer from the base run's
 residual. Proofs, against an independent dense reference (each row and run alone through
-``run_cached``, full logits): ``run_patched_task`` read at each row's last token gives the same
+``run_cached``, full logits): ``run_patched`` read at each row's last token gives the same
 numbers (<= 1e-5) for per-position sites of every kind, zeros, runs over two layers, and runs
 it must leave to the dense passes (every position, noise), on every zoo architecture (learned
 positions, rotary, parallel residual, GQA, Gemma 2's soft-caps) and the bundled model; the fast
@@ -13,13 +13,13 @@ read at one position; a model the one-row check refuses) the numbers are the sam
 
 from __future__ import annotations
 
+import interp.engine.batched as batched
 import pytest
 import torch
 
-import interp.engine.task_batched as task_batched
-from interp.engine import Intervention, Site, run_cached, run_patched_task
+from interp.engine import Intervention, Site, run_cached, run_patched
 from interp.engine.suffix import run_offset, suffix_like_forward
-from interp.interventions.task_patching import task_row_metric
+from interp.interventions.inputs import task_row_metric
 from interp.tasks import Task
 from tests.zoo import ZOO_ARCHS
 
@@ -111,9 +111,11 @@ def _check_task(model, monkeypatch):
     tokens, n_pos = batch.corrupted, int(batch.corrupted.shape[1])
     runs = _runs(model, _source(model, batch.clean), n_pos)
     metric = batch.metric("logit_diff")
-    calls = _spy(monkeypatch, task_batched)
+    calls = _spy(monkeypatch, batched)
     row_metric = task_row_metric(metric)
-    values = run_patched_task(model, tokens, runs, row_metric, read_at=batch.last, max_rows=40)
+    values = run_patched(
+        model, tokens, runs, row_metric=row_metric, read_at=batch.last, max_rows=40
+    )
     for p, run in enumerate(runs):
         for row in range(len(batch)):
             logits = _dense(model, tokens, run, row)[None]
@@ -140,7 +142,7 @@ def test_the_bundled_model_gives_the_dense_numbers(bundled_model, monkeypatch):
 
 
 def test_a_model_the_check_refuses_falls_back(gpt2_model, monkeypatch):
-    monkeypatch.setattr(task_batched, "suffix_like_forward", lambda *args: False)
+    monkeypatch.setattr(batched, "suffix_like_forward", lambda *args: False)
     calls, _, _ = _check_task(gpt2_model, monkeypatch)
     assert calls == []
 

@@ -1,4 +1,4 @@
-"""Reading a task's runs at one position per row (``run_patched_task(read_at=...)``).
+"""Reading a task's runs at one position per row (``run_patched(read_at=...)``).
 
 With ``read_at`` a pass stops at the residual entering ``ln_final`` and unembeds one position of
 each row. Proofs: the numbers equal full logits read at the same positions (<= 1e-5) on a
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from interp import load_model
-from interp.engine import Intervention, Site, run_cached, run_patched_task
+from interp.engine import Intervention, Site, run_cached, run_patched
 from interp.engine.passes import reads_like_forward
 from interp.tasks import Task
 
@@ -85,16 +85,16 @@ def test_reading_at_the_last_token_equals_full_logits(name, request):
     runs = _runs(model, _source(model, batch))
     assert reads_like_forward(model, batch.corrupted, batch.last)
     full_seen, read_seen = [], []
-    full = run_patched_task(model, batch.corrupted, runs, _metric(batch, full_seen))
-    read = run_patched_task(
-        model, batch.corrupted, runs, _metric(batch, read_seen), read_at=batch.last
+    full = run_patched(model, batch.corrupted, runs, row_metric=_metric(batch, full_seen))
+    read = run_patched(
+        model, batch.corrupted, runs, row_metric=_metric(batch, read_seen), read_at=batch.last
     )
     assert set(full_seen) == {3} and set(read_seen) == {2}  # the fast read was taken
     assert not full.isnan().any()
     torch.testing.assert_close(read, full, atol=ATOL, rtol=0)
     # split into many passes (rows chunked): the same numbers
-    split = run_patched_task(
-        model, batch.corrupted, runs, _metric(batch, []), read_at=batch.last, max_rows=3
+    split = run_patched(
+        model, batch.corrupted, runs, row_metric=_metric(batch, []), read_at=batch.last, max_rows=3
     )
     torch.testing.assert_close(split, read, atol=ATOL, rtol=0)
 
@@ -106,12 +106,14 @@ def test_padded_rows_read_at_their_own_last_token(name, request):
     task = _task([4, 8, 6], seed=2)
     batch = task.tokens(model)
     runs = _runs(model, _source(model, batch))
-    values = run_patched_task(model, batch.corrupted, runs, _metric(batch, []), read_at=batch.last)
+    values = run_patched(
+        model, batch.corrupted, runs, row_metric=_metric(batch, []), read_at=batch.last
+    )
     for i in range(len(task)):
         alone = task[i : i + 1].tokens(model)
         assert alone.clean.shape[1] == int(batch.lengths[i])  # no padding alone
         own = _runs(model, _source(model, alone))
-        expected = run_patched_task(model, alone.corrupted, own, _metric(alone, []))
+        expected = run_patched(model, alone.corrupted, own, row_metric=_metric(alone, []))
         torch.testing.assert_close(values[:, i : i + 1], expected, atol=ATOL, rtol=0)
 
 
@@ -124,10 +126,10 @@ def test_a_model_with_other_logits_falls_back_to_full_logits(gpt2_model):
     try:
         assert not reads_like_forward(gpt2_model, batch.corrupted, batch.last)
         seen = []
-        read = run_patched_task(
-            gpt2_model, batch.corrupted, runs, _metric(batch, seen), read_at=batch.last
+        read = run_patched(
+            gpt2_model, batch.corrupted, runs, row_metric=_metric(batch, seen), read_at=batch.last
         )
-        full = run_patched_task(gpt2_model, batch.corrupted, runs, _metric(batch, []))
+        full = run_patched(gpt2_model, batch.corrupted, runs, row_metric=_metric(batch, []))
     finally:
         handle.remove()
     assert set(seen) == {3}
@@ -135,8 +137,13 @@ def test_a_model_with_other_logits_falls_back_to_full_logits(gpt2_model):
     # a fixed hook after the read point would see one position: full logits too
     late = [("ln_final.hook_scale", lambda act, hook: None)]
     seen = []
-    run_patched_task(
-        gpt2_model, batch.corrupted, runs, _metric(batch, seen), read_at=batch.last, fixed=late
+    run_patched(
+        gpt2_model,
+        batch.corrupted,
+        runs,
+        row_metric=_metric(batch, seen),
+        read_at=batch.last,
+        fixed=late,
     )
     assert set(seen) == {3}
 
@@ -152,7 +159,9 @@ def test_read_at_is_checked(gpt2_model):
         ),
     ]:
         with pytest.raises(ValueError, match=message) as info:
-            run_patched_task(gpt2_model, batch.corrupted, runs, _metric(batch, []), read_at=bad)
+            run_patched(
+                gpt2_model, batch.corrupted, runs, row_metric=_metric(batch, []), read_at=bad
+            )
         assert "\n" not in str(info.value)
 
 

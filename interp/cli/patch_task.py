@@ -177,7 +177,7 @@ def task_summary(parts: list[dict], frame) -> dict:
 
 def write_results(out: Path, parts: list[dict], frame) -> int:
     """patching.csv, summary.json and report.html of a task run (whole or merged)."""
-    from interp.interventions.task_patching import TASK_COLUMNS
+    from interp.interventions.patching import TASK_COLUMNS
     from interp.pages.html import Report
     from interp.pages.patching import add_patching_section
 

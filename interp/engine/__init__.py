@@ -5,17 +5,16 @@ Analyses ask it for "these rows, these interventions, keep these activations, wi
 budget" and get results back:
 
 - :func:`run_cached` (:mod:`~.cache`): one pass, keeping chosen activations, under ``max_bytes``;
-- :func:`run_patched` (:mod:`~.batched`): many patched runs of a prompt in batched passes,
-  under ``max_bytes`` less what the caller holds (:func:`rows_per_pass`);
-- :func:`run_patched_task` (:mod:`~.task_batched`): the same for every row of a task at once,
-  each patched run a block of rows (:func:`task_blocks` plans runs x rows per pass);
+- :func:`run_patched` (:mod:`~.batched`): many patched runs of a prompt, or of every row of
+  a task at once (each patched run a block of rows), in batched passes under ``max_bytes`` less
+  what the caller holds (:func:`rows_per_pass`, :func:`task_blocks` plan them);
 - :func:`row_chunks` (:mod:`~.plan`): the row slices an analysis that reduces as it goes
   (the induction scan, batched attribution) runs one pass each;
 - :func:`compile_hooks` / :func:`intervene` (:mod:`~.hooks`): :class:`Intervention` objects
   (:mod:`~.sites`) as forward hooks; :func:`forward` (:mod:`~.passes`): the one call of the model.
 
 Modules, bottom to top: ``allocator``, ``estimates``, ``plan``, ``tokens``, ``sites``,
-``passes``, ``hooks``, ``cache``, ``batched``, ``task_batched`` (docs/architecture.md).
+``passes``, ``hooks``, ``cache``, ``suffix``, ``batched`` (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -26,14 +25,7 @@ from interp.engine.allocator import (
     return_freed_memory,
     trim_freed_memory,
 )
-from interp.engine.batched import (
-    LOGITS_BUDGET_BYTES,
-    MetricFn,
-    check_eval,
-    per_row,
-    rows_per_pass,
-    run_patched,
-)
+from interp.engine.batched import MetricFn, RowMetricFn, check_eval, per_row, run_patched
 from interp.engine.cache import CachedRun, run_cached, run_logits
 from interp.engine.estimates import (
     estimate_attribution_bytes,
@@ -46,9 +38,16 @@ from interp.engine.estimates import (
 )
 from interp.engine.hooks import compile_hooks, intervene
 from interp.engine.passes import HookFn, forward, store_hook
-from interp.engine.plan import MemoryBudgetError, check_budget, row_chunks, rows_per_chunk
+from interp.engine.plan import (
+    LOGITS_BUDGET_BYTES,
+    MemoryBudgetError,
+    check_budget,
+    row_chunks,
+    rows_per_chunk,
+    rows_per_pass,
+    task_blocks,
+)
 from interp.engine.sites import ABLATIONS, HEAD_KINDS, SITE_KINDS, Intervention, Site
-from interp.engine.task_batched import RowMetricFn, run_patched_task, task_blocks
 from interp.engine.tokens import (
     RESID_KINDS,
     Prompt,
@@ -66,7 +65,6 @@ __all__ = [
     "CachedRun",
     "run_patched",
     "rows_per_pass",
-    "run_patched_task",
     "task_blocks",
     "RowMetricFn",
     "row_chunks",

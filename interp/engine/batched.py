@@ -1,51 +1,69 @@
-"""Many patched runs of one prompt in batched forward passes, planned under a budget.
+"""Many patched runs of one prompt, or of every row of a task, in batched forward passes.
 
-:func:`run_patched` is the one engine every patching grid is built on. Each *row* is a set of
-interventions applied to one run of the base prompt. Rows are grouped by the earliest layer
-they touch, ``L``: layers below ``L`` run once on the single base prompt, and at
-``blocks.L.hook_resid_pre`` the activation is expanded to one row per patched run, so a patch
-at layer ``L`` never recomputes the layers below it (GPT-2 small, 12 layers: about half the
-layer-passes of one forward per patch, and those as one batch instead of ``12 x pos`` small
-ones; see benchmarks/bench_patching.py).
+:func:`run_patched` is the one runner every patching grid, ablation and circuit check is built
+on. The base is a batch of rows ``[rows pos]`` (one prompt is one row; a task's rows are
+right-padded), and each *patched run* is a set of interventions applied to every row, a
+``patch`` taking row ``i``'s value from row ``i`` of its source. Patched runs are grouped by the
+earliest layer they touch, ``L``: layers below ``L`` run once on the rows, and at
+``blocks.L.hook_resid_pre`` the activation ``[rows pos d_model]`` is repeated to
+``[runs * rows pos d_model]``, patched run ``p`` owning the block of rows
+``p * rows ... (p + 1) * rows - 1``. So a patch at layer ``L`` never recomputes the layers below
+it (GPT-2 small, 12 layers: about half the layer-passes of one forward per patch, as one batch
+instead of ``12 x pos`` small ones; benchmarks/bench_patching.py). A pass holds all rows and as
+many runs as fit, or, when not even one run over all rows fits, one run over a chunk of rows
+(:func:`interp.engine.plan.task_blocks`).
 
 A *metric* is any callable from logits ``[batch pos d_vocab]`` to one number per row
-(:func:`per_row` checks it).
+(:func:`per_row` checks it); over a task's rows a *row metric* ``(logits, rows)`` also gets the
+task row of each batch row, so that each is read with its own answer. Given ``read_at`` (each
+row's position to read), a pass computes the logits at that position of each row only,
+``[batch d_vocab]`` (:func:`interp.engine.passes.forward_read`), and may start each run at its
+first patched position (:mod:`interp.engine.suffix`); a model whose logits are not
+``unembed(ln_final(resid))`` (checked on one row first) gets full logits, ``read_at`` or not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.engine.estimates import (
-    estimate_forward_bytes,
-    estimate_loss_bytes,
-    format_size,
-    parse_size,
-)
 from interp.engine.hooks import compile_hooks
-from interp.engine.passes import HookFn, forward
-from interp.engine.plan import _PLAN_SHARE, MemoryBudgetError, rows_per_chunk
+from interp.engine.passes import (
+    HookFn,
+    forward,
+    forward_read,
+    masks_follow_rows,
+    reads_like_forward,
+)
+from interp.engine.plan import MemoryBudgetError, task_blocks
 from interp.engine.sites import Intervention
+from interp.engine.suffix import (
+    base_states,
+    run_offset,
+    state_bytes,
+    suffix_like_forward,
+    suffix_pass,
+)
 from interp.engine.tokens import PromptError, to_tokens
 
-__all__ = [
-    "run_patched",
-    "rows_per_pass",
-    "per_row",
-    "check_eval",
-    "MetricFn",
-    "LOGITS_BUDGET_BYTES",
-]
+__all__ = ["run_patched", "per_row", "check_eval", "MetricFn", "RowMetricFn", "TASK_KINDS"]
 
 # a metric: logits [batch pos d_vocab] -> one number per row [batch]
 MetricFn = Callable[[Float[Tensor, "batch pos d_vocab"]], Float[Tensor, " batch"]]
-# default rows per pass: the logits [rows pos d_vocab] are the largest tensor of a patched pass
-LOGITS_BUDGET_BYTES = 256 * 2**20
+# a row metric: (logits, the task row of each batch row) -> one value per batch row; the
+# logits are [batch d_vocab] (already read) when run_patched was given read_at
+RowMetricFn = Callable[
+    [Float[Tensor, "batch pos d_vocab"] | Float[Tensor, "batch d_vocab"], Int[Tensor, " batch"]],
+    Float[Tensor, " batch"],
+]
+# kinds that act on each of several rows as if it ran alone: a patch takes its row of the
+# source, zero and noise are the same for every row; a mean or resample would mix the rows
+TASK_KINDS = ("patch", "zero", "noise")
 
 
 def per_row(
@@ -81,30 +99,24 @@ def check_eval(model) -> None:
         )
 
 
-def _start_layer(row: Sequence[Intervention]) -> int:
-    return min((item.site.layer for item in row), default=0)
-
-
-def _row_hooks(
-    start: int,
-    rows: Sequence[Sequence[int]],
-    compiled: list[tuple[str, HookFn]],
+def _block_hooks(
+    start: int, n_rows: int, runs: Sequence[list[tuple[str, HookFn]]]
 ) -> list[tuple[str, HookFn]]:
-    """Hooks expanding the batch at ``start`` and applying row r's hooks to row r only."""
+    """Hooks repeating the rows at ``start`` once per run and applying run p's hooks to its
+    block of rows only."""
     expand_at = f"blocks.{start}.hook_resid_pre"
     per_hook: dict[str, list[tuple[int, HookFn]]] = {expand_at: []}
-    for r, indices in enumerate(rows):
-        for i in indices:
-            name, fn = compiled[i]
-            per_hook.setdefault(name, []).append((r, fn))
-    n_rows = len(rows)
+    for p, hooks in enumerate(runs):
+        for name, fn in hooks:
+            per_hook.setdefault(name, []).append((p, fn))
+    n_runs = len(runs)
 
     def make(name: str, items: list[tuple[int, HookFn]]) -> HookFn:
         def hook(act: Tensor, hook) -> Tensor:
             if name == expand_at:
-                act = act.expand(n_rows, *act.shape[1:]).clone()
-            for r, fn in items:
-                fn(act[r : r + 1], hook)  # writes into row r in place (see hooks._write)
+                act = act.repeat(n_runs, *([1] * (act.ndim - 1)))  # run-major blocks of rows
+            for p, fn in items:
+                fn(act[p * n_rows : (p + 1) * n_rows], hook)  # in place (see hooks._write)
             return act
 
         return hook
@@ -112,130 +124,176 @@ def _row_hooks(
     return [(name, make(name, items)) for name, items in per_hook.items()]
 
 
-def rows_per_pass(
-    model,
-    n_pos: int,
-    n_rows: int,
-    max_rows: int | None,
-    max_bytes: int | str | None,
-    held: int = 0,
-    held_what: str = "what the caller keeps",
-    *,
-    kept_per_row: int = 0,
-    what: str = "one patched run",
-    advice: str = "patch fewer sites or layers, or raise max_bytes",
-    read_one: bool = False,
-) -> int:
-    """Runs per forward pass: ``max_rows``, or planned from ``max_bytes`` less ``held`` (what
-    the caller keeps throughout, named ``held_what`` in a refusal, with ``advice``), each run
-    needing a pass and a metric over its logits plus ``kept_per_row`` bytes; or by default as
-    many as keep the logits under 256 MiB. ``read_one``: each run is unembedded at one position
-    only (:func:`interp.engine.passes.forward_read`), so its logits are ``[d_vocab]``; the
-    default then also allows as many as keep the pass's largest moment
-    (:func:`estimate_forward_bytes`) under 256 MiB, where that is more. Callers that must
-    refuse a budget before any run ask here first; raises
-    :class:`interp.engine.MemoryBudgetError` when not even one run fits."""
-    if max_rows is not None:
-        return max_rows
-    read = 1 if read_one else None
-    if max_bytes is None:
-        rows = max(1, LOGITS_BUDGET_BYTES // (n_pos * int(model.cfg.d_vocab) * 4))
-        if read_one:  # no [pos d_vocab] logits: the pass's largest moment decides, if larger
-            one = estimate_forward_bytes(model, (1, n_pos), read_positions=1)
-            rows = max(rows, LOGITS_BUDGET_BYTES // one)
-        return rows
-    budget = parse_size(max_bytes)
-    if held >= budget:
-        raise MemoryBudgetError(
-            f"{held_what} alone needs {format_size(held)}, more than "
-            f"max_bytes={format_size(budget)}; {advice}"
+def _for_rows(item: Intervention, lo: int, hi: int, n_rows: int) -> Intervention:
+    """``item`` for rows ``lo:hi`` of ``n_rows``: a patch's source cut to those rows. One row
+    takes every kind as it is (a mean or resample then mixes nothing)."""
+    if n_rows == 1:
+        return item
+    if item.kind not in TASK_KINDS:
+        raise ValueError(
+            f"{item}: over a task's rows an intervention is one of {', '.join(TASK_KINDS)}; "
+            f"a {item.kind} would mix the rows of a pass"
         )
-    forward = max(
-        estimate_forward_bytes(model, (1, n_pos), read_positions=read),
-        estimate_loss_bytes(model, (1, read or n_pos)),
-    )
-    per_run = forward + kept_per_row
-    least = held + per_run / _PLAN_SHARE
-    if held and budget < least:
-        raise MemoryBudgetError(
-            f"{what} needs about {format_size(per_run)} for {n_pos} tokens on top of "
-            f"{held_what} ({format_size(held)}), more than max_bytes={format_size(budget)} "
-            f"allows (passes are planned to {_PLAN_SHARE:.0%} of what is left); raise max_bytes "
-            f"to at least {format_size(least)}"
+    if item.kind != "patch":
+        return item
+    if item.source.shape[0] != n_rows:
+        raise ValueError(
+            f"{item}: a patch over a task needs a source with one row per task row "
+            f"({n_rows}), got {item.source.shape[0]}"
         )
-    return rows_per_chunk(
-        model,
-        n_pos,
-        budget - held,
-        n_rows=n_rows,
-        kept_per_row=kept_per_row,
-        loss=True,
-        what=what,
-        read_positions=read,
-    )
+    return replace(item, source=item.source[lo:hi])
+
+
+def _compiled(model, runs: Sequence[Sequence[Intervention]]) -> list[list[tuple[str, HookFn]]]:
+    """Each run's hooks, compiled together (a source prompt shared by runs is run once)."""
+    hooks = compile_hooks(model, [item for run in runs for item in run])
+    at = [0]
+    for run in runs:
+        at.append(at[-1] + len(run))
+    return [hooks[at[p] : at[p + 1]] for p in range(len(runs))]
+
+
+def _check_read_at(read_at, n_rows: int, n_pos: int) -> Int[Tensor, " rows"]:
+    read_at = torch.as_tensor(read_at).long()
+    if read_at.shape != (n_rows,):
+        raise ValueError(
+            f"read_at must have one position per task row ({n_rows}), got shape "
+            f"{tuple(read_at.shape)}"
+        )
+    if n_rows and (int(read_at.min()) < 0 or int(read_at.max()) >= n_pos):
+        raise ValueError(
+            f"read_at must lie in [0, {n_pos - 1}] (the rows' positions), got "
+            f"{int(read_at.min())} to {int(read_at.max())}"
+        )
+    return read_at
 
 
 def run_patched(
     model,
     prompt,
     rows: Sequence[Sequence[Intervention]],
-    metric: MetricFn,
+    metric: MetricFn | None = None,
     *,
+    row_metric: RowMetricFn | None = None,
+    read_at: Int[Tensor, " task_rows"] | None = None,
     fixed: Sequence[Intervention | tuple[str, HookFn]] = (),
     max_rows: int | None = None,
     max_bytes: int | str | None = None,
     held: int = 0,
     held_what: str = "what the caller keeps",
     progress: bool = False,
-) -> Float[Tensor, " rows"]:
-    """``metric`` of ``prompt`` (one prompt) run once per row with that row's interventions.
+) -> Float[Tensor, " rows"] | Float[Tensor, "rows task_rows"]:
+    """``metric`` of ``prompt`` (one prompt) run once per row with that row's interventions;
+    or, given ``row_metric`` instead, of every row of a task (``prompt``: its token ids
+    ``[task_rows pos]``, right-padded) under each patched run: ``[rows task_rows]``.
 
-    Equal, to float rounding, to one ``run_cached(model, prompt, interventions=row)`` per row
-    (tests/test_patching.py), but rows share forward passes: ``max_rows`` rows at most per pass
-    (default: as many as keep the float32 logits under 256 MiB), or as many as fit
-    ``max_bytes`` (bytes or text such as ``"500MB"``: one pass's working memory and the metric
-    over its logits, :func:`interp.engine.rows_per_chunk`; raises
+    Entry ``[p]`` (``[p, i]``) equals, to float rounding, the prompt (task row ``i``) run alone
+    with row ``p``'s interventions, its patches taking row ``i`` of their sources
+    (tests/test_patching.py, tests/test_patching_tasks.py), but runs share forward passes:
+    ``max_rows`` batch rows at most per pass (default: as many as keep the float32 logits under
+    256 MiB), or as many as fit ``max_bytes`` (bytes or text such as ``"500MB"``: one pass's
+    working memory and the metric over its logits, :func:`interp.engine.rows_per_chunk`; raises
     :class:`interp.engine.MemoryBudgetError` when not even one row fits). ``held``: bytes the
     caller keeps throughout (e.g. the source run's cache, named by ``held_what`` in a refusal),
-    which come off ``max_bytes`` first. Pass one of ``max_rows`` and ``max_bytes``, not both.
-    ``fixed`` interventions apply to every row before the row's own (e.g. a frozen LayerNorm
-    scale, or the noise of causal tracing); they must broadcast over the batch. A ``mean``
-    without a source is each row's own mean, as if that row were run alone.
+    which come off ``max_bytes`` first. Pass one of ``max_rows`` and ``max_bytes``, not both;
+    the numbers do not depend on the split. ``fixed`` interventions apply to every row before
+    the row's own (e.g. a frozen LayerNorm scale, or the noise of causal tracing); they must
+    broadcast over the batch. A ``mean`` without a source is each row's own mean, as if that row
+    were run alone. Over several task rows interventions are ``patch`` (``source`` with one row
+    per task row), ``zero`` or ``noise``; with ``read_at`` (row ``i``'s position to read, e.g.
+    its last real token) the row metric gets ``[batch d_vocab]`` logits read there, or full
+    logits where the model's cannot be read that way (module docstring; the numbers are the
+    same, tests/test_task_reading.py).
     """
-    tokens = to_tokens(model, prompt).to(model.cfg.device)
-    if tokens.shape[0] != 1:
-        raise PromptError(f"run_patched runs one prompt, got a batch of {tokens.shape[0]}")
+    if (metric is None) == (row_metric is None):
+        raise TypeError("pass metric (one prompt) or row_metric (a task's rows), one of them")
+    if metric is not None:
+        tokens = to_tokens(model, prompt).to(model.cfg.device)
+        if tokens.shape[0] != 1:
+            raise PromptError(f"run_patched runs one prompt, got a batch of {tokens.shape[0]}")
+        if read_at is not None:
+            raise ValueError("read_at is for a task's rows (row_metric); a metric reads its own")
+
+        def row_metric(logits, _rows):
+            return per_row(metric, logits)
+
+    else:
+        tokens = torch.as_tensor(prompt).to(model.cfg.device)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [rows pos], got shape {tuple(tokens.shape)}")
     check_eval(model)
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be at least 1, got {max_rows}")
     if max_rows is not None and max_bytes is not None:
         raise ValueError(
-            "pass max_rows (patched runs per pass) or max_bytes (a memory budget "
-            "the runs per pass are planned from), not both"
+            "pass max_rows (batch rows per pass) or max_bytes (a memory budget "
+            "the rows per pass are planned from), not both"
         )
-    size = rows_per_pass(
-        model, int(tokens.shape[1]), len(rows), max_rows, max_bytes, held, held_what
-    )
-    flat = [item for row in rows for item in row]
-    compiled = compile_hooks(model, flat)
+    n_rows, n_pos = (int(d) for d in tokens.shape)
+    for run in rows:  # refuse a bad run before any pass
+        for item in run:
+            _for_rows(item, 0, n_rows, n_rows)
     fixed_hooks = compile_hooks(model, fixed)
-    index, at = [], 0
-    for row in rows:
-        index.append(list(range(at, at + len(row))))
-        at += len(row)
-    groups: dict[int, list[int]] = {}
-    for r, row in enumerate(rows):
-        groups.setdefault(_start_layer(row), []).append(r)
-    chunks = [
-        (start, members[i : i + size])
-        for start, members in sorted(groups.items())
-        for i in range(0, len(members), size)
+    if read_at is not None:  # checked on one row; the passes are planned for what is read
+        read_at = _check_read_at(read_at, n_rows, n_pos).to(model.cfg.device)
+        names = [name for name, _ in fixed_hooks]
+        names += [item.site.hook_name for run in rows for item in run]
+        if not reads_like_forward(model, tokens, read_at, names):
+            read_at = None
+    offsets, states = [0] * len(rows), None
+    if read_at is not None and not fixed_hooks and rows:  # runs from their first position
+        first = int(read_at.min())
+        offsets = [min(run_offset(run, n_pos), first) for run in rows]
+        if not any(offsets) or not suffix_like_forward(model, tokens, read_at):
+            offsets = [0] * len(rows)
+    plan = dict(max_rows=max_rows, max_bytes=max_bytes, held_what=held_what)
+    plan.update(read_one=read_at is not None)
+    if any(offsets):
+        try:
+            kept = held + state_bytes(model, n_rows, n_pos)
+            per_pass, rows_at_once = task_blocks(model, n_pos, n_rows, len(rows), held=kept, **plan)
+        except MemoryBudgetError:  # the base run's states do not fit: the dense passes
+            offsets = [0] * len(rows)
+    if any(offsets):
+        states = base_states(model, tokens)
+    else:
+        per_pass, rows_at_once = task_blocks(model, n_pos, n_rows, len(rows), held=held, **plan)
+    groups: dict[tuple[int, int], list[int]] = {}
+    layers = [min((item.site.layer for item in run), default=0) for run in rows]
+    for p in sorted(range(len(rows)), key=lambda p: layers[p]):
+        # dense passes: one start layer each; suffix passes: one offset, rows join as they start
+        groups.setdefault((offsets[p], 0 if offsets[p] else layers[p]), []).append(p)
+    passes = [
+        (offset, start, lo, members[i : i + per_pass])
+        for (offset, start), members in sorted(groups.items())
+        for lo in range(0, n_rows, rows_at_once)
+        for i in range(0, len(members), per_pass)
     ]
-    values = torch.full((len(rows),), float("nan"))
-    for start, members in tqdm(chunks, desc="patching", unit="pass", disable=not progress):
-        # fixed hooks first: a corruption at the hook a row patches is undone by the patch
-        hooks = fixed_hooks + _row_hooks(start, [index[r] for r in members], compiled)
-        logits = forward(model, tokens, hooks)
-        values[members] = per_row(metric, logits).cpu()
+    whole = _compiled(model, rows) if rows_at_once >= n_rows else None  # sources run once
+    values = torch.full((len(rows), n_rows), float("nan"))
+    for offset, start, lo, members in tqdm(
+        passes, desc="patching", unit="pass", disable=not progress
+    ):
+        hi = min(lo + rows_at_once, n_rows)
+        cut = [[_for_rows(item, lo, hi, n_rows) for item in rows[p]] for p in members]
+        with masks_follow_rows(model):
+            if offset:
+                logits = suffix_pass(model, tokens, offset, cut, states, read_at, slice(lo, hi))
+            else:
+                compiled = _compiled(model, cut) if whole is None else [whole[p] for p in members]
+                hooks = fixed_hooks + _block_hooks(start, hi - lo, compiled)
+                if read_at is None:
+                    logits = forward(model, tokens[lo:hi], hooks)
+                else:
+                    at = read_at[lo:hi].repeat(len(members))
+                    logits = forward_read(model, tokens[lo:hi], hooks, at)
+        batch_rows = torch.arange(lo, hi).repeat(len(members))
+        value = torch.as_tensor(row_metric(logits, batch_rows)).float()
+        if value.shape != batch_rows.shape:
+            raise ValueError(
+                f"a row metric must return one value per batch row, shape "
+                f"{tuple(batch_rows.shape)}, got shape {tuple(value.shape)}"
+            )
+        values[members, lo:hi] = value.reshape(len(members), hi - lo).cpu()
         del logits
-    return values
+    return values[:, 0] if metric is not None else values

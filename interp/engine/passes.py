@@ -40,6 +40,7 @@ __all__ = [
     "store_hook",
     "record_states",
     "prefix_cache",
+    "masks_follow_rows",
 ]
 
 HookFn = Callable[..., Tensor | None]  # a forward hook: (activation, hook) -> new value or None
@@ -228,3 +229,32 @@ def store_hook(store: dict, name: str, copy: bool = False) -> HookFn:
         store[name] = act.detach().clone() if copy else act.detach()
 
     return hook
+
+
+def _repeat_mask(module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Repeat an attention mask made for the rows ``[rows 1 q_pos k_pos]`` to the repeated
+    batch ``[runs * rows ...]`` (run-major, as the rows were), so each row keeps its own."""
+    mask = kwargs.get("attention_mask")
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    if not isinstance(mask, Tensor) or not isinstance(hidden, Tensor) or mask.ndim < 3:
+        return None
+    rows, batch = mask.shape[0], hidden.shape[0]
+    if rows in (1, batch) or batch % rows:
+        return None
+    return args, {**kwargs, "attention_mask": mask.repeat(batch // rows, *[1] * (mask.ndim - 1))}
+
+
+@contextmanager
+def masks_follow_rows(model) -> Iterator[None]:
+    """While the block is open, attention masks follow the rows when a hook repeats them: the
+    model builds its (causal) mask for the batch it was given, ``[rows ...]``, which does not
+    broadcast over ``[runs * rows ...]`` once ``rows > 1``."""
+    handles = [
+        block.attn.register_forward_pre_hook(_repeat_mask, with_kwargs=True)
+        for block in model.blocks
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

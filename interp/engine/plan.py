@@ -21,7 +21,15 @@ from interp.engine.estimates import (
     parse_size,
 )
 
-__all__ = ["MemoryBudgetError", "rows_per_chunk", "row_chunks", "check_budget"]
+__all__ = [
+    "MemoryBudgetError",
+    "rows_per_chunk",
+    "row_chunks",
+    "check_budget",
+    "rows_per_pass",
+    "task_blocks",
+    "LOGITS_BUDGET_BYTES",
+]
 
 # glibc's default keeps resident up to this many times the memory in use (measured 1.4-2.2x
 # for one pass, growing to 2.5x over 14 chunks): plans this much above the estimate hold
@@ -31,6 +39,8 @@ _GLIBC_SLACK_ONE_PASS = 2
 # chunks are planned to this share of a budget: the rest covers the estimate's error and
 # what grows across chunks (allocator, interpreter; measured up to +7% after 6 chunks)
 _PLAN_SHARE = 0.9
+# default rows per pass: the logits [rows pos d_vocab] are the largest tensor of a patched pass
+LOGITS_BUDGET_BYTES = 256 * 2**20
 
 
 class MemoryBudgetError(ValueError):
@@ -196,3 +206,90 @@ def row_chunks(
         what=what,
     )
     return [slice(start, min(start + size, n_rows)) for start in range(0, n_rows, size)]
+
+
+def rows_per_pass(
+    model,
+    n_pos: int,
+    n_rows: int,
+    max_rows: int | None,
+    max_bytes: int | str | None,
+    held: int = 0,
+    held_what: str = "what the caller keeps",
+    *,
+    kept_per_row: int = 0,
+    what: str = "one patched run",
+    advice: str = "patch fewer sites or layers, or raise max_bytes",
+    read_one: bool = False,
+) -> int:
+    """Runs per forward pass: ``max_rows``, or planned from ``max_bytes`` less ``held`` (what
+    the caller keeps throughout, named ``held_what`` in a refusal, with ``advice``), each run
+    needing a pass and a metric over its logits plus ``kept_per_row`` bytes; or by default as
+    many as keep the logits under 256 MiB. ``read_one``: each run is unembedded at one position
+    only (:func:`interp.engine.passes.forward_read`), so its logits are ``[d_vocab]``; the
+    default then also allows as many as keep the pass's largest moment
+    (:func:`estimate_forward_bytes`) under 256 MiB, where that is more. Callers that must
+    refuse a budget before any run ask here first; raises
+    :class:`interp.engine.MemoryBudgetError` when not even one run fits."""
+    if max_rows is not None:
+        return max_rows
+    read = 1 if read_one else None
+    if max_bytes is None:
+        rows = max(1, LOGITS_BUDGET_BYTES // (n_pos * int(model.cfg.d_vocab) * 4))
+        if read_one:  # no [pos d_vocab] logits: the pass's largest moment decides, if larger
+            one = estimate_forward_bytes(model, (1, n_pos), read_positions=1)
+            rows = max(rows, LOGITS_BUDGET_BYTES // one)
+        return rows
+    budget = parse_size(max_bytes)
+    if held >= budget:
+        raise MemoryBudgetError(
+            f"{held_what} alone needs {format_size(held)}, more than "
+            f"max_bytes={format_size(budget)}; {advice}"
+        )
+    forward = max(
+        estimate_forward_bytes(model, (1, n_pos), read_positions=read),
+        estimate_loss_bytes(model, (1, read or n_pos)),
+    )
+    per_run = forward + kept_per_row
+    least = held + per_run / _PLAN_SHARE
+    if held and budget < least:
+        raise MemoryBudgetError(
+            f"{what} needs about {format_size(per_run)} for {n_pos} tokens on top of "
+            f"{held_what} ({format_size(held)}), more than max_bytes={format_size(budget)} "
+            f"allows (passes are planned to {_PLAN_SHARE:.0%} of what is left); raise max_bytes "
+            f"to at least {format_size(least)}"
+        )
+    return rows_per_chunk(
+        model,
+        n_pos,
+        budget - held,
+        n_rows=n_rows,
+        kept_per_row=kept_per_row,
+        loss=True,
+        what=what,
+        read_positions=read,
+    )
+
+
+def task_blocks(
+    model,
+    n_pos: int,
+    n_rows: int,
+    n_runs: int,
+    *,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+    held: int = 0,
+    held_what: str = "what the caller keeps",
+    read_one: bool = False,
+) -> tuple[int, int]:
+    """``(runs, rows)`` per pass: all task rows and as many patched runs as fit (at least one),
+    or one run over as many rows as fit. ``max_rows`` counts batch rows of a pass (runs x task
+    rows); the budget is :func:`rows_per_pass`'s, with ``held`` off it
+    (``read_one``: each row unembedded at one position)."""
+    size = rows_per_pass(
+        model, n_pos, n_runs * n_rows, max_rows, max_bytes, held, held_what, read_one=read_one
+    )
+    if size < n_rows:
+        return 1, max(1, size)
+    return max(1, min(n_runs, size // n_rows)), n_rows

@@ -16,7 +16,7 @@ then costs about ``N (N + 1) / 2 x n (n + 1) / 2`` layer-positions per row, agai
 Only ``patch`` and ``zero`` interventions at one position each qualify (noise draws depend on
 the activation's shape), only with no ``fixed`` interventions, and only where
 :func:`suffix_like_forward` finds, on one row, that the model gives the same logits this way;
-every other run takes the dense passes of :mod:`interp.engine.task_batched`.
+every other run takes the dense passes of :func:`interp.engine.run_patched`.
 """
 
 from __future__ import annotations

@@ -24,11 +24,9 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from interp.engine import Intervention, Site, check_eval, run_cached, run_patched_task, to_tokens
+from interp.engine import Intervention, Site, check_eval, run_cached, run_patched
 from interp.interventions.grids import site_frame
-from interp.interventions.metrics import metric_name, row_by_row
-from interp.interventions.task_patching import TASK_METRICS, is_task, task_row_metric
-from interp.tasks import Task
+from interp.interventions.inputs import analysis_rows
 
 __all__ = [
     "ablation_effects",
@@ -64,39 +62,6 @@ def _dataset_mean(act: Tensor, mask: Bool[Tensor, "rows pos"]) -> Tensor:
     return mean.expand_as(act)
 
 
-def _inputs(model, prompt, metric):
-    """``(tokens [rows pos], mask, row metric, name)`` for a task or one prompt with a metric."""
-    if is_task(prompt):
-        kind = "logit_diff" if metric is None else metric
-        if kind not in TASK_METRICS:
-            shown = kind if isinstance(kind, str) else metric_name(kind)
-            raise ValueError(
-                f"over a task, metric is one of {', '.join(TASK_METRICS)} (each row's own "
-                f"answer and wrong at its last real token), got {shown!r}"
-            )
-        batch = prompt.tokens(model) if isinstance(prompt, Task) else prompt
-        task_metric = batch.metric(kind)
-        return batch.clean, batch.mask, task_row_metric(task_metric), task_metric.name
-    if metric is None or isinstance(metric, str):
-        raise TypeError(
-            "ablation_effects needs a prompt and a metric callable (e.g. logit_diff(' Mary', "
-            "' John')), or a Task as its second argument"
-        )
-    tokens = to_tokens(model, prompt)
-    if tokens.shape[0] != 1:
-        raise ValueError(
-            f"pass one prompt, not a batch of {tokens.shape[0]}; for many prompts make a Task"
-        )
-    clean_logits = run_cached(model, tokens).logits
-    fn = row_by_row(model, metric, clean_logits)
-    return (
-        tokens,
-        torch.ones_like(tokens, dtype=torch.bool),
-        lambda logits, rows: fn(logits),
-        metric_name(fn),
-    )
-
-
 def ablation_effects(
     model,
     prompt,
@@ -116,7 +81,7 @@ def ablation_effects(
     ``"logit_diff"`` (default) or ``"prob_diff"``; or one prompt with a metric callable (the
     built-ins may name tokens by text). ``sites``: ``heads`` (each head's output), ``attn``,
     ``mlp`` (each layer's), at every position. ``ablation``: ``mean`` or ``zero``.
-    ``max_rows`` / ``max_bytes`` bound the passes (:func:`interp.engine.run_patched_task`).
+    ``max_rows`` / ``max_bytes`` bound the passes (:func:`interp.engine.run_patched`).
 
     Returns ``site, layer, head, pos, method, metric, effect, effect_sem`` (``method`` is the
     ablation), or with ``per_row`` ``site, layer, head, pos, row, method, metric, effect``.
@@ -126,22 +91,29 @@ def ablation_effects(
     check_eval(model)
     if ablation not in ABLATION_KINDS:
         raise ValueError(f"ablation must be one of {', '.join(ABLATION_KINDS)}, got {ablation!r}")
-    if per_row and not is_task(prompt):
-        raise ValueError("per_row=True is for a task; one prompt has one row")
-    tokens, mask, row_metric, name = _inputs(model, prompt, metric)
+    rows = analysis_rows(
+        model, prompt, None, metric, call="ablation_effects", per_row=per_row, pair=False
+    )
     chosen = _sites(model, list(dict.fromkeys(sites)), layers)
     names = sorted({s.hook_name for s in chosen})
-    clean = run_cached(model, tokens, hooks=names)
-    rows = torch.arange(tokens.shape[0])
-    clean_rows = row_metric(clean.logits, rows).double().cpu()
+    clean = run_cached(model, rows.clean, hooks=names)
+    rows = rows.settled(model, clean.logits)  # a batch-averaging metric, row by row
+    clean_rows = rows.values(clean.logits)
     if ablation == "mean":
+        mask = rows.batch.mask if rows.task else torch.ones_like(rows.clean, dtype=torch.bool)
         means = {n: _dataset_mean(clean[n], mask) for n in names}
         runs = [[Intervention(s, "patch", source=means[s.hook_name])] for s in chosen]
     else:
         runs = [[Intervention(s, "zero")] for s in chosen]
     del clean
-    values = run_patched_task(
-        model, tokens, runs, row_metric, max_rows=max_rows, max_bytes=max_bytes, progress=progress
+    values = run_patched(
+        model,
+        rows.clean,
+        runs,
+        row_metric=rows.row_metric,
+        max_rows=max_rows,
+        max_bytes=max_bytes,
+        progress=progress,
     ).double()  # [site rows]
     n = values.shape[1]
     if per_row:
@@ -157,7 +129,7 @@ def ablation_effects(
         clean_metric=float(clean_rows.mean()),
         clean_metric_rows=clean_rows.tolist(),
         n_rows=n,
-        metric_name=name,
+        metric_name=rows.name,
         ablation=ablation,
     )
     return frame

@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from interp.engine import PromptError, to_tokens
+from interp.interventions.inputs import TASK_METRICS, is_task
 from interp.interventions.metrics import metric_name, resolve_metric
 from interp.interventions.path_nodes import _recoverable
-from interp.interventions.task_patching import TASK_METRICS, is_task
 from interp.tasks import Task
 
 __all__ = ["PathInputs", "path_inputs", "path_table", "tokens_pair"]

@@ -26,8 +26,8 @@ import torch
 
 from interp.foundation.partials import check_shards
 from interp.interventions.grids import recovered, undefined
+from interp.interventions.patching import TASK_COLUMNS, patch_activations
 from interp.interventions.sanity import sanity_warnings
-from interp.interventions.task_patching import TASK_COLUMNS, patch_task
 from interp.tasks import Task
 
 __all__ = ["shard_rows", "task_fingerprint", "task_partial_sums", "merge_partial_sums", "FORMAT"]
@@ -87,13 +87,13 @@ def task_partial_sums(
     )
     cells, attrs = [], None
     if method in ("exact", "both"):
-        frame = patch_task(model, part, method="exact", per_row=True, **common)
+        frame = patch_activations(model, part, method="exact", per_row=True, **common)
         attrs = frame.attrs
         sums = frame.groupby(KEYS, sort=False, dropna=False)["metric"]
         table = sums.sum().rename("sum").to_frame().join(sums.apply(lambda v: (v**2).sum()))
         cells.append(table.rename(columns={"metric": "sumsq"}).reset_index())
     if method in ("attribution", "both"):
-        frame = patch_task(model, part, method="attribution", **common)
+        frame = patch_activations(model, part, method="attribution", **common)
         attrs = attrs or frame.attrs
         table = frame[KEYS].assign(sum=frame["metric"] * len(rows), sumsq=math.nan)
         cells.append(table)
