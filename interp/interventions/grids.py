@@ -1,7 +1,7 @@
 """Patching grids: the sites a grid name stands for, the result table's columns, ``recovered``.
 
-Shared by :func:`interp.interventions.patch_activations` on one prompt pair and on a task
-(:mod:`interp.interventions.task_patching`), so that both return one table shape.
+Shared by :func:`interp.interventions.patch_activations` (one prompt pair or a task) and the
+task's shards (:mod:`interp.interventions.shards`), so that all return one table shape.
 
 ``recovered = (metric - corrupted_metric) / (clean_metric - corrupted_metric)``: 0 is the
 corrupted run's value, 1 the clean run's. When the two are numerically equal it is undefined:

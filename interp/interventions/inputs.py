@@ -16,15 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.engine import MetricFn, RowMetricFn, pair_tokens, per_row, to_tokens
+from interp.engine import MetricFn, PromptError, RowMetricFn, pair_tokens, per_row, to_tokens
 from interp.interventions.metrics import metric_name, resolve_metric, row_by_row
 from interp.interventions.sanity import answer_ranks
 from interp.tasks import Task, TaskMetric, TaskTokens, last_logits
 
-__all__ = ["Rows", "analysis_rows", "is_task", "task_row_metric", "TASK_METRICS"]
+__all__ = ["Rows", "analysis_rows", "is_task", "task_row_metric", "tokens_pair", "TASK_METRICS"]
 
 TASK_METRICS = ("logit_diff", "prob_diff")  # TaskTokens.metric kinds
 
@@ -81,6 +82,13 @@ class Rows:
         """One value per row of a run of all rows, float64 on the CPU."""
         return per_row(self.metric, logits).double().cpu()
 
+    def pooled(self, logits: Float[Tensor, "rows pos d_vocab"]) -> Float[Tensor, " rows"]:
+        """Path patching's reading: one value per task row, or for a pair (whose prompt rows
+        may be a batch) the metric's mean over its prompt rows, as one row; float64."""
+        if self.batch is not None:
+            return self.metric(logits).double().cpu()
+        return _mean(self.metric(logits), int(logits.shape[0])).reshape(1)
+
     def settled(self, model, logits: Float[Tensor, "rows pos d_vocab"]) -> Rows:
         """A pair's batch-averaging metric read one row at a time (:func:`row_by_row`, decided
         on a first run's ``logits``); a task's metric as it is."""
@@ -104,10 +112,19 @@ class Rows:
 
 
 def analysis_rows(
-    model, clean, corrupted, metric, *, call: str, per_row: bool = False, pair: bool = True
+    model,
+    clean,
+    corrupted,
+    metric,
+    *,
+    call: str,
+    per_row: bool = False,
+    pair: bool = True,
+    prompt_rows: bool = False,
 ) -> Rows:
     """Check either form of the arguments (module docstring) before any run; ``call`` names
-    the analysis in refusals. ``pair=False``: one prompt and a metric, no corrupted prompt."""
+    the analysis in refusals. ``pair=False``: one prompt and a metric, no corrupted prompt;
+    ``prompt_rows``: a pair may be two batches of prompts (path patching reads their mean)."""
     if is_task(clean):
         if corrupted is not None:
             raise ValueError(
@@ -147,5 +164,48 @@ def analysis_rows(
             "second argument"
         )
     metric = resolve_metric(model, metric)  # token text to ids, refused before any run
-    clean_tokens, corrupted_tokens = pair_tokens(model, clean, corrupted)
+    clean_tokens, corrupted_tokens = (tokens_pair if prompt_rows else pair_tokens)(
+        model, clean, corrupted
+    )
     return Rows(clean_tokens, corrupted_tokens, metric, None)
+
+
+def tokens_pair(model, clean, corrupted) -> tuple[Tensor, Tensor]:
+    """Both prompts as token batches of one shape, refused in one line otherwise."""
+    clean_t, corrupt_t = to_tokens(model, clean), to_tokens(model, corrupted)
+    if clean_t.shape != corrupt_t.shape:
+
+        def show(t):
+            rows = model.to_str_tokens(t[0]) if model.tokenizer is not None else t[0].tolist()
+            return f"{list(t.shape)} {rows}"
+
+        raise PromptError(
+            f"clean and corrupted prompts must have the same [batch, pos] shape; "
+            f"clean is {show(clean_t)}, corrupted is {show(corrupt_t)}: make them "
+            "tokenise to the same length"
+        )
+    return clean_t, corrupt_t
+
+
+def _mean(values, rows: int) -> Tensor:
+    values = torch.as_tensor(values, dtype=torch.float64)
+    if values.ndim == 0:
+        return values
+    if values.ndim == 1 and len(values) == rows:
+        return values.mean()
+    raise ValueError(
+        f"the metric must return a scalar or a tensor [batch] ({rows} values), "
+        f"got shape {tuple(values.shape)}"
+    )
+
+
+def _mean(values, rows: int) -> Tensor:
+    values = torch.as_tensor(values, dtype=torch.float64)
+    if values.ndim == 0:
+        return values
+    if values.ndim == 1 and len(values) == rows:
+        return values.mean()
+    raise ValueError(
+        f"the metric must return a scalar or a tensor [batch] ({rows} values), "
+        f"got shape {tuple(values.shape)}"
+    )

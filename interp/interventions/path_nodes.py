@@ -4,9 +4,13 @@ which receivers a sender can reach, and the :class:`PathPatchResult`."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
+import torch
+from torch import Tensor
 
 from interp.foundation.formatting import number, summary_html, table_html
 
@@ -17,6 +21,7 @@ __all__ = [
     "as_sender",
     "as_receiver",
     "complete_receivers",
+    "path_table",
     "QKV",
 ]
 
@@ -212,3 +217,53 @@ class PathPatchResult:
 
 def _cut(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def path_table(
+    senders: Sequence,
+    receivers: Sequence,
+    values: Tensor,
+    clean: Tensor,
+    corrupted: Tensor,
+    *,
+    task: bool,
+    per_row: bool,
+) -> pd.DataFrame:
+    """The result table from ``values [senders rows]`` and the clean and corrupted metrics
+    ``[rows]`` (one row for a pair): means (a task adds ``recovered_sem``) or, with
+    ``per_row``, one table row per sender and row."""
+    n_senders, n_rows = values.shape
+    c, k = float(clean.mean()), float(corrupted.mean())
+    if per_row:
+        flat = values.reshape(-1)
+        ok = torch.tensor(
+            [_recoverable(float(a), float(b)) for a, b in zip(clean, corrupted, strict=True)]
+        )
+        ratio = ((values - corrupted) / (clean - corrupted)).masked_fill(~ok, math.nan)
+        senders = [s for s in senders for _ in range(n_rows)]
+        recovered = ratio.reshape(-1).tolist()
+    else:
+        flat = values.mean(dim=1)
+        recovered = (
+            ((flat - k) / (c - k)).tolist() if _recoverable(c, k) else [math.nan] * n_senders
+        )
+    table = pd.DataFrame(
+        {
+            "site": "path",
+            "layer": [s.layer for s in senders],
+            "head": pd.array([s.head for s in senders], dtype="Int64"),
+            "pos": pd.array([None] * len(senders), dtype="Int64"),
+            "method": "exact",
+            "metric": flat.tolist(),
+            "recovered": recovered,
+        }
+    )
+    if per_row:
+        table.insert(4, "row", list(range(n_rows)) * n_senders)
+    elif task:
+        good = n_rows > 1 and _recoverable(c, k)
+        sem = values.std(dim=1) / math.sqrt(n_rows) / abs(c - k) if good else None
+        table["recovered_sem"] = math.nan if sem is None else sem.tolist()
+    table["sender"] = [str(s) for s in senders]
+    table["receivers"] = ", ".join(str(r) for r in receivers)
+    return table

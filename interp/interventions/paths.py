@@ -37,6 +37,7 @@ from interp.engine import (
     rows_per_pass,
 )
 from interp.engine.estimates import _itemsize
+from interp.interventions.inputs import Rows, analysis_rows
 from interp.interventions.patching import COLUMNS, DIRECTIONS  # one result shape for both
 from interp.interventions.path_nodes import (
     PathPatchResult,
@@ -47,6 +48,7 @@ from interp.interventions.path_nodes import (
     as_receiver,
     as_sender,
     complete_receivers,
+    path_table,
 )
 from interp.interventions.path_runs import (
     cache_runs,
@@ -55,7 +57,6 @@ from interp.interventions.path_runs import (
     read_point,
     record_changes,
 )
-from interp.interventions.path_tasks import PathInputs, path_inputs, path_table
 
 __all__ = [
     "Sender",
@@ -114,7 +115,7 @@ def _settings(direction: str, mlps: str, receivers) -> list[Receiver]:
 
 def _run(
     model,
-    inputs: PathInputs,
+    inputs: Rows,
     senders: list[Sender],
     receivers: list[Receiver],
     direction: str,
@@ -132,7 +133,7 @@ def _run(
         "corrupted": cache_runs(model, inputs.corrupted, reads),
     }
     rows = int(inputs.clean.shape[0])
-    clean_m, corrupt_m = (inputs.read(runs[k].logits).reshape(-1) for k in runs)
+    clean_m, corrupt_m = (inputs.pooled(runs[k].logits) for k in runs)
     base, source = (
         (runs["corrupted"], runs["clean"])
         if direction == "denoising"
@@ -144,7 +145,7 @@ def _run(
     for chunk in tqdm(chunks, desc="path patching", disable=not show):
         changes = record_changes(model, base, source, chunk, reads, mlps)
         logits = deliver_changes(model, base.tokens.repeat(len(chunk), 1), receivers, changes)
-        values += [inputs.read(block).reshape(-1) for block in logits.split(rows)]
+        values += [inputs.pooled(block) for block in logits.split(rows)]
     table = path_table(
         senders,
         receivers,
@@ -184,7 +185,7 @@ def path_patch(
     ``path_patch(model, clean, corrupted, sender=..., receivers=..., metric=...)`` patches a
     prompt pair; ``path_patch(model, task, sender=..., receivers=..., metric="logit_diff")``
     every row of an :class:`interp.Task`, each read with its own answer and wrong, reporting
-    dataset means and ``recovered_sem`` (:mod:`interp.interventions.path_tasks`).
+    dataset means and ``recovered_sem`` (:func:`interp.interventions.path_nodes.path_table`).
 
     Args:
         sender: ``(layer, head)``, ``("head", layer, head)``, ``("mlp", layer)`` or a ``Sender``.
@@ -202,7 +203,9 @@ def path_patch(
         per_row: over a task only: one table row per task row (column ``row``).
     """
     receivers = _settings(direction, mlps, receivers)
-    inputs = path_inputs(model, clean, corrupted, metric, per_row)
+    inputs = analysis_rows(
+        model, clean, corrupted, metric, call="path_patch", per_row=per_row, prompt_rows=True
+    )
     return _run(
         model,
         inputs,
@@ -245,7 +248,9 @@ def path_patch_senders(
     :class:`interp.engine.MemoryBudgetError` when not even one sender fits.
     """
     receivers = _settings(direction, mlps, receivers)
-    inputs = path_inputs(model, clean, corrupted, metric, per_row)
+    inputs = analysis_rows(
+        model, clean, corrupted, metric, call="path_patch", per_row=per_row, prompt_rows=True
+    )
     if senders is None:
         senders = [
             (lay, hd)
