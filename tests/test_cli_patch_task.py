@@ -190,3 +190,46 @@ def test_the_tokenizer_refuses_a_row_before_any_forward_pass(tmp_path, capsys, m
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("interp patch: error: --task") and "row 1: 'answer'" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["patch", "attribute", "discover"])
+def test_a_negative_shard_is_a_one_line_refusal_saying_what_a_shard_is(
+    command, task_file, tmp_path, capsys, no_loading
+):
+    out = tmp_path / "o"
+    argv = [command, "--task", str(task_file), "--shard", "-1/2", "--out", str(out)]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"interp {command}: error: argument --shard: a shard is I/N")
+    assert "0 <= I < N" in last and "'-1/2'" in last
+    assert not out.exists()
+
+
+GENERATED = {  # interp task's kinds, as the bundled model can make them
+    "induction": [],
+    "greater-than": [],
+    "ioi": ["--names", "self,file,data,list,name,key"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(GENERATED))
+def test_every_task_interp_task_writes_is_patched(kind, tmp_path, bundled_model, capsys):
+    path = tmp_path / f"{kind}.jsonl"
+    assert main(["task", kind, "--n", "4", *GENERATED[kind], "--out", str(path)]) == 0
+    task = Task.from_jsonl(path)
+    named = ["--positions", "named"] if task.tokens(bundled_model).positions else []
+    out = tmp_path / "out"
+    argv = ["patch", "--task", str(path), "--sites", SITES, *named, "--out", str(out)]
+    assert main(argv) == 0
+    got = pd.read_csv(out / "patching.csv", dtype={"pos": "string"}).astype({"head": "Int64"})
+    want = patch_activations(
+        bundled_model, task, sites=SITES.split(","), positions="named" if named else None
+    )
+    labels = want["pos"].astype("string")  # IO, S2, ... or indices, as the file writes them
+    assert got["pos"].fillna("").tolist() == labels.fillna("").tolist()
+    close(got.assign(pos=want["pos"]), want)
+    if kind == "greater-than":  # rows of 18 to 21 tokens: by index, the cells mean nothing
+        assert main(["patch", "--task", str(path), "--sites", SITES, "--out", str(out)]) == 2
+        assert "pass --positions named" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -243,3 +243,17 @@ def test_refusals_are_one_line(gpt2_model):
     mean = [[Intervention(Site("head", 0, head=0), "mean")]]
     with pytest.raises(ValueError, match="would mix the rows of a pass"):
         run_patched(gpt2_model, batch.clean, mean, row_metric=lambda logits, rows: logits[:, -1, 0])
+
+
+def test_one_prompt_and_its_row_run_the_same_passes_bit_for_bit(gpt2_model):
+    tokens = torch.tensor([[1, 5, 9, 3, 7, 2]])
+    runs = [[Intervention(Site("resid_pre", i // 3, pos=i % 3), "zero")] for i in range(6)] + [[]]
+    metric = logit_diff(5, 7)
+    one = run_patched(gpt2_model, tokens, runs, metric, max_rows=4)
+    rows = run_patched(
+        gpt2_model, tokens, runs, row_metric=lambda logits, rows: metric(logits), max_rows=4
+    )
+    assert rows.shape == (len(runs), 1) and one.shape == (len(runs),)
+    assert torch.equal(one, rows[:, 0])  # the one-prompt door is the rows form, not a twin
+    with pytest.raises(TypeError, match="pass metric .* or row_metric"):
+        run_patched(gpt2_model, tokens, runs, metric, row_metric=lambda logits, rows: logits)

@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from interp.cli.options import attach_values
+
+    args = build_parser().parse_args(attach_values(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from interp.cli.executor_options import add_executor_arguments, check_executor
-from interp.cli.options import add_model_option, check_at_most, device, int_between
+from interp.cli.options import add_model_option, check_at_most, device, int_between, shard
 from interp.cli.output import (
     UsageError,
     check_out_dir,
@@ -30,7 +30,6 @@ from interp.cli.output import (
     terminal_table,
     write_partial,
 )
-from interp.cli.patch_task import shard
 from interp.cli.sources import load_model
 
 __all__ = [
@@ -234,7 +233,7 @@ def _refuse_lists(task) -> None:
 def run_task(args: argparse.Namespace, out: Path) -> int:
     """Check the file, load, check it against the tokenizer, attribute (whole, or one shard
     into partial.json), write."""
-    from interp.cli.patch_task import read_task
+    from interp.cli.options import read_task
 
     given = [o for o in PAIR_OPTIONS if getattr(args, o[2:].replace("-", "_")) is not None]
     if given:

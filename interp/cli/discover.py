@@ -22,9 +22,17 @@ from pathlib import Path
 
 from interp.cli.discover_results import GENERATED, generated_task
 from interp.cli.executor_options import add_executor_arguments, check_executor
-from interp.cli.options import MAX_SEED, add_model_option, device, int_between, memory_size
+from interp.cli.options import (
+    MAX_SEED,
+    TASK_METRICS,
+    add_model_option,
+    device,
+    int_between,
+    memory_size,
+    read_task,
+    shard,
+)
 from interp.cli.output import UsageError, check_out_dir, check_shard, write_partial
-from interp.cli.patch_task import TASK_METRICS, read_task, shard
 from interp.cli.sources import load_model
 
 HELP = (

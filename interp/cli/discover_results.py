@@ -122,7 +122,7 @@ def _number(value: float | None) -> str:
 
 def _task_of(first: dict, settings: dict, model):
     """The shards' task, rebuilt for ``--evaluate``: UsageError when it is not theirs."""
-    from interp.cli.patch_task import read_task
+    from interp.cli.options import read_task
     from interp.interventions.shards import task_fingerprint
 
     source = first["source"]

@@ -36,7 +36,7 @@ def _done(out: Path) -> None:
 
 def run_patch(args, out: Path, model, task, batch, settings: dict, strings, say) -> int:
     """``interp patch --task --executor``: patching.csv, summary.json, report.html."""
-    from interp.cli.patch_task import write_results
+    from interp.cli.patch import write_results
     from interp.interventions.shards import merge_partial_sums
 
     parts = _shards("patch", args, out, model, task, say, **settings)

@@ -6,6 +6,7 @@ exit code 2 and a message that says what was wrong and what to pass instead::
     parser.add_argument("--top-k", type=int_between(1, 100), default=5)
     parser.add_argument("--layers", type=int_between(0), nargs="+")  # then unique(args.layers)
     parser.add_argument("--device", type=device, default="cpu")
+    parser.add_argument("--shard", type=shard, metavar="I/N")  # "--shard -1/2" refused too
 
 Bounds that depend on the model (a layer past the last one, a top-k above the vocabulary)
 are checked right after it loads, before any work, with :func:`check_at_most`.
@@ -14,7 +15,8 @@ are checked right after it loads, before any work, with :func:`check_at_most`.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 from interp.cli.output import UsageError
 from interp.foundation.sizes import parse_size
@@ -26,11 +28,18 @@ __all__ = [
     "device",
     "memory_size",
     "model_name",
+    "shard",
+    "attach_values",
+    "read_task",
+    "TASK_METRICS",
     "check_at_most",
     "add_model_option",
     "DEFAULT_MODEL",
 ]
 
+TASK_METRICS = ("logit_diff", "prob_diff")  # interp.interventions.inputs's, torch-free
+# options whose value may start with "-": argparse would take "--shard -1/2" for two options
+VALUE_OPTIONS = ("--shard",)
 DEFAULT_MODEL = "tiny-induction"  # bundled, so every command works offline out of the box
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes any 64-bit value
@@ -104,6 +113,43 @@ def memory_size(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def shard(text: str) -> tuple[int, int]:
+    """An argparse type: ``I/N`` with ``0 <= I < N`` (shard I of N)."""
+    index, slash, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i, n = -1, 0
+    if not slash or n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(
+            f"a shard is I/N with 0 <= I < N (rows I, I+N, ... of the task; e.g. 0/4), got {text!r}"
+        )
+    return i, n
+
+
+def attach_values(argv: Sequence[str]) -> list[str]:
+    """``--shard -1/2`` as ``--shard=-1/2``, so that argparse checks the value (and refuses it
+    in one line that says what a shard is) instead of taking it for an option."""
+    out: list[str] = []
+    for item in argv:
+        if out and out[-1] in VALUE_OPTIONS and item.startswith("-") and item[1:2] != "-":
+            out[-1] = f"{out[-1]}={item}"
+            continue
+        out.append(item)
+    return out
+
+
+def read_task(path: Path):
+    """A ``--task`` file, its structure checked row by row (no model needed): a UsageError if
+    it cannot be used."""
+    from interp.tasks import Task, TaskError
+
+    try:
+        return Task.from_csv(path) if path.suffix.lower() == ".csv" else Task.from_jsonl(path)
+    except TaskError as exc:
+        raise UsageError(f"--task: {exc}") from None
 
 
 def model_name(text: str) -> str:

@@ -1,5 +1,14 @@
 """``interp patch``: which activations carry the difference between a clean and a corrupted
-prompt, by activation patching (exact, attribution, or both)."""
+prompt, by activation patching (exact, attribution, or both), for one prompt pair
+(``--clean/--corrupted/--answer``) or every row of a task file (``--task``).
+
+A task file is read (its structure checked, row by row) before the model loads, and checked
+against the model's tokenizer right after, before any forward pass: a refusal exits 2 and
+writes nothing. ``--shard I/N`` patches rows ``I, I+N, ...`` (0-based) and writes their partial
+sums to ``partial.json``; ``interp merge`` combines the shards into the files of the whole run.
+The whole run goes through the same sums (one shard of one), so both write the same tables
+(:mod:`interp.interventions.shards`).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +17,19 @@ import json
 import sys
 from pathlib import Path
 
-from interp.cli.options import add_model_option, device
-from interp.cli.output import UsageError, check_out_dir, staged_output
-from interp.cli.patch_task import PAIR_OPTIONS, add_task_arguments, print_results, run_task
+from interp.cli.executor_options import add_executor_arguments, check_executor
+from interp.cli.options import TASK_METRICS, add_model_option, device, read_task, shard
+from interp.cli.output import (
+    UsageError,
+    check_out_dir,
+    check_shard,
+    staged_output,
+    terminal_table,
+    write_partial,
+)
 from interp.cli.sources import load_model
+
+__all__ = ["HELP", "add_arguments", "run", "write_results", "print_results"]
 
 HELP = (
     "activation patching between a clean and a corrupted prompt, or over every row of a task "
@@ -24,6 +42,10 @@ NO_WRONG = (
     "then fall far outside 0 to 1. Pass --wrong with the competing token for a logit difference."
 )
 FILES = ["patching.csv", "summary.json", "report.html"]
+SHARD_FILES = ["partial.json"]
+PAIR_OPTIONS = ("--clean", "--corrupted", "--answer", "--wrong")  # not with --task
+TASK_OPTIONS = ("--metric", "--shard", "--positions", "--executor")  # only with --task
+TOP_N = 10  # cells listed on the terminal
 # interp.interventions.patching's GRIDS (names), METHODS and DIRECTIONS, copied so that help
 # and a refused command line need no torch; a test keeps them in step
 GRIDS = (
@@ -51,12 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_option(parser)
     parser.add_argument("--clean", help="the prompt the model gets right")
     parser.add_argument(
-        "--corrupted",
-        help="a prompt of the same token length that changes the answer",
+        "--corrupted", help="a prompt of the same token length that changes the answer"
     )
     parser.add_argument(
-        "--answer",
-        help="the clean run's next token after the last position (one token)",
+        "--answer", help="the clean run's next token after the last position (one token)"
     )
     parser.add_argument(
         "--wrong",
@@ -81,9 +101,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="denoising",
         help="denoising: clean into corrupted (default); noising: corrupted into clean",
     )
-    add_task_arguments(parser)
+    parser.add_argument(
+        "--task",
+        type=Path,
+        default=None,
+        metavar="FILE.jsonl",
+        help="a task file (JSONL or CSV, docs/tasks.md) instead of --clean/--corrupted/--answer: "
+        "every row patched, means with standard errors",
+    )
+    parser.add_argument(
+        "--metric",
+        choices=TASK_METRICS,
+        default=None,
+        help="with --task: each row's logit_diff (default) or prob_diff",
+    )
+    parser.add_argument(
+        "--positions",
+        choices=("named",),
+        default=None,
+        help="with --task: per-position sites by the rows' position labels (IO, S2, ...), "
+        "for rows of different lengths that carry 'positions' (interp task writes them)",
+    )
+    parser.add_argument(
+        "--shard",
+        type=shard,
+        default=None,
+        metavar="I/N",
+        help="with --task: patch rows I, I+N, ... (0-based, 0 <= I < N) and write "
+        "partial.json; combine the shards with interp merge",
+    )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
+    add_executor_arguments(parser)
 
 
 def _parse_sites(text: str) -> list[str]:
@@ -96,29 +145,16 @@ def _parse_sites(text: str) -> list[str]:
     return list(dict.fromkeys(sites))
 
 
-def build_report(model_name: str, args: argparse.Namespace, frame, tokens: list[str]):
-    from interp.pages.html import Report
-    from interp.pages.patching import add_patching_section
-
-    report = Report(f"Activation patching: {model_name}")
-    report.add_text(
-        f"Clean prompt: {args.clean!r}. Corrupted prompt: {args.corrupted!r} "
-        f"({len(tokens)} tokens each). Answer {args.answer!r}"
-        + (f", wrong answer {args.wrong!r}." if args.wrong is not None else ".")
-    )
-    add_patching_section(report, frame, tokens=tokens)
-    return report
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    def say(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
     out = check_out_dir(args.out)
     sites = _parse_sites(args.sites)
     if args.task is not None:
-        return run_task(args, out, sites, say)
-    for option in ("--metric", "--shard", "--executor"):
+        return _run_task(args, out, sites)
+    for option in TASK_OPTIONS:
         if getattr(args, option[2:]) is not None:
             raise UsageError(f"{option} is for --task; leave it out with --clean/--corrupted")
     missing = [o for o in PAIR_OPTIONS[:3] if getattr(args, o[2:]) is None]
@@ -126,12 +162,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"pass {', '.join(missing)} (a prompt pair and its answer), or --task FILE.jsonl"
         )
-    for option, value in (
-        ("--clean", args.clean),
-        ("--corrupted", args.corrupted),
-        ("--answer", args.answer),
-    ):
-        if not value:
+    for option in PAIR_OPTIONS[:3]:
+        if not getattr(args, option[2:]):
             raise UsageError(f"{option} is empty; pass some text")
     if args.wrong is not None and not args.wrong:
         raise UsageError("--wrong is empty; pass one token, or leave --wrong out")
@@ -140,13 +172,17 @@ def run(args: argparse.Namespace) -> int:
             "--wrong is the same token as --answer: their difference is 0 by "
             "definition; pass another token, or leave --wrong out"
         )
-    say(f"loading {args.model} ...")
+    return _run_pair(args, out, sites)
+
+
+def _run_pair(args: argparse.Namespace, out: Path, sites: list[str]) -> int:
+    """Load, resolve the answer tokens and the pair (refused before any work), patch, write."""
+    _say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
     # imported only now, so that a refused command line starts fast (docs/commands.md)
     from interp.attribution import TokenError, resolve_token
-    from interp.engine import PromptError
-    from interp.interventions import logit_diff, probability
-    from interp.interventions.patching import COLUMNS, pair_tokens, patch_activations
+    from interp.engine import PromptError, pair_tokens, token_strings
+    from interp.interventions import COLUMNS, logit_diff, patch_activations, probability
 
     try:  # refused before any work: a multi-token answer, prompts of unequal lengths
         answer = resolve_token(model, args.answer)
@@ -157,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     except (TokenError, PromptError) as exc:
         raise UsageError(str(exc)) from None
     metric = logit_diff(answer, wrong) if wrong is not None else probability(answer)
-    say(f"patching {', '.join(sites)} ({args.method}, {args.direction}) ...")
+    _say(f"patching {', '.join(sites)} ({args.method}, {args.direction}) ...")
     frame = patch_activations(
         model,
         args.clean,
@@ -168,8 +204,7 @@ def run(args: argparse.Namespace) -> int:
         method=args.method,
         progress=True,
     )
-    tokens = [model.tokenizer.decode([t]) for t in clean[0].tolist()]
-    corrupted_tokens = [model.tokenizer.decode([t]) for t in corrupted[0].tolist()]
+    tokens = token_strings(model, clean[0])
     attrs = frame.attrs
     if wrong is None:  # the probability of one token: moved by anything, not only the task
         attrs["sanity"] = [*attrs["sanity"], NO_WRONG]
@@ -188,16 +223,151 @@ def run(args: argparse.Namespace) -> int:
         "direction": args.direction,
         "n_tokens": attrs["n_tokens"],
         "tokens": tokens,
-        "corrupted_tokens": corrupted_tokens,
+        "corrupted_tokens": token_strings(model, corrupted[0]),
         "sanity": attrs["sanity"],
         "rows": len(frame),
     }
-    html = build_report(str(args.model), args, frame, tokens).to_html()
+    text = (
+        f"Clean prompt: {args.clean!r}. Corrupted prompt: {args.corrupted!r} "
+        f"({len(tokens)} tokens each). Answer {args.answer!r}"
+        + (f", wrong answer {args.wrong!r}." if args.wrong is not None else ".")
+    )
+    title = f"Activation patching: {args.model}"
+    return _write(out, frame, COLUMNS, summary, title, text)
+
+
+def _run_task(args: argparse.Namespace, out: Path, sites: list[str]) -> int:
+    """Check the file, load, check it against the tokenizer, patch (whole, or one shard into
+    partial.json), write."""
+    given = [o for o in PAIR_OPTIONS if getattr(args, o[2:]) is not None]
+    if given:
+        raise UsageError(
+            f"--task carries each row's prompts and answers; leave out {', '.join(given)}"
+        )
+    task = read_task(args.task)  # before loading: a malformed file is refused at once
+    index, count = check_shard(args.shard, len(task), str(args.task))
+    check_executor(args, len(task))
+    _say(f"loading {args.model} ...")
+    model = load_model(args.model, device=args.device)
+    from interp.engine import token_strings
+    from interp.interventions.shards import merge_partial_sums, task_partial_sums
+    from interp.tasks import TaskError
+
+    try:  # every row against the tokenizer, before any forward pass
+        batch = task.tokens(model)
+    except TaskError as exc:
+        raise UsageError(f"--task: {exc}") from None
+    if args.executor is not None:
+        from interp.cli.executor_run import run_patch
+
+        settings = {"metric": args.metric or "logit_diff", "sites": sites}
+        settings |= {"direction": args.direction, "method": args.method}
+        settings |= {"positions": args.positions} if args.positions else {}
+        return run_patch(args, out, model, task, batch, settings, token_strings, _say)
+    rows = len(range(index, len(task), count))
+    _say(f"patching {', '.join(sites)} over {rows} of {len(task)} rows ({args.method}) ...")
+    try:
+        partial = task_partial_sums(
+            model,
+            task,
+            shard=(index, count),
+            metric=args.metric or "logit_diff",
+            sites=sites,
+            direction=args.direction,
+            method=args.method,
+            positions=args.positions,
+            progress=True,
+        )
+    except ValueError as exc:  # per-position sites over rows of different lengths
+        raise UsageError(
+            str(exc).replace('pass positions="named"', "pass --positions named")
+        ) from None
+    first = batch.select([index])
+    partial["tokens"] = token_strings(model, first.clean[0])
+    partial["corrupted_tokens"] = token_strings(model, first.corrupted[0])
+    partial["source"] = {"model": str(args.model), "task": str(args.task)}
+    if args.shard is not None:
+        return write_partial(out, partial, (index, count), SHARD_FILES)
+    return write_results(out, [partial], merge_partial_sums([partial]))
+
+
+def task_summary(parts: list[dict], frame) -> dict:
+    """summary.json of a task run: the task (n_rows, source) and the first row's tokens."""
+    first = next(p for p in parts if p["shard"] == 0)
+    settings = first["settings"]
+    attrs = frame.attrs
+    return {
+        "clean_metric": attrs["clean_metric"],
+        "corrupted_metric": attrs["corrupted_metric"],
+        "metric": attrs["metric_name"],
+        "recovered_undefined": attrs["recovered_undefined"],
+        "model": first["source"]["model"],
+        "task": {
+            "source": first["source"]["task"],
+            "n_rows": settings["n_rows"],
+            "fingerprint": settings["task"],
+            "shards": settings["shards"],
+        },
+        "sites": settings["sites"],
+        "method": settings["method"],
+        "direction": settings["direction"],
+        "n_tokens": attrs["n_tokens"],
+        "tokens": first["tokens"],  # of the task's first row
+        "corrupted_tokens": first["corrupted_tokens"],
+        "sanity": attrs["sanity"],
+        "rows": len(frame),
+    }
+
+
+def write_results(out: Path, parts: list[dict], frame) -> int:
+    """patching.csv, summary.json and report.html of a task run (whole or merged)."""
+    from interp.interventions.patching import TASK_COLUMNS
+
+    summary = task_summary(parts, frame)
+    task = summary["task"]
+    text = (
+        f"Task {task['source']}: {task['n_rows']} rows"
+        + (f" in {task['shards']} shards" if task["shards"] > 1 else "")
+        + f". Positions are labelled with the first row's tokens ({len(summary['tokens'])})."
+    )
+    title = f"Activation patching over a task: {summary['model']}"
+    return _write(out, frame, TASK_COLUMNS, summary, title, text)
+
+
+def _write(out: Path, frame, columns: list[str], summary: dict, title: str, text: str) -> int:
+    """The three files of either form, staged together; the results on the terminal."""
+    from interp.pages.html import Report
+    from interp.pages.patching import add_patching_section
+
+    report = Report(title)
+    report.add_text(text)
+    add_patching_section(report, frame, tokens=summary["tokens"])
+    html = report.to_html()
     with staged_output(out, owns=FILES) as stage:
-        stage.write_text("patching.csv", frame[COLUMNS].to_csv(index=False))
+        stage.write_text("patching.csv", frame[columns].to_csv(index=False))
         stage.write_text("summary.json", json.dumps(summary, indent=2) + "\n")
         stage.write_text("report.html", html)
-    print_results(frame, tokens, "exact" if args.method in ("exact", "both") else "attribution")
+    method = "exact" if summary["method"] in ("exact", "both") else "attribution"
+    print_results(frame, summary["tokens"], method)
     for path in stage.written:
         print(f"wrote {path}")
     return 0
+
+
+def print_results(frame, tokens: list[str], method: str) -> None:
+    """The metrics, the sanity warnings (on stderr) and the top cells, ``pos`` with its token."""
+    from interp.pages.patching import pos_label, top_cells
+
+    attrs = frame.attrs
+    over = f" (means over {attrs['n_rows']} rows)" if attrs.get("n_rows") else ""
+    print(
+        f"{attrs['metric_name']}{over}: clean {attrs['clean_metric']:.6g}, corrupted "
+        f"{attrs['corrupted_metric']:.6g}"
+    )
+    for warning in attrs.get("sanity") or []:
+        print(f"warning: {warning}", file=sys.stderr)
+    if attrs["recovered_undefined"]:
+        print("clean and corrupted metrics are equal: recovered is undefined (empty)")
+    top = top_cells(frame, TOP_N, method=method).copy()
+    top["pos"] = [pos_label(p, tokens) or None for p in top["pos"]]
+    print(terminal_table(top, decimals=4))

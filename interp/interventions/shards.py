@@ -34,7 +34,17 @@ __all__ = ["shard_rows", "task_fingerprint", "task_partial_sums", "merge_partial
 
 FORMAT = "interp-patch-partial/1"  # the partial file's format: merge refuses others
 KEYS = ["site", "layer", "head", "pos", "method"]  # one cell of the table
-SETTINGS = ("task", "n_rows", "metric", "sites", "direction", "method", "layers", "shards")
+SETTINGS = (
+    "task",
+    "n_rows",
+    "metric",
+    "sites",
+    "direction",
+    "method",
+    "layers",
+    "shards",
+    "positions",
+)
 
 
 def shard_rows(n_rows: int, index: int, count: int) -> list[int]:
@@ -67,10 +77,12 @@ def task_partial_sums(
     max_rows: int | None = None,
     max_bytes: int | str | None = None,
     progress: bool = False,
+    positions: str | None = None,
 ) -> dict:
     """Patch shard ``shard = (index, count)`` of ``task``; its partial sums as a JSON-ready dict.
 
-    The arguments are :func:`interp.interventions.patch_activations`'s. Merge the shards with
+    The arguments are :func:`interp.interventions.patch_activations`'s (``positions="named"``:
+    cells by the rows' position labels). Merge the shards with
     :func:`merge_partial_sums`; ``shard=(0, 1)`` is the whole task.
     """
     index, count = shard
@@ -84,6 +96,7 @@ def task_partial_sums(
         max_rows=max_rows,
         max_bytes=max_bytes,
         progress=progress,
+        positions=positions,
     )
     cells, attrs = [], None
     if method in ("exact", "both"):
@@ -98,18 +111,19 @@ def task_partial_sums(
         table = frame[KEYS].assign(sum=frame["metric"] * len(rows), sumsq=math.nan)
         cells.append(table)
     table = pd.concat(cells, ignore_index=True)
+    settings = {
+        "task": task_fingerprint(task),
+        "n_rows": len(task),
+        "metric": metric,
+        "sites": list(dict.fromkeys(sites)),
+        "direction": direction,
+        "method": method,
+        "layers": None if layers is None else [int(x) for x in layers],
+        "shards": count,
+    } | ({"positions": positions} if positions else {})  # older partials have no key
     return {
         "format": FORMAT,
-        "settings": {
-            "task": task_fingerprint(task),
-            "n_rows": len(task),
-            "metric": metric,
-            "sites": list(dict.fromkeys(sites)),
-            "direction": direction,
-            "method": method,
-            "layers": None if layers is None else [int(x) for x in layers],
-            "shards": count,
-        },
+        "settings": settings,
         "shard": index,
         "rows": rows,
         "metric_name": attrs["metric_name"],
@@ -121,12 +135,17 @@ def task_partial_sums(
             "site": table["site"].tolist(),
             "layer": [int(v) for v in table["layer"]],
             "head": [None if pd.isna(v) else int(v) for v in table["head"]],
-            "pos": [None if pd.isna(v) else int(v) for v in table["pos"]],
+            "pos": [_pos(v) for v in table["pos"]],
             "method": table["method"].tolist(),
             "sum": [float(v) for v in table["sum"]],
             "sumsq": [None if pd.isna(v) else float(v) for v in table["sumsq"]],
         },
     }
+
+
+def _pos(value) -> int | str | None:
+    """A cell's position: an index, a label (``positions="named"``) or None (all positions)."""
+    return None if pd.isna(value) else value if isinstance(value, str) else int(value)
 
 
 def _check_parts(parts: Sequence[dict]) -> list[int]:
@@ -142,10 +161,11 @@ def _check_parts(parts: Sequence[dict]) -> list[int]:
     first = parts[0]["settings"]
     for number, part in enumerate(parts[1:], start=2):
         for key in SETTINGS:
-            if part["settings"][key] != first[key]:
+            theirs, ours = part["settings"].get(key), first.get(key)
+            if theirs != ours:
                 raise ValueError(
                     f"partial {number} differs from partial 1 in {key} "
-                    f"({part['settings'][key]!r} vs {first[key]!r}); merge shards of one run"
+                    f"({theirs!r} vs {ours!r}); merge shards of one run"
                 )
     check_shards(parts, first["shards"])
     rows = sorted(r for part in parts for r in part["rows"])
@@ -180,7 +200,8 @@ def merge_partial_sums(parts: Sequence[dict]) -> pd.DataFrame:
     table = merged[["sum", "sumsq"]].sum(min_count=1).reset_index()
     frame = table[KEYS].copy()
     frame["head"] = pd.array(table["head"], dtype="Int64")
-    frame["pos"] = pd.array(table["pos"], dtype="Int64")
+    named = any(isinstance(v, str) for v in table["pos"])  # labels (positions="named")
+    frame["pos"] = pd.array(table["pos"], dtype="string" if named else "Int64")
     frame["metric"] = table["sum"].to_numpy(dtype=float) / n
     values = torch.tensor(frame["metric"].to_numpy(dtype=float), dtype=torch.float64)
     frame["recovered"], is_undefined = recovered(values, c, k)

@@ -105,9 +105,12 @@ def add_patching_section(
 
 
 def pos_label(pos, tokens: Sequence[str] | None) -> str:
-    """``3 ' the'``: a position with the token at it (the position alone without tokens)."""
+    """``3 ' the'``: a position with the token at it (the position alone without tokens); a
+    label (``IO``, of ``positions="named"``) as it is."""
     if pd.isna(pos):
         return ""
+    if isinstance(pos, str):
+        return pos
     pos = int(pos)
     return f"{pos} {tokens[pos]!r}" if tokens is not None and 0 <= pos < len(tokens) else str(pos)
 

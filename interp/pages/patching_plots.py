@@ -75,15 +75,20 @@ def patching_heatmap(
     )
     labels = sorted(set(keys))
     y_text = [head_label(*k) if with_heads else f"L{int(k)}" for k in labels]
-    n_pos = int(rows["pos"].max()) + 1
+    named = [p for p in dict.fromkeys(rows["pos"]) if isinstance(p, str)]  # positions="named"
+    n_pos = len(named) if named else int(rows["pos"].max()) + 1
     z = np.full((len(labels), n_pos), np.nan)
     where = {k: i for i, k in enumerate(labels)}
-    z[[where[k] for k in keys], rows["pos"].astype(int).to_numpy()] = pd.to_numeric(
-        rows[value], errors="coerce"
-    ).to_numpy(dtype=float)
+    column = {p: i for i, p in enumerate(named)}
+    at = [column[p] for p in rows["pos"]] if named else rows["pos"].astype(int).to_numpy()
+    z[[where[k] for k in keys], at] = pd.to_numeric(rows[value], errors="coerce").to_numpy(
+        dtype=float
+    )
     scale = {"zmid": 0, "zmin": -1, "zmax": 1} if value == "recovered" else {"zmid": 0}
     x_axis: dict = {"title": {"text": "position"}}
-    if tokens is not None and len(tokens) == n_pos:
+    if named:
+        x_axis.update(tickmode="array", tickvals=list(range(n_pos)), ticktext=named)
+    elif tokens is not None and len(tokens) == n_pos:
         x_axis.update(
             tickmode="array",
             tickvals=list(range(n_pos)),
