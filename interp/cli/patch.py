@@ -29,7 +29,7 @@ from interp.cli.output import (
 )
 from interp.cli.sources import load_model
 
-__all__ = ["HELP", "add_arguments", "run", "write_results", "print_results"]
+__all__ = ["write_results", "print_results"]
 
 HELP = (
     "activation patching between a clean and a corrupted prompt, or over every row of a task "
@@ -48,22 +48,9 @@ TASK_OPTIONS = ("--metric", "--shard", "--positions", "--executor")  # only with
 TOP_N = 10  # cells listed on the terminal
 # interp.interventions.patching's GRIDS (names), METHODS and DIRECTIONS, copied so that help
 # and a refused command line need no torch; a test keeps them in step
-GRIDS = (
-    "resid_pre",
-    "resid_mid",
-    "resid_post",
-    "attn_out",
-    "mlp_out",
-    "heads",
-    "heads_pos",
-    "q",
-    "k",
-    "v",
-    "pattern",
-    "q_pos",
-    "k_pos",
-    "v_pos",
-    "pattern_pos",
+GRIDS = tuple(
+    "resid_pre resid_mid resid_post attn_out mlp_out heads heads_pos q k v pattern q_pos k_pos "
+    "v_pos pattern_pos".split()
 )
 METHODS = ("exact", "attribution", "both")
 DIRECTIONS = ("denoising", "noising")
