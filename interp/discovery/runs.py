@@ -182,11 +182,7 @@ def deltas_bytes(model, graph: Graph, n_rows: int, n_pos: int) -> int:
 
 def rows_metric(metric: TaskMetric, rows: Int[Tensor, " batch"]) -> TaskMetric:
     """``metric`` for a batch whose row ``b`` is task row ``rows[b]`` (repeated runs)."""
-    picked = rows.tolist()
-    wrong = None if metric.wrong is None else tuple(metric.wrong[i] for i in picked)
-    return TaskMetric(
-        metric.kind, tuple(metric.answers[i] for i in picked), wrong, metric.lengths[rows]
-    )
+    return metric.select(rows)
 
 
 def patched_metrics(

@@ -37,14 +37,7 @@ def is_task(value) -> bool:
 
 def task_row_metric(metric: TaskMetric) -> RowMetricFn:
     """The task metric as the engine's row metric: batch row ``b`` is task row ``rows[b]``."""
-
-    def value(logits: Tensor, rows: Tensor) -> Tensor:
-        picked = rows.tolist()
-        wrong = None if metric.wrong is None else tuple(metric.wrong[i] for i in picked)
-        answers = tuple(metric.answers[i] for i in picked)
-        return TaskMetric(metric.kind, answers, wrong, metric.lengths[rows])(logits)
-
-    return value
+    return lambda logits, rows: metric.select(rows)(logits)
 
 
 @dataclass(frozen=True, eq=False)

@@ -141,3 +141,11 @@ class TaskMetric:
 
     def __call__(self, logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, " batch"]:
         return METRICS[self.kind](logits, self.answers, self.wrong, lengths=self.lengths)
+
+    def select(self, rows: Int[Tensor, " batch"]) -> TaskMetric:
+        """This metric for a batch whose row ``b`` is task row ``rows[b]`` (rows repeated once
+        per patched run, or a chunk of them)."""
+        picked = rows.tolist()
+        wrong = None if self.wrong is None else tuple(self.wrong[i] for i in picked)
+        lengths = None if self.lengths is None else self.lengths[rows]
+        return TaskMetric(self.kind, tuple(self.answers[i] for i in picked), wrong, lengths)
