@@ -13,10 +13,10 @@ read at one position; a model the one-row check refuses) the numbers are the sam
 
 from __future__ import annotations
 
-import interp.engine.batched as batched
 import pytest
 import torch
 
+import interp.engine.batched as batched
 from interp.engine import Intervention, Site, run_cached, run_patched
 from interp.engine.suffix import run_offset, suffix_like_forward
 from interp.interventions.inputs import task_row_metric
