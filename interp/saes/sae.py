@@ -231,6 +231,7 @@ class SAE(torch.nn.Module):
 
         from interp.saes.saelens_config import saelens_config
 
+        text = json.dumps(saelens_config(self), indent=2) + "\n"  # refusals before any write
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         names = ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "b_gate", "r_mag", "b_mag")
@@ -239,7 +240,6 @@ class SAE(torch.nn.Module):
             {n: t.detach().contiguous().cpu() for n, t in tensors.items() if t is not None},
             str(folder / "sae_weights.safetensors"),
         )
-        text = json.dumps(saelens_config(self), indent=2) + "\n"
         (folder / "cfg.json").write_text(text, encoding="utf-8")
 
 
