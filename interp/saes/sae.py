@@ -17,8 +17,9 @@ the heads flattened into one vector when ``reshape_activations == "hook_z"``), t
 The reconstruction is ``norm_out(f W_dec + b_dec)`` (``f / |W_dec[j]|`` first when rescaled),
 ``norm_out`` undoing ``norm_in`` with the input's own statistics. A transcoder (an
 ``output_hook_name``) reads one hook and writes another: no ``norm_out``, and ``forward`` adds
-``x W_skip^T`` when it has a skip connection. tests/test_sae_formulas.py transcribes each
-formula independently; benchmarks/bench_saes.py compares with SAELens itself.
+``x W_skip^T`` when it has a skip connection. The tests transcribe each
+formula independently (tests/test_sae_saelens.py); benchmarks/bench_saes.py compares with
+SAELens itself.
 """
 
 from __future__ import annotations
