@@ -188,3 +188,20 @@ def test_dictionary_learning_hooks_from_the_layer_or_hook_name(tmp_path):
     with pytest.raises(SAELoadError, match="pass hook_name="):
         load_sae(tmp_path / "b")
     assert load_sae(tmp_path / "b", hook_name="blocks.0.hook_mlp_out").hook_name.endswith("mlp_out")
+
+
+def test_every_format_saves_as_a_saelens_folder_that_loads_back_the_same(tmp_path):
+    folder, _ = gemmascope_folder(tmp_path / "g", "att")
+    sparsify_folder(tmp_path / "s", "layers.1")
+    dictionary_learning_folder(tmp_path / "d", "BatchTopKSAE")
+    for i, path in enumerate([folder, tmp_path / "s" / "layers.1", tmp_path / "d"]):
+        sae = load_sae(path)
+        sae.save(tmp_path / f"saved{i}")
+        back = load_sae(tmp_path / f"saved{i}")
+        x = _x().reshape(12, 4, 16) if sae.reshape_activations == "hook_z" else _x()
+        assert (back.source, back.hook_name) == ("saelens", sae.hook_name)
+        assert torch.equal(back.encode(x), sae.encode(x)) and torch.equal(back(x), sae(x))
+    sparsify_folder(tmp_path / "k", "layers.1", skip=True)
+    with pytest.raises(ValueError, match="SAELens has no topk SAE with a skip connection"):
+        load_sae(tmp_path / "k" / "layers.1").save(tmp_path / "never")
+    assert not (tmp_path / "never").exists()

@@ -187,3 +187,12 @@ def test_analyses_splitting_the_stream_into_features_refuse_nonlinear_decoders(
         feature_attribution(bundled_model, "x = 1", sae, "1")
     with pytest.raises(ValueError, match="rescale_acts_by_decoder_norm=True"):
         sae_layer(bundled_model, sae)
+
+
+def test_decoding_a_normalizing_sae_needs_the_input(tmp_path):
+    saelens_folder(tmp_path / "s", "standard", flags={"normalize_activations": "layer_norm"})
+    sae = load_sae(tmp_path / "s")
+    x = torch.randn(3, 64)
+    with pytest.raises(ValueError, match=r"normalizes its input \(layer_norm\); pass decode"):
+        sae.decode(sae.encode(x))
+    assert torch.equal(sae.decode(sae.encode(x), x), sae(x))

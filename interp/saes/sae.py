@@ -17,8 +17,9 @@ the heads flattened into one vector when ``reshape_activations == "hook_z"``), t
 The reconstruction is ``norm_out(f W_dec + b_dec)`` (``f / |W_dec[j]|`` first when rescaled),
 ``norm_out`` undoing ``norm_in`` with the input's own statistics. A transcoder (an
 ``output_hook_name``) reads one hook and writes another: no ``norm_out``, and ``forward`` adds
-``x W_skip^T`` when it has a skip connection. tests/test_sae_formulas.py transcribes each
-formula independently; benchmarks/bench_saes.py compares with SAELens itself.
+``x W_skip^T`` when it has a skip connection. The tests transcribe each
+formula independently (tests/test_sae_saelens.py); benchmarks/bench_saes.py compares with
+SAELens itself.
 """
 
 from __future__ import annotations
@@ -231,6 +232,7 @@ class SAE(torch.nn.Module):
 
         from interp.saes.saelens_config import saelens_config
 
+        text = json.dumps(saelens_config(self), indent=2) + "\n"  # refusals before any write
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         names = ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "b_gate", "r_mag", "b_mag")
@@ -239,7 +241,6 @@ class SAE(torch.nn.Module):
             {n: t.detach().contiguous().cpu() for n, t in tensors.items() if t is not None},
             str(folder / "sae_weights.safetensors"),
         )
-        text = json.dumps(saelens_config(self), indent=2) + "\n"
         (folder / "cfg.json").write_text(text, encoding="utf-8")
 
 

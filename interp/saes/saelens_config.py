@@ -25,11 +25,14 @@ SAELENS_ARCHITECTURES = {
 
 def saelens_config(sae) -> dict:
     """The ``cfg.json`` SAELens 6 reads ``sae`` back from, every flag written out."""
-    arch = next(
-        name for name, (kind, transcoder, skip) in SAELENS_ARCHITECTURES.items()
-        if kind == sae.architecture and transcoder == (sae.output_hook_name is not None)
-        and skip == (sae.W_skip is not None)
-    )  # fmt: skip
+    shape = (sae.architecture, sae.output_hook_name is not None, sae.W_skip is not None)
+    arch = next((name for name, key in SAELENS_ARCHITECTURES.items() if key == shape), None)
+    if arch is None:
+        raise ValueError(
+            f"SAELens has no {sae.architecture} "
+            f"{'transcoder' if shape[1] else 'SAE'}{' with a skip connection' if shape[2] else ''}"
+            f"; this {sae.source} SAE cannot be saved in SAELens's format"
+        )
     meta = dict(sae.cfg.get("metadata") or {})
     meta |= {"hook_name": sae.hook_name, "hook_head_index": sae.hook_head_index,
              "sae_lens_version": SAELENS_VERSION}  # fmt: skip
