@@ -49,6 +49,12 @@ _EXPORTS = {
     "feature_attribution": "interp.attribution_features",
     "SAE": "interp.saes.sae",
     "Task": "interp.tasks",
+    "load_transcoders": "interp.transcoders.loading",
+    "check_transcoders_fit": "interp.transcoders.loading",
+    "TranscoderSet": "interp.transcoders.transcoder",
+    "attribution_graph": "interp.graphs.attribute",
+    "AttributionGraph": "interp.graphs.graph",
+    "FeatureEdit": "interp.engine",
 }
 
 __all__ = sorted(_EXPORTS)
