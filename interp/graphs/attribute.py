@@ -109,13 +109,15 @@ def attribution_graph(
     if len(tokens) < 2:
         raise ValueError("the prompt needs at least 2 tokens (position 0 has no feature nodes)")
     check_transcoders_fit(model, tc)
-    tc = tc.to(device=model.cfg.device, dtype=torch.float32)
+    # float32 at least (a half-precision model's graph is computed in float32), float64 kept
+    dtype = torch.float64 if model.cfg.dtype == torch.float64 else torch.float32
+    tc = tc.to(device=model.cfg.device, dtype=dtype)
     names = [tc.input_hook(lay) for lay in range(tc.n_layers)]
     names += [tc.output_hook(lay) for lay in range(tc.n_layers)] + ["hook_embed"]
     clean = run_cached(model, tokens[None], hooks=names)
-    src = read_sources(model, tc, clean, tokens)
+    src = read_sources(model, tc, clean, dtype)
     logit_ids, logit_p, logit_vecs = salient_logits(
-        model, clean.logits[0, -1], max_n_logits, desired_logit_prob
+        model, clean.logits[0, -1], max_n_logits, desired_logit_prob, dtype
     )
     n_feat = src.n_features
     keep = n_feat if max_feature_nodes is None else min(int(max_feature_nodes), n_feat)
@@ -138,7 +140,7 @@ def attribution_graph(
             batch_size //= 2
 
     total_cols = src.n_cols + n_logits
-    computed = torch.zeros(keep + n_logits, total_cols)
+    computed = torch.zeros(keep + n_logits, total_cols, dtype=dtype)
     row_nodes = torch.zeros(keep + n_logits, dtype=torch.long)
     with no_param_grads(model):
         fp = frozen_pass(model, tokens, tc, batch_size)
@@ -183,7 +185,7 @@ def attribution_graph(
 
     selected = torch.nonzero(visited).flatten()
     columns = torch.cat([selected, torch.arange(n_feat, total_cols)])
-    adjacency = torch.zeros(n_nodes, n_nodes)
+    adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
     feature_rows = computed[n_logits:]
     order = torch.argsort(row_nodes[n_logits:])  # features in (layer, pos, feature) order
     adjacency[:keep] = feature_rows[order][:, columns]

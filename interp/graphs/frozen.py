@@ -61,7 +61,13 @@ def _detach(act: Tensor, hook) -> Tensor:
 def frozen_hooks(model, tc, keep: dict) -> list:
     """Forward hooks making the replacement model local and linear, recording in ``keep``."""
     names = [n for n in model.hook_dict if n.endswith(".hook_scale")]
-    names += [f"blocks.{layer}.attn.hook_pattern" for layer in range(tc.n_layers)]
+    # the pattern is a function of q and k: detaching them freezes it also where the bridge
+    # ignores an edited hook_pattern (TransformerLens 4.3: GPT-J, OPT, Gemma 2)
+    names += [
+        f"blocks.{layer}.attn.{site}"
+        for layer in range(tc.n_layers)
+        for site in ("hook_q", "hook_k", "hook_pattern")
+    ]
     hooks = [(name, _detach) for name in names]
     keep["inputs"], keep["outputs"] = [None] * tc.n_layers, [None] * tc.n_layers
 

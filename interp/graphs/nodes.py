@@ -49,10 +49,10 @@ class Sources:
         return self.token_start + self.embed.shape[0]
 
 
-def read_sources(model, tc, clean: CachedRun, tokens: Tensor) -> Sources:
+def read_sources(model, tc, clean: CachedRun, dtype: torch.dtype) -> Sources:
     """Active features (position 0 excluded), their vectors, errors and embeddings."""
     n_layers = tc.n_layers
-    xs = [clean[tc.input_hook(lay)][0].float() for lay in range(n_layers)]
+    xs = [clean[tc.input_hook(lay)][0].to(dtype) for lay in range(n_layers)]
     acts = []
     for layer, x in enumerate(xs):
         a = tc.encode(x, layer)
@@ -88,7 +88,7 @@ def read_sources(model, tc, clean: CachedRun, tokens: Tensor) -> Sources:
     for layer, x in enumerate(xs):
         decode_in = acts[layer] if tc.kind == "per-layer" else acts
         recon = tc.decode(decode_in, layer) + tc.skip(x, layer)
-        y = clean[tc.output_hook(layer)][0].float()
+        y = clean[tc.output_hook(layer)][0].to(dtype)
         errors.append((y - recon)[1:])
     return Sources(
         feat_layer=feat_layer,
@@ -98,21 +98,25 @@ def read_sources(model, tc, clean: CachedRun, tokens: Tensor) -> Sources:
         encoders=encoders,
         writers=writers,
         errors=torch.stack(errors),
-        embed=clean["hook_embed"][0].float(),
+        embed=clean["hook_embed"][0].to(dtype),
     )
 
 
 def salient_logits(
-    model, logits: Float[Tensor, " d_vocab"], max_n_logits: int, desired_logit_prob: float
+    model,
+    logits: Float[Tensor, " d_vocab"],
+    max_n_logits: int,
+    desired_logit_prob: float,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """circuit-tracer's salient logits: the most probable tokens until their cumulative
     probability reaches ``desired_logit_prob`` (at most ``max_n_logits``), their
     probabilities, and their demeaned unembedding columns ``[k d_model]``."""
-    probs = torch.softmax(logits.float(), dim=-1)
+    probs = torch.softmax(logits.to(dtype), dim=-1)
     top_p, top_idx = torch.topk(probs, min(int(max_n_logits), probs.shape[-1]))
     cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired_logit_prob)) + 1
     top_p, top_idx = top_p[:cutoff], top_idx[:cutoff]
-    W_U = model.W_U.detach().float()  # [d_model d_vocab]
+    W_U = model.W_U.detach().to(dtype)  # [d_model d_vocab]
     vecs = (W_U[:, top_idx] - W_U.mean(dim=-1, keepdim=True)).T
     return top_idx, top_p, vecs
 
