@@ -64,9 +64,11 @@ def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) 
         if got[j] is None:
             continue
         g = got[j][:b]
-        index, pos, vecs = src.writers[j]
-        for chunk in torch.split(torch.arange(len(index), device=index.device), 4096):
-            out[:, index[chunk]] += torch.einsum("bnd,nd->bn", g[:, pos[chunk]], vecs[chunk])
+        vecs, cols = src.writers[j]  # [pos slot d_model], [pos slot]
+        if vecs.shape[1]:
+            scores = torch.bmm(g.transpose(0, 1), vecs.transpose(1, 2))  # [pos b slot]
+            valid = cols >= 0
+            out[:, cols[valid]] += scores.permute(1, 0, 2)[:, valid]
         start = src.n_features + j * (n_pos - 1)
         out[:, start : start + n_pos - 1] = torch.einsum("bpd,pd->bp", g[:, 1:], src.errors[j])
     if got[-1] is not None:
