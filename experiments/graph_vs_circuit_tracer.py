@@ -4,6 +4,7 @@ tokens: same features, same logits, the entries, the scores and the pruned nodes
 circuit-tracer needs TransformerLens < 4, so this runs in two environments:
 
     python experiments/graph_vs_circuit_tracer.py write DIR [--kind cross-layer]  # interp's
+        [--positions 64 --d-tc 256]
     python experiments/graph_vs_circuit_tracer.py compare DIR                     # c.-tracer's
 
 ``write`` saves a tiny random GPT-2 (tests/zoo.py), a random transcoder folder and interp's graph
@@ -16,6 +17,7 @@ circuit-tracer has error nodes at position 0 (always zero); they are dropped bef
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -23,16 +25,36 @@ import torch
 TOKENS = [0, 5, 17, 33, 99, 12, 7, 5, 17, 40, 41, 42]
 
 
-def write(out: Path, kind: str) -> None:
+def _tokens(out: Path) -> list[int]:
+    """The case's tokens: TOKENS, or ``n_pos`` seeded ones (``write --positions``)."""
+    path = out / "tokens.pt"
+    return torch.load(path).tolist() if path.exists() else TOKENS
+
+
+def write(out: Path, kind: str, n_pos: int | None = None, d_tc: int = 64) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from interp import attribution_graph, load_model
     from tests.transcoder_folders import random_transcoders, write_raw_folder
     from tests.zoo import make_zoo_checkpoint
 
     model = load_model(make_zoo_checkpoint(out / "model", "gpt2"), device="cpu")
-    tc = random_transcoders(model, kind=kind, d_tc=64, seed=1, skip=kind == "per-layer")
+    tc = random_transcoders(model, kind=kind, d_tc=d_tc, seed=1, skip=kind == "per-layer")
     write_raw_folder(out / "transcoders", tc)
-    g = attribution_graph(model, torch.tensor(TOKENS), tc)
+    if n_pos is not None:
+        gen = torch.Generator().manual_seed(0)
+        torch.save(
+            torch.cat(
+                [
+                    torch.zeros(1, dtype=torch.long),
+                    torch.randint(1, 290, (n_pos - 1,), generator=gen),
+                ]
+            ),
+            out / "tokens.pt",
+        )
+    attribution_graph(model, torch.tensor(_tokens(out))[:4], tc)  # warm up
+    start = time.perf_counter()
+    g = attribution_graph(model, torch.tensor(_tokens(out)), tc)
+    print(f"interp: {g.info['active_features']} features, {time.perf_counter() - start:.2f} s")
     p = g.prune()
     torch.save(
         {
@@ -93,8 +115,12 @@ def compare(out: Path) -> None:
 
     ours = torch.load(out / "interp_graph.pt", weights_only=False)
     model, n_layers = _model(out, ours["kind"])
-    g = attribute(torch.tensor(TOKENS), model, batch_size=64)
-    n_pos, n_f = len(TOKENS), len(g.selected_features)
+    tokens = _tokens(out)
+    attribute(torch.tensor(tokens[:4]), model, batch_size=64)  # warm up
+    start = time.perf_counter()
+    g = attribute(torch.tensor(tokens), model, batch_size=64)
+    print(f"circuit-tracer: {time.perf_counter() - start:.2f} s")
+    n_pos, n_f = len(tokens), len(g.selected_features)
     keep = list(range(n_f))
     keep += [n_f + lay * n_pos + p for lay in range(n_layers) for p in range(1, n_pos)]
     keep += list(range(n_f + n_layers * n_pos, g.adjacency_matrix.shape[0]))
@@ -123,7 +149,8 @@ def compare(out: Path) -> None:
 if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
     if mode == "write":
-        kind = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--kind" else "per-layer"
-        write(where, kind)
+        opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=False))
+        n_pos = int(opts["--positions"]) if "--positions" in opts else None
+        write(where, opts.get("--kind", "per-layer"), n_pos, int(opts.get("--d-tc", 64)))
     else:
         compare(where)
