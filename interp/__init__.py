@@ -54,6 +54,7 @@ _EXPORTS = {
     "TranscoderSet": "interp.transcoders.transcoder",
     "attribution_graph": "interp.graphs.attribute",
     "AttributionGraph": "interp.graphs.graph",
+    "frozen_feature_run": "interp.graphs.interventions",
     "FeatureEdit": "interp.engine",
 }
 
