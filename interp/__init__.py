@@ -52,6 +52,13 @@ _EXPORTS = {
     "ActivationStore": "interp.stores.activations",
     "fill_store": "interp.stores.activations",
     "Sharding": "interp.executors.sharding",
+    "load_transcoders": "interp.transcoders.loading",
+    "check_transcoders_fit": "interp.transcoders.loading",
+    "TranscoderSet": "interp.transcoders.transcoder",
+    "attribution_graph": "interp.graphs.attribute",
+    "AttributionGraph": "interp.graphs.graph",
+    "frozen_feature_run": "interp.graphs.interventions",
+    "FeatureEdit": "interp.engine",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -58,11 +58,14 @@ from interp.engine.tokens import (
     to_tokens,
     token_strings,
 )
+from interp.engine.transcoder_splice import FeatureEdit, transcoder_acts_name
 
 __all__ = [
     "run_cached",
     "run_logits",
     "CachedRun",
+    "FeatureEdit",
+    "transcoder_acts_name",
     "run_patched",
     "rows_per_pass",
     "task_blocks",

@@ -33,6 +33,7 @@ from interp.engine.tokens import (
     hook_name,
     to_tokens,
 )
+from interp.engine.transcoder_splice import FeatureEdit, check_transcoders, transcoder_hooks
 from interp.foundation.formatting import (
     grouped_names,
     megabytes,
@@ -177,6 +178,8 @@ def run_cached(
     max_bytes: int | str | None = None,
     saes: Sequence = (),
     use_error_term: bool = True,
+    transcoders=None,
+    feature_edits: Sequence[FeatureEdit] = (),
 ) -> CachedRun:
     """Run ``prompt`` through ``model`` once, caching only what was asked for.
 
@@ -202,7 +205,10 @@ def run_cached(
         saes: SAEs (:func:`interp.load_sae`) spliced in at their hooks, their feature
             activations cached under ``f"{sae.hook_name}.hook_sae_acts"`` ``[batch pos d_sae]``.
         use_error_term: add each SAE's reconstruction error back, so the run is the model's
-            own (default); False runs on the reconstructions (:mod:`interp.engine.splice`).
+            own (default); False runs on the reconstructions. The same for ``transcoders``.
+        transcoders: a transcoder set (:func:`interp.load_transcoders`) replacing every MLP's
+            output, features kept under ``blocks.{l}.hook_transcoder_acts``
+            (:mod:`interp.engine.transcoder_splice`); ``feature_edits`` set or scale them.
     """
     tokens = to_tokens(model, prompt, prepend_bos=prepend_bos).to(model.cfg.device)
     n_layers = int(model.cfg.n_layers)
@@ -229,6 +235,10 @@ def run_cached(
     if head_outputs:
         check_hook_names(model, [hook_name(layer, "attn.hook_z") for layer in chosen])
     check_saes(model, saes)
+    if transcoders is not None:
+        check_transcoders(model, transcoders)
+    elif feature_edits:
+        raise ValueError("feature_edits edit transcoder features: pass transcoders= too")
 
     if max_bytes is not None:
         check_budget(
@@ -248,9 +258,13 @@ def run_cached(
     store: dict[str, Tensor] = {}
     fwd_hooks: list[tuple[str, HookFn]] = list(interventions)
     fwd_hooks += sae_hooks(saes, store, use_error_term=use_error_term)
+    if transcoders is not None:
+        fwd_hooks += transcoder_hooks(
+            transcoders, store, use_error_term=use_error_term, edits=feature_edits
+        )
     # interventions edit activations in place: a later one must not change what was kept
     fwd_hooks += [
-        (name, store_hook(store, name, copy=bool(interventions or saes)))
+        (name, store_hook(store, name, copy=bool(interventions or saes or transcoders)))
         for name in dict.fromkeys(names)
     ]
     if head_outputs:

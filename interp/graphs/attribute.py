@@ -1,0 +1,218 @@
+"""Build an attribution graph: one clean pass, one frozen pass, batched backward passes.
+
+``A[t, s] = out_s · J · in_t`` with ``J`` the Jacobian of the local replacement model
+(:mod:`interp.graphs.frozen`): attention patterns and norm scales frozen at this prompt, MLP
+outputs constant but for a transcoder's skip term. A source's output vector is, for a feature,
+its activation times its decoder row (into every layer ``>=`` its own for a cross-layer
+transcoder), for an error node the MLP output minus the reconstruction, for a token node its
+embedding (``hook_embed``); a target's input vector is, for a feature, its encoder row at its
+layer's transcoder input (so its row sums to its pre-activation less ``b_enc`` and the
+constants), for a logit the unembedding column minus the mean column, read at the final norm's
+output at the last position (before any soft-capping: a logit node is the raw, demeaned logit).
+
+The frozen model is linear, so one pass of ``batch_size`` copies of the prompt serves every
+backward pass: each row of a batch carries its own target's vector (circuit-tracer's phases:
+logits first, then features, ranked by influence in rounds under ``max_feature_nodes``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from interp.engine import run_cached, to_tokens
+from interp.engine.estimates import parse_size
+from interp.engine.plan import MemoryBudgetError
+from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
+from interp.graphs.graph import AttributionGraph
+from interp.graphs.influence import partial_influences
+from interp.graphs.nodes import Sources, node_table, read_sources, salient_logits
+from interp.transcoders.loading import check_transcoders_fit
+
+__all__ = ["attribution_graph", "estimate_graph_bytes"]
+
+
+def estimate_graph_bytes(model, n_pos: int, n_nodes: int, n_rows: int, batch_size: int) -> int:
+    """Bytes a graph build holds at its peak: the adjacency ``[n_nodes n_nodes]`` and the
+    computed rows (float32), and the frozen pass's retained graph for ``batch_size`` rows."""
+    cfg = model.cfg
+    per_row_layer = 10 * n_pos * cfg.d_model + 2 * cfg.n_heads * n_pos * n_pos
+    frozen = batch_size * 4 * (cfg.n_layers * per_row_layer + n_pos * cfg.d_vocab)
+    return 4 * n_nodes * n_nodes + 4 * n_rows * n_nodes + frozen
+
+
+def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) -> Tensor:
+    """Attribution rows ``[b n_cols]`` (every feature, error, token) for ``b`` targets."""
+    n_layers, b = len(fp.inputs), len(layers)
+    rows, n_pos, d = fp.embed.shape
+    outs, grads = [], []
+    for layer in layers.unique().tolist():
+        mine = torch.nonzero(layers == layer).flatten()
+        g = torch.zeros(rows, n_pos, d, dtype=fp.embed.dtype, device=fp.embed.device)
+        g[mine, positions[mine]] = vectors[mine].to(g.dtype)
+        outs.append(fp.final if layer == n_layers else fp.inputs[layer])
+        grads.append(g)
+    top = min(int(layers.max()), n_layers)
+    wrt = [fp.outputs[j] for j in range(top)] + [fp.embed]
+    got = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
+    work = src.embed.dtype  # float32 at least: a half-precision pass's gradients upcast
+    out = torch.zeros(b, src.n_cols, dtype=work, device=fp.embed.device)
+    for j in range(top):
+        if got[j] is None:
+            continue
+        g = got[j][:b].to(work)
+        vecs, cols = src.writers[j]  # [pos slot d_model], [pos slot]
+        if vecs.shape[1]:
+            scores = torch.bmm(g.transpose(0, 1), vecs.transpose(1, 2))  # [pos b slot]
+            valid = cols >= 0
+            out[:, cols[valid]] += scores.permute(1, 0, 2)[:, valid]
+        start = src.n_features + j * (n_pos - 1)
+        out[:, start : start + n_pos - 1] = torch.einsum("bpd,pd->bp", g[:, 1:], src.errors[j])
+    if got[-1] is not None:
+        out[:, src.token_start :] = torch.einsum("bpd,pd->bp", got[-1][:b].to(work), src.embed)
+    return out
+
+
+def attribution_graph(
+    model,
+    tokens_or_text,
+    tc,
+    *,
+    max_n_logits: int = 10,
+    desired_logit_prob: float = 0.95,
+    max_feature_nodes: int | None = None,
+    batch_size: int = 64,
+    max_bytes: int | str | None = None,
+    progress: bool = False,
+) -> AttributionGraph:
+    """The attribution graph of one prompt through transcoders ``tc`` (module docstring).
+
+    Args:
+        tokens_or_text: text (tokenised with the model's default BOS) or token ids ``[pos]``
+            (or ``[1 pos]``) taken as they are.
+        tc: a :class:`interp.transcoders.TranscoderSet` fitting ``model``.
+        max_n_logits, desired_logit_prob: logit nodes, by descending probability, until their
+            cumulative probability reaches ``desired_logit_prob``, at most ``max_n_logits``.
+        max_feature_nodes: keep at most this many features, the most influential (ranked by
+            influence through the rows computed so far, in rounds), as circuit-tracer does.
+        batch_size: targets per backward pass (rows of the frozen pass).
+        max_bytes: a budget for the adjacency, the rows and the frozen pass; a graph that needs
+            more even with one row per pass is refused (``MemoryBudgetError``) with what it needs.
+        progress: show a progress bar over the features.
+    """
+    start = time.perf_counter()
+    tokens = to_tokens(model, tokens_or_text)
+    if tokens.shape[0] != 1:
+        raise ValueError(f"an attribution graph is of one prompt, got {tokens.shape[0]} rows")
+    tokens: Int[Tensor, " pos"] = tokens[0].to(model.cfg.device)
+    if len(tokens) < 2:
+        raise ValueError("the prompt needs at least 2 tokens (position 0 has no feature nodes)")
+    check_transcoders_fit(model, tc)
+    # float32 at least (a half-precision model's graph is computed in float32), float64 kept
+    dtype = torch.float64 if model.cfg.dtype == torch.float64 else torch.float32
+    tc = tc.to(device=model.cfg.device, dtype=dtype)
+    names = [tc.input_hook(lay) for lay in range(tc.n_layers)]
+    names += [tc.output_hook(lay) for lay in range(tc.n_layers)] + ["hook_embed"]
+    clean = run_cached(model, tokens[None], hooks=names)
+    src = read_sources(model, tc, clean, dtype)
+    logit_ids, logit_p, logit_vecs = salient_logits(
+        model, clean.logits[0, -1], max_n_logits, desired_logit_prob, dtype
+    )
+    n_feat = src.n_features
+    keep = n_feat if max_feature_nodes is None else min(int(max_feature_nodes), n_feat)
+    n_logits, n_pos = len(logit_ids), len(tokens)
+    n_nodes = keep + src.n_cols - n_feat + n_logits
+    batch_size = max(1, min(int(batch_size), keep + n_logits))
+    if max_bytes is not None:
+        budget = parse_size(max_bytes)
+        need = estimate_graph_bytes(model, n_pos, n_nodes, keep + n_logits, 1)
+        if need > budget:
+            raise MemoryBudgetError(
+                f"this graph ({n_nodes} nodes, {n_pos} positions) needs at least {need} bytes "
+                f"(its adjacency alone {4 * n_nodes * n_nodes}); raise max_bytes to {need} or "
+                "lower max_feature_nodes"
+            )
+        while (
+            batch_size > 1
+            and estimate_graph_bytes(model, n_pos, n_nodes, keep + n_logits, batch_size) > budget
+        ):
+            batch_size //= 2
+
+    total_cols = src.n_cols + n_logits
+    # every feature kept: rows go straight into the adjacency (no N² copies); otherwise into
+    # rows in the order computed, which rank the features still to visit
+    full = keep == n_feat
+    shape = (n_nodes, n_nodes) if full else (keep + n_logits, total_cols)
+    computed = torch.zeros(shape, dtype=dtype)
+    row_nodes = torch.zeros(keep + n_logits, dtype=torch.long)
+    with no_param_grads(model):
+        fp = frozen_pass(model, tokens, tc, batch_size)
+        device = fp.embed.device
+        for i in range(0, n_logits, batch_size):
+            chunk = slice(i, min(i + batch_size, n_logits))
+            b = chunk.stop - chunk.start
+            rows = _rows(
+                fp,
+                src,
+                torch.full((b,), tc.n_layers, device=device),
+                torch.full((b,), n_pos - 1, device=device),
+                logit_vecs[chunk],
+            )
+            row_nodes[chunk] = torch.arange(chunk.start, chunk.stop) + src.n_cols
+            computed[row_nodes[chunk] if full else chunk, : src.n_cols] = rows.cpu()
+        visited = torch.zeros(n_feat, dtype=torch.bool)
+        filled = n_logits
+        bar = tqdm(total=keep, desc="attribution graph: features", disable=not progress)
+        while filled < n_logits + keep:
+            if full:
+                pending = torch.arange(n_feat)
+            else:
+                influence = partial_influences(computed[:filled], logit_p, row_nodes[:filled])
+                rank = torch.argsort(influence[:n_feat], descending=True)
+                pending = rank[~visited[rank]][: min(4 * batch_size, n_logits + keep - filled)]
+            for batch in torch.split(pending, batch_size):
+                rows = _rows(
+                    fp,
+                    src,
+                    src.feat_layer[batch].to(device),
+                    src.feat_pos[batch].to(device),
+                    src.encoders[batch.to(device)],
+                )
+                where = batch if full else slice(filled, filled + len(batch))
+                computed[where, : src.n_cols] = rows.cpu()
+                row_nodes[filled : filled + len(batch)] = batch
+                visited[batch] = True
+                filled += len(batch)
+                bar.update(len(batch))
+        bar.close()
+        del fp
+
+    selected = torch.nonzero(visited).flatten()
+    if full:
+        adjacency = computed
+    else:
+        columns = torch.cat([selected, torch.arange(n_feat, total_cols)])
+        adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
+        order = torch.argsort(row_nodes[n_logits:])  # features in (layer, pos, feature) order
+        adjacency[:keep] = computed[n_logits:][order][:, columns]
+        adjacency[-n_logits:] = computed[:n_logits][:, columns]
+    nodes = node_table(src, selected, tc.n_layers, tokens, logit_ids, logit_p)
+    return AttributionGraph(
+        nodes=nodes,
+        adjacency=adjacency,
+        tokens=tokens.cpu(),
+        logit_token_ids=logit_ids.cpu(),
+        logit_probabilities=logit_p.cpu(),
+        model_name=str(getattr(model.cfg, "model_name", "")),
+        transcoder_name=tc.name,
+        info={
+            "active_features": n_feat,
+            "seconds": time.perf_counter() - start,
+            "batch_size": batch_size,
+            "hook": FINAL_HOOK,
+        },
+    )

@@ -1,0 +1,132 @@
+"""An attribution graph: the direct effects between the nodes of one prompt's local
+replacement model, and the method's pruning and scores on it.
+
+Nodes (``nodes``, one row each, in adjacency order): transcoder features (``kind ==
+"feature"``; ordered by layer, position, feature), error nodes (``"error"``: the MLP output
+the transcoders miss, layer-major then position), token nodes (``"token"``: one per position)
+and logit nodes (``"logit"``: by descending probability). No feature or error node sits at
+position 0 (its MLP output is a constant, as in circuit-tracer). Columns:
+
+- ``kind``; ``layer`` (features, errors; ``-1`` for tokens, ``n_layers`` for logits);
+- ``pos`` (the logits': the last position); ``feature`` (``-1`` where none);
+- ``token_id`` (the prompt's token at ``pos``; a logit's own token);
+- ``activation`` (features; NaN elsewhere); ``probability`` (logits; NaN elsewhere).
+
+``adjacency[t, s]`` is the direct effect of source ``s`` on target ``t`` (row = target,
+column = source; signed, raw): only feature and logit rows are nonzero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from interp.graphs.influence import graph_scores, prune_masks
+
+__all__ = ["NODE_COLUMNS", "NODE_KINDS", "AttributionGraph"]
+
+NODE_KINDS = ("feature", "error", "token", "logit")  # in adjacency order
+# the columns of AttributionGraph.nodes
+NODE_COLUMNS = ("kind", "layer", "pos", "feature", "token_id", "activation", "probability")
+
+
+@dataclass(frozen=True, eq=False)
+class AttributionGraph:
+    """One prompt's attribution graph (module docstring).
+
+    ``kept_nodes`` and ``kept_edges`` are None on a graph from
+    :func:`interp.attribution_graph`. :meth:`prune` returns a new graph of the kept nodes only:
+    ``kept_nodes`` [n] holds their indices in the unpruned graph, ``adjacency`` their raw
+    entries, and ``kept_edges`` [n n] the edges kept (the pruned graph's edges are
+    ``adjacency[kept_edges]``); its ``nodes`` gain ``influence`` (each node's influence on
+    the logits in the unpruned graph) and ``cumulative`` (the share of the total influence
+    of the nodes at least as influential).
+    """
+
+    nodes: pd.DataFrame = field(repr=False)
+    adjacency: Float[Tensor, "node node"] = field(repr=False)
+    tokens: Int[Tensor, " pos"]
+    logit_token_ids: Int[Tensor, " logit"]
+    logit_probabilities: Float[Tensor, " logit"]
+    model_name: str = ""
+    transcoder_name: str = ""
+    kept_nodes: Int[Tensor, " node"] | None = field(default=None, repr=False)
+    kept_edges: Bool[Tensor, "node node"] | None = field(default=None, repr=False)
+    info: dict = field(default_factory=dict, repr=False)  # sizes and timings of the build
+
+    def __post_init__(self):
+        n = len(self.nodes)
+        if tuple(self.adjacency.shape) != (n, n):
+            raise ValueError(f"adjacency {tuple(self.adjacency.shape)} does not match {n} nodes")
+
+    # ------------------------------------------------------------------ node groups
+
+    def _mask(self, kind: str) -> Tensor:
+        return torch.tensor((self.nodes["kind"] == kind).to_numpy())
+
+    def _span(self, kind: str) -> slice:
+        where = torch.nonzero(self._mask(kind)).flatten()
+        return slice(0, 0) if len(where) == 0 else slice(int(where[0]), int(where[-1]) + 1)
+
+    @property
+    def n_features(self) -> int:
+        return int(self._mask("feature").sum())
+
+    def logit_weights(self) -> Float[Tensor, " node"]:
+        """The logit probabilities on the logit nodes, zero elsewhere (pruning's weights)."""
+        weights = torch.zeros(len(self.nodes), dtype=self.adjacency.dtype)
+        weights[self._span("logit")] = self.logit_probabilities.to(self.adjacency.dtype)
+        return weights
+
+    # ------------------------------------------------------------------ the method
+
+    def scores(self) -> dict[str, float]:
+        """``{"replacement": ..., "completeness": ...}`` as circuit-tracer's
+        ``compute_graph_scores`` defines them (:func:`interp.graphs.influence.graph_scores`)."""
+        return graph_scores(
+            self.adjacency.cpu(),
+            self.logit_weights(),
+            errors=self._span("error"),
+            tokens=self._span("token"),
+        )
+
+    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> AttributionGraph:
+        """The graph of the nodes and edges kept by circuit-tracer's ``prune_graph`` (tokens
+        and logits always kept); see the class docstring for what the result holds."""
+        if self.kept_nodes is not None:
+            raise ValueError("this graph is pruned already: prune the graph it came from")
+        n_tail = len(self.tokens) + len(self.logit_token_ids)
+        node_mask, edge_mask, cumulative, influence = prune_masks(
+            self.adjacency.cpu(),
+            self.logit_weights(),
+            n_features=self.n_features,
+            n_kept_tail=n_tail,
+            node_threshold=node_threshold,
+            edge_threshold=edge_threshold,
+        )
+        kept = torch.nonzero(node_mask).flatten()
+        nodes = self.nodes.iloc[kept.numpy()].reset_index(drop=True)
+        nodes["influence"] = influence[kept].numpy()
+        nodes["cumulative"] = cumulative[kept].numpy()
+        info = self.info | {"node_threshold": node_threshold, "edge_threshold": edge_threshold}
+        return replace(
+            self,
+            nodes=nodes,
+            adjacency=self.adjacency[kept][:, kept],
+            kept_nodes=kept,
+            kept_edges=edge_mask[kept][:, kept],
+            info=info,
+        )
+
+    def __repr__(self) -> str:
+        counts = self.nodes["kind"].value_counts()
+        parts = ", ".join(f"{counts.get(k, 0)} {k}" for k in NODE_KINDS)
+        pruned = "" if self.kept_nodes is None else f", pruned ({int(self.kept_edges.sum())} edges)"
+        return (
+            f"AttributionGraph({len(self.tokens)} tokens, {len(self.nodes)} nodes: {parts}; "
+            f"model {self.model_name!r}, transcoders {self.transcoder_name!r}{pruned})"
+        )

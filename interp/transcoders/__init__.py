@@ -1,0 +1,1 @@
+"""Transcoders (per-layer and cross-layer) in circuit-tracer's format: load, check, save."""

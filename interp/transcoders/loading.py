@@ -1,0 +1,233 @@
+"""Load transcoders from circuit-tracer's folders, and check that they fit a model.
+
+A folder holds ``config.yaml`` (:mod:`interp.transcoders.files` has the format) and
+
+- ``model_kind: transcoder_set``: ``layer_{l}.safetensors`` for ``l = 0 .. n-1``, or a
+  ``transcoders:`` list of per-layer files (relative to the folder; ``.safetensors`` or
+  Gemma Scope's ``.npz`` with ``W_enc [d_model d_tc]`` and ``threshold``);
+- ``model_kind: cross_layer_transcoder``: ``W_enc_{l}.safetensors`` and ``W_dec_{l}.safetensors``.
+
+The activation is ``config["activation"]`` (``relu``, ``topk`` with ``k``, ``jump_relu``) or,
+as circuit-tracer does without one, JumpReLU where the files hold thresholds and ReLU otherwise.
+The hooks are circuit-tracer's names inside a block (``mlp.hook_in``, ``hook_resid_mid``;
+``mlp.hook_out``, ``hook_mlp_out``), which the bridge has under the same names.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from interp.models.sources import BUNDLED_DIR
+from interp.transcoders.files import CONFIG
+from interp.transcoders.transcoder import TranscoderSet
+
+__all__ = [
+    "INPUT_HOOKS",
+    "OUTPUT_HOOKS",
+    "TranscoderFitError",
+    "TranscoderLoadError",
+    "check_transcoders_fit",
+    "load_transcoders",
+]
+
+# where in a block a transcoder may read and write (circuit-tracer's names = the bridge's)
+INPUT_HOOKS = ("mlp.hook_in", "hook_mlp_in", "hook_resid_mid", "ln2.hook_out")
+OUTPUT_HOOKS = ("mlp.hook_out", "hook_mlp_out")  # where they may write
+_ACTIVATIONS = {"relu": "relu", "topk": "topk", "jump_relu": "jumprelu", "jumprelu": "jumprelu"}
+
+
+class TranscoderLoadError(ValueError):
+    """What is wrong with a transcoder folder or name, in one line."""
+
+
+class TranscoderFitError(ValueError):
+    """Transcoders whose width, layer count or hooks do not fit the model, in one line."""
+
+
+def _folder(path_or_name: str | Path) -> Path:
+    path = Path(path_or_name)
+    if path.is_dir():
+        return path
+    bundled = BUNDLED_DIR / str(path_or_name)
+    if re.fullmatch(r"[\w.-]+", str(path_or_name)) and (bundled / CONFIG).is_file():
+        return bundled
+    raise TranscoderLoadError(
+        f"no transcoder folder or bundled transcoder set called {str(path_or_name)!r}; pass a "
+        f"folder with {CONFIG} (download a hub repository with huggingface_hub.snapshot_download)"
+    )
+
+
+def _per_layer_files(folder: Path, config: dict) -> list[Path]:
+    listed = config.get("transcoders")
+    if listed:
+        remote = [p for p in listed if str(p).startswith("hf://")]
+        if remote:
+            raise TranscoderLoadError(
+                f"{folder / CONFIG} lists hub files ({remote[0]}); download them and list the "
+                "local files instead"
+            )
+        return [folder / str(p) for p in listed]
+    numbers = sorted(
+        int(m.group(1))
+        for p in folder.glob("layer_*.safetensors")
+        if (m := re.fullmatch(r"layer_(\d+)\.safetensors", p.name))
+    )
+    if numbers != list(range(len(numbers))) or not numbers:
+        raise TranscoderLoadError(
+            f"{folder} needs layer_0.safetensors ... layer_{{n-1}}.safetensors, found layers "
+            f"{numbers}"
+        )
+    return [folder / f"layer_{n}.safetensors" for n in numbers]
+
+
+def _read_layer(path: Path) -> dict:
+    if not path.is_file():
+        raise TranscoderLoadError(f"transcoder file {path} is missing")
+    if path.suffix == ".npz":  # Gemma Scope: W_enc [d_model d_tc], threshold
+        import numpy as np
+
+        raw = {k: torch.from_numpy(v) for k, v in np.load(path).items()}
+        raw["W_enc"] = raw["W_enc"].T.contiguous()
+        if "threshold" in raw:
+            raw["activation_function.threshold"] = raw.pop("threshold")
+        return raw
+    return load_file(path)
+
+
+def _need(tensors: dict, key: str, where: Path) -> torch.Tensor:
+    if key not in tensors:
+        raise TranscoderLoadError(f"{where} has no tensor {key!r}")
+    return tensors[key]
+
+
+def _activation(config: dict, has_threshold: bool, folder: Path) -> str:
+    name = config.get("activation")
+    if name is None:
+        return "jumprelu" if has_threshold else "relu"
+    if str(name) not in _ACTIVATIONS:
+        raise TranscoderLoadError(
+            f"{folder / CONFIG}: unknown activation {name!r}; interp reads relu, jump_relu, topk"
+        )
+    return _ACTIVATIONS[str(name)]
+
+
+def _per_layer(folder: Path, config: dict) -> dict:
+    layers = [(p, _read_layer(p)) for p in _per_layer_files(folder, config)]
+    out = {key: [] for key in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    for path, tensors in layers:
+        for key in out:
+            out[key].append(_need(tensors, key, path))
+    thresholds = [t.get("activation_function.threshold") for _, t in layers]
+    skips = [t.get("W_skip") for _, t in layers]
+    if any(s is None for s in skips) and any(s is not None for s in skips):
+        raise TranscoderLoadError(f"{folder}: some layers have W_skip and others not")
+    out["W_skip"] = None if skips[0] is None else skips
+    activation = _activation(config, thresholds[0] is not None, folder)
+    out["threshold"] = thresholds if activation == "jumprelu" else None
+    if activation == "topk":
+        k = config.get("k", layers[0][1].get("k"))
+        if k is None:
+            raise TranscoderLoadError(f"{folder / CONFIG}: a topk transcoder needs k")
+        out["k"] = int(k)
+    return out | {"activation": activation, "kind": "per-layer"}
+
+
+def _cross_layer(folder: Path, config: dict) -> dict:
+    n = len(list(folder.glob("W_enc_*.safetensors")))
+    if n == 0:
+        raise TranscoderLoadError(f"{folder} has no W_enc_0.safetensors (a cross-layer set)")
+    out = {key: [] for key in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
+    for layer in range(n):
+        enc_path = folder / f"W_enc_{layer}.safetensors"
+        dec_path = folder / f"W_dec_{layer}.safetensors"
+        enc, dec = _read_layer(enc_path), _read_layer(dec_path)
+        for key in ("W_enc", "b_enc", "b_dec"):
+            out[key].append(_need(enc, f"{key}_{layer}", enc_path))
+        out["W_dec"].append(_need(dec, f"W_dec_{layer}", dec_path))
+        out["threshold"].append(enc.get(f"threshold_{layer}"))
+    activation = _activation(config, out["threshold"][0] is not None, folder)
+    if activation != "jumprelu":
+        out["threshold"] = None
+    if activation == "topk":
+        out["k"] = int(config["k"])
+    return out | {"activation": activation, "kind": "cross-layer"}
+
+
+def load_transcoders(
+    path_or_name: str | Path,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> TranscoderSet:
+    """A transcoder set from a circuit-tracer folder or a bundled name.
+
+    Raises:
+        TranscoderLoadError: a missing folder, file or tensor, or an unknown kind or
+            activation, named in one line.
+    """
+    folder = _folder(path_or_name)
+    config_path = folder / CONFIG
+    if not config_path.is_file():
+        raise TranscoderLoadError(f"{folder} has no {CONFIG}; is it a circuit-tracer folder?")
+    config = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    kind = config.get("model_kind")
+    if kind == "transcoder_set":
+        parts = _per_layer(folder, config)
+    elif kind == "cross_layer_transcoder":
+        parts = _cross_layer(folder, config)
+    else:
+        raise TranscoderLoadError(
+            f"{config_path}: model_kind must be transcoder_set or cross_layer_transcoder, "
+            f"got {kind!r}"
+        )
+    try:
+        tc = TranscoderSet(
+            **parts,
+            input_hook=str(config.get("feature_input_hook", "mlp.hook_in")),
+            output_hook=str(config.get("feature_output_hook", "mlp.hook_out")),
+            name=str(config.get("scan") or folder.name),
+        )
+    except ValueError as err:
+        raise TranscoderLoadError(f"{folder}: {err}") from None
+    return tc.to(device=device, dtype=dtype)
+
+
+def check_transcoders_fit(model, tc: TranscoderSet) -> None:
+    """Refuse, in one line and before any run, transcoders whose layer count, width or hooks
+    do not fit ``model``."""
+    n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
+    if tc.n_layers != n_layers:
+        raise TranscoderFitError(
+            f"transcoders {tc.name!r} cover {tc.n_layers} layers but the model has {n_layers}; "
+            "load transcoders trained on this model (one per layer)"
+        )
+    if tc.d_model != d_model:
+        raise TranscoderFitError(
+            f"transcoders {tc.name!r} read width {tc.d_model} but the model's d_model is "
+            f"{d_model}; load transcoders trained on this model"
+        )
+    for hook, allowed, what in (
+        (tc.feature_input_hook, INPUT_HOOKS, "read"),
+        (tc.feature_output_hook, OUTPUT_HOOKS, "write"),
+    ):
+        if hook not in allowed:
+            raise TranscoderFitError(
+                f"transcoders {tc.name!r} {what} {hook!r}; interp splices transcoders that "
+                f"{what} one of {', '.join(allowed)}"
+            )
+    for layer in range(n_layers):
+        for name in (tc.input_hook(layer), tc.output_hook(layer)):
+            if name not in model.hook_dict:
+                hint = (
+                    "parallel attention/MLP blocks have no hook_resid_mid: use mlp.hook_in"
+                    if name.endswith("hook_resid_mid")
+                    else "transcoders replace MLPs: this model has none there"
+                )
+                raise TranscoderFitError(
+                    f"transcoders {tc.name!r} use {name}, which this model has no hook for ({hint})"
+                )
