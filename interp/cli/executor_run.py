@@ -34,9 +34,9 @@ def _done(out: Path) -> None:
     shutil.rmtree(Path(out) / WORK_DIR, ignore_errors=True)
 
 
-def run_patch(args, out: Path, model, task, batch, settings: dict, strings, say) -> int:
-    """``interp patch --task --executor``: patching.csv, summary.json, report.html."""
-    from interp.cli.patch import write_results
+def run_patch(args, out: Path, model, task, batch, settings: dict, strings, write, say) -> int:
+    """``interp patch --task --executor``: patching.csv, summary.json, report.html, written by
+    ``write`` (``interp.cli.patch.write_results``, passed in: a command module is above this)."""
     from interp.interventions.shards import merge_partial_sums
 
     parts = _shards("patch", args, out, model, task, say, **settings)
@@ -45,7 +45,7 @@ def run_patch(args, out: Path, model, task, batch, settings: dict, strings, say)
         part["tokens"] = strings(model, first.clean[0])
         part["corrupted_tokens"] = strings(model, first.corrupted[0])
         part["source"] = {"model": str(args.model), "task": str(args.task)}
-    code = write_results(out, parts, merge_partial_sums(parts))
+    code = write(out, parts, merge_partial_sums(parts))
     _done(out)
     return code
 

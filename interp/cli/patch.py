@@ -250,7 +250,9 @@ def _run_task(args: argparse.Namespace, out: Path, sites: list[str]) -> int:
         settings = {"metric": args.metric or "logit_diff", "sites": sites}
         settings |= {"direction": args.direction, "method": args.method}
         settings |= {"positions": args.positions} if args.positions else {}
-        return run_patch(args, out, model, task, batch, settings, token_strings, _say)
+        return run_patch(
+            args, out, model, task, batch, settings, token_strings, write_results, _say
+        )
     rows = len(range(index, len(task), count))
     _say(f"patching {', '.join(sites)} over {rows} of {len(task)} rows ({args.method}) ...")
     try:

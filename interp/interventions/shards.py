@@ -26,7 +26,8 @@ import torch
 
 from interp.foundation.partials import check_shards
 from interp.interventions.grids import recovered, undefined
-from interp.interventions.patching import TASK_COLUMNS, patch_activations
+from interp.interventions.inputs import analysis_rows
+from interp.interventions.patch_rows import TASK_COLUMNS, patch_rows
 from interp.interventions.sanity import sanity_warnings
 from interp.tasks import Task
 
@@ -89,7 +90,6 @@ def task_partial_sums(
     rows = shard_rows(len(task), index, count)
     part = Task(tuple(task.rows[i] for i in rows), source=task.source)
     common = dict(
-        metric=metric,
         sites=sites,
         direction=direction,
         layers=layers,
@@ -100,13 +100,15 @@ def task_partial_sums(
     )
     cells, attrs = [], None
     if method in ("exact", "both"):
-        frame = patch_activations(model, part, method="exact", per_row=True, **common)
+        inputs = analysis_rows(model, part, None, metric, call="task_partial_sums", per_row=True)
+        frame = patch_rows(model, inputs, method="exact", per_row=True, **common)
         attrs = frame.attrs
         sums = frame.groupby(KEYS, sort=False, dropna=False)["metric"]
         table = sums.sum().rename("sum").to_frame().join(sums.apply(lambda v: (v**2).sum()))
         cells.append(table.rename(columns={"metric": "sumsq"}).reset_index())
     if method in ("attribution", "both"):
-        frame = patch_activations(model, part, method="attribution", **common)
+        inputs = analysis_rows(model, part, None, metric, call="task_partial_sums")
+        frame = patch_rows(model, inputs, method="attribution", **common)
         attrs = attrs or frame.attrs
         table = frame[KEYS].assign(sum=frame["metric"] * len(rows), sumsq=math.nan)
         cells.append(table)
