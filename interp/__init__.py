@@ -52,6 +52,7 @@ _EXPORTS = {
     "load_transcoders": "interp.transcoders.loading",
     "check_transcoders_fit": "interp.transcoders.loading",
     "TranscoderSet": "interp.transcoders.transcoder",
+    "train_transcoder": "interp.transcoders.train",
     "attribution_graph": "interp.graphs.attribute",
     "AttributionGraph": "interp.graphs.graph",
     "FeatureEdit": "interp.engine",
