@@ -64,9 +64,11 @@ def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) 
         if got[j] is None:
             continue
         g = got[j][:b]
-        index, pos, vecs = src.writers[j]
-        for chunk in torch.split(torch.arange(len(index), device=index.device), 4096):
-            out[:, index[chunk]] += torch.einsum("bnd,nd->bn", g[:, pos[chunk]], vecs[chunk])
+        vecs, cols = src.writers[j]  # [pos slot d_model], [pos slot]
+        if vecs.shape[1]:
+            scores = torch.bmm(g.transpose(0, 1), vecs.transpose(1, 2))  # [pos b slot]
+            valid = cols >= 0
+            out[:, cols[valid]] += scores.permute(1, 0, 2)[:, valid]
         start = src.n_features + j * (n_pos - 1)
         out[:, start : start + n_pos - 1] = torch.einsum("bpd,pd->bp", g[:, 1:], src.errors[j])
     if got[-1] is not None:
@@ -140,7 +142,11 @@ def attribution_graph(
             batch_size //= 2
 
     total_cols = src.n_cols + n_logits
-    computed = torch.zeros(keep + n_logits, total_cols, dtype=dtype)
+    # every feature kept: rows go straight into the adjacency (no N² copies); otherwise into
+    # rows in the order computed, which rank the features still to visit
+    full = keep == n_feat
+    shape = (n_nodes, n_nodes) if full else (keep + n_logits, total_cols)
+    computed = torch.zeros(shape, dtype=dtype)
     row_nodes = torch.zeros(keep + n_logits, dtype=torch.long)
     with no_param_grads(model):
         fp = frozen_pass(model, tokens, tc, batch_size)
@@ -155,13 +161,13 @@ def attribution_graph(
                 torch.full((b,), n_pos - 1, device=device),
                 logit_vecs[chunk],
             )
-            computed[chunk, : src.n_cols] = rows.cpu()
             row_nodes[chunk] = torch.arange(chunk.start, chunk.stop) + src.n_cols
+            computed[row_nodes[chunk] if full else chunk, : src.n_cols] = rows.cpu()
         visited = torch.zeros(n_feat, dtype=torch.bool)
         filled = n_logits
         bar = tqdm(total=keep, desc="attribution graph: features", disable=not progress)
         while filled < n_logits + keep:
-            if keep == n_feat:
+            if full:
                 pending = torch.arange(n_feat)
             else:
                 influence = partial_influences(computed[:filled], logit_p, row_nodes[:filled])
@@ -175,7 +181,8 @@ def attribution_graph(
                     src.feat_pos[batch].to(device),
                     src.encoders[batch.to(device)],
                 )
-                computed[filled : filled + len(batch), : src.n_cols] = rows.cpu()
+                where = batch if full else slice(filled, filled + len(batch))
+                computed[where, : src.n_cols] = rows.cpu()
                 row_nodes[filled : filled + len(batch)] = batch
                 visited[batch] = True
                 filled += len(batch)
@@ -184,12 +191,14 @@ def attribution_graph(
         del fp
 
     selected = torch.nonzero(visited).flatten()
-    columns = torch.cat([selected, torch.arange(n_feat, total_cols)])
-    adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
-    feature_rows = computed[n_logits:]
-    order = torch.argsort(row_nodes[n_logits:])  # features in (layer, pos, feature) order
-    adjacency[:keep] = feature_rows[order][:, columns]
-    adjacency[-n_logits:] = computed[:n_logits][:, columns]
+    if full:
+        adjacency = computed
+    else:
+        columns = torch.cat([selected, torch.arange(n_feat, total_cols)])
+        adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
+        order = torch.argsort(row_nodes[n_logits:])  # features in (layer, pos, feature) order
+        adjacency[:keep] = computed[n_logits:][order][:, columns]
+        adjacency[-n_logits:] = computed[:n_logits][:, columns]
     nodes = node_table(src, selected, tc.n_layers, tokens, logit_ids, logit_p)
     return AttributionGraph(
         nodes=nodes,

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from interp.graphs.influence import graph_scores, node_influence, prune_masks
+from interp.graphs.influence import graph_scores, prune_masks
 
 __all__ = ["NODE_COLUMNS", "NODE_KINDS", "AttributionGraph"]
 
@@ -66,7 +66,7 @@ class AttributionGraph:
     # ------------------------------------------------------------------ node groups
 
     def _mask(self, kind: str) -> Tensor:
-        return torch.as_tensor((self.nodes["kind"] == kind).to_numpy())
+        return torch.tensor((self.nodes["kind"] == kind).to_numpy())
 
     def _span(self, kind: str) -> slice:
         where = torch.nonzero(self._mask(kind)).flatten()
@@ -100,7 +100,7 @@ class AttributionGraph:
         if self.kept_nodes is not None:
             raise ValueError("this graph is pruned already: prune the graph it came from")
         n_tail = len(self.tokens) + len(self.logit_token_ids)
-        node_mask, edge_mask, cumulative = prune_masks(
+        node_mask, edge_mask, cumulative, influence = prune_masks(
             self.adjacency.cpu(),
             self.logit_weights(),
             n_features=self.n_features,
@@ -108,7 +108,6 @@ class AttributionGraph:
             node_threshold=node_threshold,
             edge_threshold=edge_threshold,
         )
-        influence = node_influence(self.adjacency.cpu(), self.logit_weights())
         kept = torch.nonzero(node_mask).flatten()
         nodes = self.nodes.iloc[kept.numpy()].reset_index(drop=True)
         nodes["influence"] = influence[kept].numpy()

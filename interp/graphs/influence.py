@@ -57,11 +57,19 @@ def edge_influence(adjacency: Tensor, weights: Tensor) -> Float[Tensor, "n n"]:
 
 
 def find_threshold(scores: Tensor, threshold: float) -> Tensor:
-    """The smallest score among the highest ones that together make ``threshold`` of the total."""
-    ordered = torch.sort(scores.flatten(), descending=True).values
+    """The smallest score among the highest ones that together make ``threshold`` of the total
+    (scores are >= 0). Only the nonzero scores are sorted: the zeros after them add nothing to
+    the cumulative sum, so the result is circuit-tracer's, at a fraction of an N² sort."""
+    flat = scores.flatten()
+    ordered = torch.sort(flat[flat > 0], descending=True).values
+    if len(ordered) == 0:
+        return flat.new_zeros(())
     cumulative = torch.cumsum(ordered, dim=0) / ordered.sum()
-    index = min(int(torch.searchsorted(cumulative, threshold).item()), len(cumulative) - 1)
-    return ordered[index]
+    index = int(torch.searchsorted(cumulative, threshold).item())
+    if index < len(ordered):
+        return ordered[index]
+    # past the last nonzero score: circuit-tracer's index runs into the zeros (if any)
+    return flat.new_zeros(()) if len(ordered) < len(flat) else ordered[-1]
 
 
 def prune_masks(
@@ -72,8 +80,9 @@ def prune_masks(
     n_kept_tail: int,
     node_threshold: float,
     edge_threshold: float,
-) -> tuple[Bool[Tensor, " n"], Bool[Tensor, "n n"], Float[Tensor, " n"]]:
-    """circuit-tracer's ``prune_graph``: ``(node_mask, edge_mask, cumulative_scores)``.
+) -> tuple[Bool[Tensor, " n"], Bool[Tensor, "n n"], Float[Tensor, " n"], Float[Tensor, " n"]]:
+    """circuit-tracer's ``prune_graph``: ``(node_mask, edge_mask, cumulative_scores)``, and
+    each node's influence.
 
     Nodes are kept to ``node_threshold`` of the total influence, then edges (among kept nodes)
     to ``edge_threshold`` of the total edge influence; feature and error nodes without a kept
@@ -103,7 +112,7 @@ def prune_masks(
     ordered, order = torch.sort(influence, descending=True)
     cumulative = torch.zeros_like(influence)
     cumulative[order] = torch.cumsum(ordered, dim=0) / ordered.sum()
-    return node_mask, edge_mask, cumulative
+    return node_mask, edge_mask, cumulative, influence
 
 
 def graph_scores(

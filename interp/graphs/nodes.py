@@ -31,8 +31,9 @@ class Sources:
     feat_index: Int[Tensor, " feature"]
     activation: Float[Tensor, " feature"]
     encoders: Float[Tensor, "feature d_model"]  # targets' input vectors
-    # per MLP output j: (column of each feature writing there, its position, its vector)
-    writers: list[tuple[Tensor, Tensor, Tensor]]
+    # per MLP output j: the vectors of the features writing there, by position
+    # [pos slot d_model] (zero-padded), and their columns [pos slot] (-1 for padding)
+    writers: list[tuple[Tensor, Tensor]]
     errors: Float[Tensor, "layer pos_1 d_model"]  # positions 1..n_pos-1
     embed: Float[Tensor, "pos d_model"]
 
@@ -47,6 +48,22 @@ class Sources:
     @property
     def n_cols(self) -> int:
         return self.token_start + self.embed.shape[0]
+
+
+def _by_position(columns: Tensor, pos: Tensor, vecs: Tensor, n_pos: int) -> tuple[Tensor, Tensor]:
+    """Vectors grouped by position, ``[pos slot d_model]`` zero-padded, and their columns
+    ``[pos slot]`` (-1 for padding): one batched matmul per layer contracts them all."""
+    counts = torch.bincount(pos, minlength=n_pos)
+    slots = max(int(counts.max()) if len(pos) else 0, 1)
+    order = torch.argsort(pos, stable=True)
+    pos, columns, vecs = pos[order], columns[order], vecs[order]
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(len(pos), device=pos.device) - starts[pos]
+    padded = torch.zeros(n_pos, slots, vecs.shape[-1], dtype=vecs.dtype, device=vecs.device)
+    cols = torch.full((n_pos, slots), -1, dtype=torch.long, device=pos.device)
+    padded[pos, slot] = vecs
+    cols[pos, slot] = columns
+    return padded, cols
 
 
 def read_sources(model, tc, clean: CachedRun, dtype: torch.dtype) -> Sources:
@@ -83,7 +100,7 @@ def read_sources(model, tc, clean: CachedRun, dtype: torch.dtype) -> Sources:
             idx.append(columns[mine])
             pos.append(feat_pos[mine])
             vecs.append(activation[mine, None] * rows)
-        writers.append((torch.cat(idx), torch.cat(pos), torch.cat(vecs)))
+        writers.append(_by_position(torch.cat(idx), torch.cat(pos), torch.cat(vecs), len(xs[0])))
     errors = []
     for layer, x in enumerate(xs):
         decode_in = acts[layer] if tc.kind == "per-layer" else acts
