@@ -1,10 +1,13 @@
-"""``interp models``: list the bundled models and SAEs that load offline."""
+"""``interp models``: list the bundled models, SAEs and transcoder sets that load offline."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "list the models and SAEs bundled with interp (they load offline by short name)"
+HELP = (
+    "list the models, SAEs and transcoder sets bundled with interp (they load offline by "
+    "short name)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,4 +29,21 @@ def run(args: argparse.Namespace) -> int:
             f"{name}\t{info['path']}\tSAE of {info['model'] or 'an unnamed model'} at "
             f"{info['hook']}: {info['architecture']}, {info['d_in']} -> {info['d_sae']} features"
         )
+    for path in sorted(BUNDLED_DIR.iterdir()) if BUNDLED_DIR.is_dir() else []:
+        if (path / "config.yaml").is_file():  # a transcoder set in circuit-tracer's format
+            print(f"{path.name}\t{path}\ttranscoders: {_transcoder_summary(path)}")
     return 0
+
+
+def _transcoder_summary(path) -> str:
+    import yaml  # light, unlike torch
+
+    config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
+    kind = {"transcoder_set": "per-layer", "cross_layer_transcoder": "cross-layer"}
+    activation = str(config.get("activation", "relu or jumprelu"))
+    if "k" in config:
+        activation += f" (k={config['k']})"
+    return (
+        f"{kind.get(config.get('model_kind'), '?')}, {activation}, reads "
+        f"{config.get('feature_input_hook')}, writes {config.get('feature_output_hook')}"
+    )
