@@ -62,7 +62,9 @@ GRAPH_JS = r"""
   var rowH = 70, top = 30, H = top + rowH * (nLayers + 2) + 40;
   var svg = el("svg", {width: acc + 20, height: H, class: "interp-graph-svg",
                        role: "img", "aria-label": "attribution graph"});
-  document.getElementById("interp-graph").appendChild(svg);
+  var box = document.getElementById("interp-graph");
+  box.appendChild(svg);
+  box.scrollLeft = box.scrollWidth;  // the logits sit at the last position
   var pos = {};
   Object.keys(cells).forEach(function (key) {
     var list = cells[key], r = +key.split(":")[0], p = +key.split(":")[1];
