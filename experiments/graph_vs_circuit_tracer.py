@@ -147,6 +147,7 @@ def compare(out: Path) -> None:
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)  # the same for both; the figures in docs/graphs.md are on one thread
     mode, where = sys.argv[1], Path(sys.argv[2])
     if mode == "write":
         opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=False))

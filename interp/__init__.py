@@ -55,6 +55,7 @@ _EXPORTS = {
     "train_transcoder": "interp.transcoders.train",
     "attribution_graph": "interp.graphs.attribute",
     "AttributionGraph": "interp.graphs.graph",
+    "frozen_feature_run": "interp.graphs.interventions",
     "FeatureEdit": "interp.engine",
 }
 

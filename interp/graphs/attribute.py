@@ -59,11 +59,12 @@ def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) 
     top = min(int(layers.max()), n_layers)
     wrt = [fp.outputs[j] for j in range(top)] + [fp.embed]
     got = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
-    out = torch.zeros(b, src.n_cols, dtype=fp.embed.dtype, device=fp.embed.device)
+    work = src.embed.dtype  # float32 at least: a half-precision pass's gradients upcast
+    out = torch.zeros(b, src.n_cols, dtype=work, device=fp.embed.device)
     for j in range(top):
         if got[j] is None:
             continue
-        g = got[j][:b]
+        g = got[j][:b].to(work)
         vecs, cols = src.writers[j]  # [pos slot d_model], [pos slot]
         if vecs.shape[1]:
             scores = torch.bmm(g.transpose(0, 1), vecs.transpose(1, 2))  # [pos b slot]
@@ -72,7 +73,7 @@ def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) 
         start = src.n_features + j * (n_pos - 1)
         out[:, start : start + n_pos - 1] = torch.einsum("bpd,pd->bp", g[:, 1:], src.errors[j])
     if got[-1] is not None:
-        out[:, src.token_start :] = torch.einsum("bpd,pd->bp", got[-1][:b], src.embed)
+        out[:, src.token_start :] = torch.einsum("bpd,pd->bp", got[-1][:b].to(work), src.embed)
     return out
 
 

@@ -68,7 +68,7 @@ def frozen_hooks(model, tc, keep: dict) -> list:
         for layer in range(tc.n_layers)
         for site in ("hook_q", "hook_k", "hook_pattern")
     ]
-    hooks = [(name, _detach) for name in names]
+    hooks = [(name, _detach) for name in names if name in model.hook_dict]
     keep["inputs"], keep["outputs"] = [None] * tc.n_layers, [None] * tc.n_layers
 
     def embed(act: Tensor, hook) -> Tensor:

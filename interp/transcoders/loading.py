@@ -223,7 +223,11 @@ def check_transcoders_fit(model, tc: TranscoderSet) -> None:
     for layer in range(n_layers):
         for name in (tc.input_hook(layer), tc.output_hook(layer)):
             if name not in model.hook_dict:
+                hint = (
+                    "parallel attention/MLP blocks have no hook_resid_mid: use mlp.hook_in"
+                    if name.endswith("hook_resid_mid")
+                    else "transcoders replace MLPs: this model has none there"
+                )
                 raise TranscoderFitError(
-                    f"transcoders {tc.name!r} use {name}, which this model has no hook for "
-                    "(parallel attention/MLP blocks have no hook_resid_mid: use mlp.hook_in)"
+                    f"transcoders {tc.name!r} use {name}, which this model has no hook for ({hint})"
                 )

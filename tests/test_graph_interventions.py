@@ -1,0 +1,53 @@
+"""Feature interventions on the frozen replacement model (interp.graphs.interventions) test a
+graph's edges: zeroing source feature ``s`` moves every feature pre-activation and demeaned
+logit by ``-A[:, s]``; doubling it, by ``+A[:, s]``. In float64, on GPT-2 and Gemma 2 (post-norms,
+soft-capped logits: the logit nodes are the raw logits), per-layer and cross-layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from interp import FeatureEdit, attribution_graph, load_model
+from interp.graphs.interventions import frozen_feature_run
+from tests.transcoder_folders import random_transcoders
+
+TOKENS = torch.tensor([0, 5, 17, 33, 99, 12, 7, 5, 17])
+RTOL = 1e-5  # of the largest entry: transformers' RMSNorm rounds in float32 even in float64
+
+
+def _targets(g, run) -> torch.Tensor:
+    feats = g.nodes[g.nodes.kind == "feature"]
+    pre = torch.stack(
+        [run.pre_activations[int(r.layer), int(r.pos), int(r.feature)] for r in feats.itertuples()]
+    )
+    demeaned = run.logits[g.logit_token_ids] - run.logits.mean()
+    return torch.cat([pre, demeaned])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["per-layer", "cross-layer"])
+@pytest.mark.parametrize("arch", ["gpt2", "gemma2"])
+def test_zeroing_a_feature_moves_targets_by_its_column(zoo, arch, kind):
+    model = load_model(zoo.directory(arch), device="cpu", dtype=torch.float64)
+    tc = random_transcoders(model, kind=kind, skip=kind == "per-layer", seed=4)
+    tc = tc.to(dtype=torch.float64)
+    g = attribution_graph(model, TOKENS, tc)
+    targets = torch.tensor(g.nodes.kind.isin(["feature", "logit"]).to_numpy())
+    base = _targets(g, frozen_feature_run(model, TOKENS, tc))
+    feats = g.nodes[g.nodes.kind == "feature"]
+    scale = g.adjacency.abs().max()
+    for layer in (0, 1):
+        for index in feats[feats.layer == layer].index[:3]:
+            node = feats.loc[index]
+            site = dict(layer=layer, feature=int(node.feature), pos=int(node.pos))
+            zeroed = frozen_feature_run(model, TOKENS, tc, [FeatureEdit(**site, value=0.0)])
+            doubled = frozen_feature_run(model, TOKENS, tc, [FeatureEdit(**site, scale=2.0)])
+            column = g.adjacency[targets, index]
+            torch.testing.assert_close(
+                _targets(g, zeroed) - base, -column, rtol=0, atol=RTOL * scale
+            )
+            torch.testing.assert_close(
+                _targets(g, doubled) - base, column, rtol=0, atol=RTOL * scale
+            )
+    assert g.adjacency[targets][:, feats[feats.layer == 0].index[:3]].abs().max() > 1e-3 * scale
