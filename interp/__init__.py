@@ -55,6 +55,7 @@ _EXPORTS = {
     "load_transcoders": "interp.transcoders.loading",
     "check_transcoders_fit": "interp.transcoders.loading",
     "TranscoderSet": "interp.transcoders.transcoder",
+    "train_transcoder": "interp.transcoders.train",
     "attribution_graph": "interp.graphs.attribute",
     "AttributionGraph": "interp.graphs.graph",
     "frozen_feature_run": "interp.graphs.interventions",

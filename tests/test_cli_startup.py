@@ -120,6 +120,9 @@ def test_refused_command_lines_import_nothing_heavy(places):
         [*patch, "--wrong", "", "--out", out],
         ["patch", "--clean", "", "--corrupted", "a", "--answer", " b", "--out", out],
         ["models", "--verbose"],
+        ["graph", "--transcoders", "tiny-induction-transcoders", "--prompt", "", "--out", out],
+        ["graph", "--transcoders", "no-such-set", "--prompt", "a", "--out", out],
+        ["graph", "--transcoders", "x", "--prompt", "a", "--node-threshold", "2", "--out", out],
     ]
     assert_light(probe(lines), 2)
     assert not Path(out).exists()

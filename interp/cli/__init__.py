@@ -27,6 +27,7 @@ COMMANDS = {
     "discover": "interp.cli.discover",
     "features": "interp.cli.features",
     "merge": "interp.cli.merge",
+    "graph": "interp.cli.graph",
     "models": "interp.cli.models",
 }
 

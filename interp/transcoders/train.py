@@ -1,0 +1,244 @@
+"""Train transcoders on a model's MLPs: per-layer, with a skip term, or cross-layer.
+
+Every layer's MLP input (``blocks.L.mlp.hook_in``) and output (``blocks.L.mlp.hook_out``) are
+read in one pass per buffer of token rows (the texts given, or the bundled model's own
+training mix, as :func:`interp.train_sae`; a BOS token at position 0 is left out), and all
+layers train together on the same tokens; the losses are in :mod:`interp.transcoders.fit`.
+The result is a :class:`~interp.transcoders.TranscoderSet` in the model's units, saved (with
+``out=``) in circuit-tracer's format. Its figures are measured per layer on held-out tokens
+(:data:`EVAL_TOKENS`, :meth:`TokenRows.held_out` with seed :data:`EVAL_SEED`):
+
+    FVU = Σ_tokens ||y - ŷ||² / Σ_tokens ||y - mean_tokens(y)||²   (y: the MLP's output)
+    L0 = mean_tokens #{f: act_f != 0}
+    dead features: never active on any held-out token
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from interp.engine import run_cached
+from interp.foundation.formatting import summary_html, table_html
+from interp.saes.data import TokenRows
+from interp.transcoders import fit as fitting
+from interp.transcoders.transcoder import TranscoderSet
+
+__all__ = ["EVAL_SEED", "EVAL_TOKENS", "TranscoderTrainingReport", "train_transcoder"]
+
+KINDS = ("per-layer", "skip", "cross-layer")
+ACTIVATIONS = ("relu", "jumprelu", "topk")
+INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "mlp.hook_out"  # circuit-tracer's names
+EVAL_TOKENS = 16384  # held-out tokens the figures are measured on
+EVAL_CHUNK = 4096  # tokens encoded at a time for them
+EVAL_SEED = 12345  # the same held-out rows for every run on the same texts
+BUFFER_BATCHES = 32  # activations are drawn this many batches at a time, then shuffled
+
+
+@dataclass(frozen=True)
+class TranscoderTrainingReport:
+    """What a :func:`train_transcoder` run did, and each layer's figures on held-out tokens."""
+
+    kind: str
+    activation: str
+    steps: int
+    tokens: int  # token positions trained on (steps x batch_tokens)
+    figures: pd.DataFrame  # layer, fvu, l0, dead, dead_fraction (held-out)
+    history: pd.DataFrame = field(repr=False)  # step, loss, fvu, l0, lr, sparsity_coefficient
+    seconds: float = 0.0
+
+    def _repr_html_(self) -> str:
+        items = {
+            "kind, activation": f"{self.kind}, {self.activation}",
+            "steps, tokens": f"{self.steps}, {self.tokens:,}",
+            "mean FVU": f"{self.figures['fvu'].mean():.4f}",
+            "mean L0": f"{self.figures['l0'].mean():.2f}",
+            "time": f"{self.seconds:.0f} s",
+        }
+        table = table_html(self.figures, max_rows=100)
+        return summary_html("Transcoder training", items, table=table, table_title="per layer")
+
+
+def _check(model, layers, kind, activation, d_tc, k, steps, batch_tokens) -> list[int]:
+    n_layers = int(model.cfg.n_layers)
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} cannot be trained; pass one of {KINDS}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
+    if d_tc < 1 or steps < 1 or batch_tokens < 1:
+        raise ValueError(
+            f"d_tc, steps and batch_tokens must be positive, got {d_tc}, {steps}, {batch_tokens}"
+        )
+    if (activation == "topk") != (k is not None) or (k is not None and not 1 <= k <= d_tc):
+        raise ValueError(f"topk needs k between 1 and d_tc={d_tc} (and only topk takes k); got {k}")
+    layers = list(range(n_layers)) if layers is None else sorted(set(int(x) for x in layers))
+    if layers != list(range(n_layers)):
+        raise ValueError(
+            f"layers {layers}: a transcoder set covers every layer of the model (0 to "
+            f"{n_layers - 1}, circuit-tracer's format); pass layers=None"
+        )
+    return layers
+
+
+def _pairs(model, batches: Sequence[Tensor], layers: list[int]) -> tuple[Tensor, Tensor]:
+    """Every token's MLP inputs and outputs ``[n layer d_model]`` (BOS at position 0 out)."""
+    hooks_in = [f"blocks.{layer}.{INPUT_HOOK}" for layer in layers]
+    hooks_out = [f"blocks.{layer}.{OUTPUT_HOOK}" for layer in layers]
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    xs, ys = [], []
+    for tokens in batches:
+        run = run_cached(
+            model, tokens, hooks=hooks_in + hooks_out, keep_logits=False, prepend_bos=False
+        )
+        keep = torch.ones(tokens.shape, dtype=torch.bool)
+        if bos is not None:
+            keep[:, 0] = tokens[:, 0] != bos
+        keep = keep.to(run.activations[hooks_in[0]].device)
+        xs.append(torch.stack([run.activations[h][keep] for h in hooks_in], 1).float())
+        ys.append(torch.stack([run.activations[h][keep] for h in hooks_out], 1).float())
+    return torch.cat(xs), torch.cat(ys)
+
+
+def _transcoder_set(w: dict[str, Tensor], kind: str, activation: str, k, name: str):
+    n_layers = w["W_enc"].shape[0]
+    cross = kind == "cross-layer"
+    W_dec = [w["W_dec"][s, :, s:] if cross else w["W_dec"][s, :, 0] for s in range(n_layers)]
+    return TranscoderSet(
+        [w["W_enc"][s].T.contiguous() for s in range(n_layers)],
+        list(w["b_enc"]),
+        [t.contiguous() for t in W_dec],
+        list(w["b_dec"]),
+        kind="cross-layer" if cross else "per-layer",
+        activation=activation,
+        threshold=list(w["threshold"]) if "threshold" in w else None,
+        k=k,
+        W_skip=[t.T.contiguous() for t in w["W_skip"]] if "W_skip" in w else None,
+        input_hook=INPUT_HOOK,
+        output_hook=OUTPUT_HOOK,
+        name=name,
+    )
+
+
+@torch.no_grad()
+def _figures(tc: TranscoderSet, x: Tensor, y: Tensor) -> pd.DataFrame:
+    """FVU, L0 and dead features per layer, with the saved set's own encode and decode."""
+    n_layers = tc.n_layers
+    active = torch.zeros(n_layers, tc.d_tc, dtype=torch.bool, device=x.device)
+    error, l0 = torch.zeros(n_layers, dtype=torch.float64), torch.zeros(n_layers)
+    for xc, yc in zip(x.split(EVAL_CHUNK), y.split(EVAL_CHUNK), strict=True):
+        acts = [tc.encode(xc[:, layer], layer) for layer in range(n_layers)]
+        for layer in range(n_layers):
+            y_hat = tc.decode(acts if tc.kind == "cross-layer" else acts[layer], layer)
+            y_hat = y_hat + tc.skip(xc[:, layer], layer)
+            error[layer] += (yc[:, layer] - y_hat).double().pow(2).sum().item()
+            l0[layer] += (acts[layer] != 0).sum().item()
+            active[layer] |= (acts[layer] != 0).any(0)
+    total = (y - y.mean(0)).double().pow(2).sum((0, 2)).cpu()
+    dead = (~active).sum(1).cpu()
+    return pd.DataFrame(
+        {
+            "layer": range(n_layers),
+            "fvu": (error / total).tolist(),
+            "l0": (l0 / len(x)).tolist(),
+            "dead": dead.tolist(),
+            "dead_fraction": (dead / tc.d_tc).tolist(),
+        }
+    )
+
+
+def train_transcoder(
+    model,
+    layers: Sequence[int] | None = None,
+    texts: Sequence[str] | None = None,
+    *,
+    d_tc: int,
+    kind: str = "per-layer",
+    activation: str = "relu",
+    k: int | None = None,
+    sparsity: float = 1.0,
+    steps: int = 2000,
+    batch_tokens: int = 1024,
+    lr: float = 1e-3,
+    seed: int = 0,
+    out: str | Path | None = None,
+    name: str | None = None,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+) -> tuple[TranscoderSet, TranscoderTrainingReport]:
+    """Train transcoders on every MLP of ``model``.
+
+    Args:
+        layers: the layers to train (None: all; a set covers every layer).
+        texts: documents to draw windows of up to 128 tokens from; None: the bundled model's
+            training mix (standard-library source and ``a + a`` repeats).
+        d_tc: features per layer.
+        kind: ``"per-layer"``, ``"skip"`` (per-layer with a linear skip ``W_skip``) or
+            ``"cross-layer"`` (layer l's features write into every later MLP output too).
+        activation: ``"relu"`` (L1 penalty on activation x decoder norm), ``"jumprelu"`` (L0
+            penalty, learned thresholds) or ``"topk"`` (needs ``k``).
+        sparsity: λ, the weight of the sparsity penalty (:mod:`interp.transcoders.fit`).
+        steps, batch_tokens, lr: Adam's steps, tokens per step and learning rate.
+        seed: seeds the data, the initialisation and the shuffles: the same seed gives the
+            same weights.
+        out: a folder to save the set into, in circuit-tracer's format.
+
+    Returns:
+        ``(transcoders, report)``: the set in the model's units, and its figures per layer.
+    """
+    layers = _check(model, layers, kind, activation, d_tc, k, steps, batch_tokens)
+    start = time.perf_counter()
+    device = torch.device(device if device is not None else model.cfg.device)
+    gen = torch.Generator().manual_seed(seed)
+    rows = TokenRows(model, texts, gen)
+    n_layers, d_model = len(layers), int(model.cfg.d_model)
+
+    def pairs(batches) -> tuple[Tensor, Tensor]:
+        x, y = _pairs(model, batches, layers)
+        return x.to(device), y.to(device)
+
+    x0, y0 = pairs(rows.draw(BUFFER_BATCHES * batch_tokens))
+    # one scale per layer and side: mean norm sqrt(d_model) (fit's module docstring)
+    c_in = d_model**0.5 / x0.norm(dim=-1).mean(0).clamp_min(1e-12)
+    c_out = d_model**0.5 / y0.norm(dim=-1).mean(0).clamp_min(1e-12)
+    first = [(x0, y0)]
+
+    def draw() -> tuple[Tensor, Tensor]:
+        x, y = first.pop() if first else pairs(rows.draw(BUFFER_BATCHES * batch_tokens))
+        order = torch.randperm(len(x), generator=gen).to(device)
+        return x[order] * c_in[:, None], y[order] * c_out[:, None]
+
+    cross = kind == "cross-layer"
+    p = fitting.init_params(
+        n_layers, d_model, d_tc, cross=cross, skip=kind == "skip", activation=activation, gen=gen
+    )
+    p = {key: t.to(device).requires_grad_() for key, t in p.items()}
+    mask = (
+        torch.ones(n_layers, n_layers, device=device).triu()
+        if cross
+        else torch.eye(n_layers, device=device)
+    )
+    history = fitting.fit(
+        draw, p, mask, activation=activation, k=k, sparsity=sparsity, steps=steps,
+        batch_tokens=batch_tokens, lr=lr, progress=progress,
+    )  # fmt: skip
+    weights = fitting.fold(p, mask, c_in, c_out, activation)
+    tc = _transcoder_set(weights, kind, activation, k, name or f"{kind}-{activation}")
+    x_held, y_held = pairs(rows.held_out(EVAL_TOKENS, EVAL_SEED))
+    report = TranscoderTrainingReport(
+        kind=kind,
+        activation=activation,
+        steps=steps,
+        tokens=steps * batch_tokens,
+        figures=_figures(tc, x_held, y_held),
+        history=pd.DataFrame(history),
+        seconds=time.perf_counter() - start,
+    )
+    if out is not None:
+        tc.save(out)
+    return tc, report
