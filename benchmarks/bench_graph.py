@@ -5,7 +5,7 @@ vocabulary) with a 3,072-wide ReLU transcoder per layer (~1% of features active)
 
 circuit-tracer needs TransformerLens < 4, so the benchmark runs in two environments:
 
-    python benchmarks/bench_graph.py interp DIR [--positions 16,64,256] [--cap 7500]
+    python benchmarks/bench_graph.py interp DIR [--positions 16,64,256] [--cap 7500] [--device cuda]
     /path/to/circuit-tracer-venv/bin/python benchmarks/bench_graph.py circuit-tracer DIR
 
 ``interp`` writes the checkpoint (an HF GPT-2 folder with its tokenizer), the transcoders (a
@@ -49,7 +49,7 @@ def _transcoders(model):
     )
 
 
-def run_interp(out: Path, positions: list[int], cap: int) -> None:
+def run_interp(out: Path, positions: list[int], cap: int, device: str = "cpu") -> None:
     sys.path.insert(0, str(ROOT))
     from interp import attribution_graph, load_model
     from tests.checkpoints import make_checkpoint
@@ -63,6 +63,8 @@ def run_interp(out: Path, positions: list[int], cap: int) -> None:
     model = load_model(model_dir, device="cpu")
     tc = _transcoders(model)
     write_raw_folder(out / "transcoders", tc)
+    if device != "cpu":  # the same checkpoint and transcoders, timed on another device
+        model, tc = load_model(model_dir, device=device), tc.to(device)
     attribution_graph(model, torch.tensor([0, 5, 9, 11]), tc, batch_size=BATCH)  # warm up
     results = []
     for n_pos in positions:
@@ -71,8 +73,10 @@ def run_interp(out: Path, positions: list[int], cap: int) -> None:
             [torch.zeros(1, dtype=torch.long), torch.randint(1, 400, (n_pos - 1,), generator=gen)]
         )
         limit = None if n_pos <= 16 else cap
+        _sync(device)
         start, cpu = time.perf_counter(), time.process_time()
         g = attribution_graph(model, tokens, tc, max_feature_nodes=limit, batch_size=BATCH)
+        _sync(device)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         feats = g.nodes[g.nodes.kind == "feature"][["layer", "pos", "feature"]].to_numpy()
         results.append(
@@ -96,6 +100,11 @@ def run_interp(out: Path, positions: list[int], cap: int) -> None:
             flush=True,
         )
     torch.save(results, out / "interp.pt")
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def run_circuit_tracer(out: Path) -> None:
@@ -142,6 +151,6 @@ if __name__ == "__main__":
     if mode == "interp":
         where.mkdir(parents=True, exist_ok=True)
         positions = [int(p) for p in opts.get("--positions", "16,64,256").split(",")]
-        run_interp(where, positions, int(opts.get("--cap", 7500)))
+        run_interp(where, positions, int(opts.get("--cap", 7500)), opts.get("--device", "cpu"))
     else:
         run_circuit_tracer(where)
