@@ -1,8 +1,8 @@
-"""interp.stores: activations written in parts (by parallel workers too) read back exactly;
-shuffled batches cover every token once per epoch within max_bytes; train_sae from a store
-filled with its own draws gives bit for bit the SAE it trains in memory (a reduced version of
-the bundled SAE's run: same hook, architecture and seed), filled by parallel workers; a store larger than the memory it may
-hold trains an SAE; stores of another model, hook or run are refused."""
+"""interp.stores: activations written in parts read back exactly; shuffled batches cover every
+token once per epoch within max_bytes; train_sae from a store filled (by parallel workers) with
+its own draws gives bit for bit the SAE it trains in memory (a reduced version of the bundled
+SAE's run: same hook, architecture and seed); a store larger than the memory it may hold
+trains an SAE; stores of another model, hook or run are refused."""
 
 from __future__ import annotations
 
