@@ -118,7 +118,7 @@ def run_task(args: argparse.Namespace, out: Path, sites: list[str], say) -> int:
 
         settings = {"metric": metric, "sites": sites, "direction": args.direction}
         return run_patch(args, out, model, task, batch, {**settings, "method": args.method},
-                         _strings, say)  # fmt: skip
+                         _strings, write_results, say)  # fmt: skip
     rows = len(range(index, len(task), count))
     say(f"patching {', '.join(sites)} over {rows} of {len(task)} rows ({args.method}) ...")
     try:
