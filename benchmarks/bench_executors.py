@@ -9,8 +9,10 @@ tests' ``gpt2_small_width``) and an induction task of ``--rows`` rows, ``eap-ig`
   ``--cpus`` CPUs (started once; its workers load the model once each: the first run is cold);
 - ``local N``: ``Sharding("local", shards=N)``: N fresh processes, each importing torch and
   loading the model;
-- ``overhead``: a shard that does nothing, 16 of them on the warm Ray cluster and as local
-  processes: what the executor itself costs a shard.
+- ``overhead``: a shard that does next to nothing (a sum, no torch), 16 of them on the warm
+  Ray cluster and as local processes: what the executor itself costs a shard. A worker that
+  runs a model pays its start once more (import torch, load the model): ``ray 1 (cold)`` less
+  ``ray 1``.
 
     python benchmarks/bench_executors.py [--rows 16] [--cpus 2] [--repeat 2]
 """
@@ -34,11 +36,6 @@ from interp.discovery import discover_circuit  # noqa: E402
 from interp.executors import LocalExecutor, RayExecutor, Sharding, run_shards  # noqa: E402
 from interp.tasks import induction  # noqa: E402
 from tests.checkpoints import make_checkpoint  # noqa: E402
-
-
-def nothing(index: int, count: int) -> dict:
-    """A shard with no work: what remains is the executor's own cost."""
-    return {"shard": index}
 
 
 def seconds(fn) -> tuple[float, object]:
@@ -89,8 +86,9 @@ def main() -> None:
         base = scores["score"].to_numpy() if base is None else base
         diff = float(np.abs(scores["score"].to_numpy() - base).max())
         print(f"{name:>13}: {min(times):6.2f} s (max |score - whole| {diff:.1e})")
-    from benchmarks.bench_executors import nothing as job  # importable in the workers
+    from tests.support_executors import SumJob  # no torch: a worker imports next to nothing
 
+    job = SumJob((1.0,) * 16, tempfile.mkdtemp(prefix="interp-bench-log-"))
     for name, make in [("ray", RayExecutor), ("local", lambda: LocalExecutor(args.cpus))]:
         work = tempfile.mkdtemp(prefix="interp-bench-shards-")
         took, _ = seconds(lambda make=make, work=work: run_shards(
