@@ -7,7 +7,7 @@ Fills a store with exactly the activations ``train_sae`` draws for the bundled S
 of 1,024 tokens), computed in ``--shards`` local processes
 (:func:`interp.stores.training.fill_training_store`), then trains from the store on one thread
 with deterministic algorithms, and compares the weights and the held-out figures with the
-shipped SAE's. ``--steps`` (fewer steps) compares with a run in memory instead.
+shipped SAE's. ``--steps`` (fewer steps) or ``--memory`` compare with a run in memory.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", type=Path, default=None, help="default: a temporary folder")
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--memory", action="store_true", help="also train in memory, compare")
     args = parser.parse_args(argv)
     cfg = SAEConfig(**({} if args.steps is None else {"steps": args.steps}))
     torch.set_num_threads(cfg.threads)
@@ -66,15 +67,26 @@ def main(argv: list[str] | None = None) -> int:
         f"variance {report.explained_variance:.4f}, MSE {report.mse:.6f}, dead "
         f"{len(report.dead_features)}"
     )
+    shipped = load_file(DEFAULT_OUT / "sae_weights.safetensors")
     if args.steps is None:
-        shipped = load_file(DEFAULT_OUT / "sae_weights.safetensors")
         figures = json.loads((DEFAULT_OUT / "TRAINING.json").read_text())["figures"]
         print(f"shipped: {figures}")
         same = {n: torch.equal(getattr(sae, n).detach(), shipped[n]) for n in shipped}
-    else:
-        memory, _ = train_sae(model, HOOK, **train)
-        same = {n: torch.equal(getattr(sae, n), getattr(memory, n)) for n in ("W_enc", "W_dec")}
-    print(f"weights equal to the {'shipped' if args.steps is None else 'in-memory'} SAE's: {same}")
+        print(f"weights equal to the shipped SAE's: {same}")
+    if args.steps is not None or args.memory:
+        memory, again = train_sae(model, HOOK, **train)
+        print(
+            f"trained in memory in {again.seconds:.0f} s: L0 {again.l0:.2f}, explained "
+            f"variance {again.explained_variance:.4f}, MSE {again.mse:.6f}, dead "
+            f"{len(again.dead_features)}"
+        )
+        same = {n: torch.equal(getattr(sae, n), getattr(memory, n)) for n in shipped}
+        print(f"weights equal to the in-memory SAE's: {same}")
+        if args.steps is None:
+            print(
+                "in memory = shipped:",
+                {n: torch.equal(getattr(memory, n).detach(), shipped[n]) for n in shipped},
+            )
     print(json.dumps({"config": dataclasses.asdict(cfg), "fill_seconds": round(fill_s, 1)}))
     return 0 if all(same.values()) else 1
 
