@@ -257,7 +257,7 @@ def run_task(args: argparse.Namespace, out: Path) -> int:
     if args.executor is not None:
         from interp.cli.executor_run import run_attribute
 
-        return run_attribute(args, out, model, task, _say)
+        return run_attribute(args, out, model, task, write_results, _say)
     rows = len(range(index, len(task), count))
     _say(f"folding LayerNorm into a copy of the model and attributing {rows} of {len(task)} rows")
     partial = attribution_partial_sums(model, task, shard=(index, count), per_row=args.per_row)

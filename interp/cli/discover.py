@@ -192,9 +192,10 @@ def run(args: argparse.Namespace) -> int:
     settings = {"top_n": args.top_n, "threshold": args.threshold, "ablation": args.ablation}
     ig_steps = args.ig_steps or 5
     if args.executor is not None:
+        from interp.cli.discover_results import write_results
         from interp.cli.executor_run import run_discover
 
-        return run_discover(args, out, model, task, source, ig_steps, say)
+        return run_discover(args, out, model, task, source, ig_steps, write_results, say)
     if args.shard is not None:
         return _write_shard(args, out, model, task, source, settings, ig_steps, say)
     from interp.cli.discover_results import write_results

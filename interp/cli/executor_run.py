@@ -1,7 +1,8 @@
 """The ``--executor`` path of ``interp patch --task``, ``interp attribute --task`` and ``interp
 discover``: the shards run on the executor (:mod:`interp.executors.tasks`), then the partials go
-through the same merge and writers as ``interp merge``, and the discover circuit is evaluated
-here as a whole run does; the kept partials are removed once the files are in place."""
+through the same merge as ``interp merge`` and the writer each command hands in (``write``);
+the discover circuit is evaluated here as a whole run does. The kept partials are removed once
+the files are in place."""
 
 from __future__ import annotations
 
@@ -50,22 +51,20 @@ def run_patch(args, out: Path, model, task, batch, settings: dict, strings, writ
     return code
 
 
-def run_attribute(args, out: Path, model, task, say) -> int:
+def run_attribute(args, out: Path, model, task, write, say) -> int:
     """``interp attribute --task --executor``: the files of a whole task run."""
     from interp.attribution.shards import merge_attribution_sums
-    from interp.cli.attribute import write_results
 
     parts = _shards("attribute", args, out, model, task, say, per_row=args.per_row)
     for part in parts:
         part["source"] = {"model": str(args.model), "task": str(args.task)}
-    code = write_results(out, parts, merge_attribution_sums(parts))
+    code = write(out, parts, merge_attribution_sums(parts))
     _done(out)
     return code
 
 
-def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, say) -> int:
+def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, write, say) -> int:
     """The whole run's files: merged scores, the circuit, and its evaluation here."""
-    from interp.cli.discover_results import write_results
     from interp.discovery import evaluate_circuit
     from interp.discovery.circuit import circuit_from_scores
     from interp.discovery.shards import merge_discovery_sums
@@ -92,8 +91,6 @@ def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, say)
         },
         "examples": source["examples"],
     }
-    code = write_results(
-        out, info, circuit.method, circuit.params, circuit.scores, result, args.ablation
-    )
+    code = write(out, info, circuit.method, circuit.params, circuit.scores, result, args.ablation)
     _done(out)
     return code

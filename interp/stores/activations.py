@@ -33,6 +33,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.executors.local import InlineExecutor
 from interp.executors.models import model_spec, worker_model
 from interp.executors.runner import run_shards
 from interp.foundation.files import write_text_atomic
@@ -128,8 +129,6 @@ def fill_store(
     in ``shards`` parts under ``path``, each shard on ``executor`` (an executor of
     :mod:`interp.executors.backends`; None: one after the other here). A re-run with the same
     model, hooks and tokens does only the parts that are missing."""
-    from interp.executors.backends import InlineExecutor
-
     tokens = torch.as_tensor(tokens)
     if tokens.dim() != 2 or not 1 <= shards <= len(tokens):
         raise ValueError(

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from interp.executors.local import InlineExecutor
 from interp.executors.models import model_spec, worker_model
 from interp.executors.runner import run_shards
 from interp.saes.data import TokenRows, activations_at
@@ -155,8 +156,6 @@ def fill_training_store(
     """A store of exactly the activations ``train_sae(model, hook, texts, d_sae=..., steps=...,
     batch_tokens=..., seed=...)`` draws, one part per draw, computed in ``shards`` on
     ``executor``; ``train_sae(..., store=path)`` with those settings then gives the same SAE."""
-    from interp.executors.backends import InlineExecutor
-
     spec = model_spec(model)
     settings = {"seed": seed, "steps": steps, "batch_tokens": batch_tokens, "d_sae": d_sae}
     job = _TrainingShard(spec, hook, None if texts is None else tuple(texts), settings, str(path))
