@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from interp import load_model  # noqa: E402
 from interp.discovery import discover_circuit  # noqa: E402
-from interp.executors import LocalExecutor, RayExecutor, Sharding, run_shards  # noqa: E402
+from interp.foundation.executors import LocalExecutor, RayExecutor, Sharding, run_shards  # noqa: E402
 from interp.tasks import induction  # noqa: E402
 from tests.checkpoints import make_checkpoint  # noqa: E402
 

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from experiments.train_bundled_sae import DEFAULT_OUT, HOOK, MODEL, SAEConfig  # noqa: E402
-from interp.executors import LocalExecutor  # noqa: E402
+from interp.foundation.executors import LocalExecutor  # noqa: E402
 from interp.models.loading import load_model  # noqa: E402
 from interp.saes.train import train_sae  # noqa: E402
 from interp.stores.training import fill_training_store  # noqa: E402

@@ -51,7 +51,7 @@ _EXPORTS = {
     "Task": "interp.tasks",
     "ActivationStore": "interp.stores.activations",
     "fill_store": "interp.stores.activations",
-    "Sharding": "interp.executors.sharding",
+    "Sharding": "interp.foundation.executors.sharding",
     "load_transcoders": "interp.transcoders.loading",
     "check_transcoders_fit": "interp.transcoders.loading",
     "TranscoderSet": "interp.transcoders.transcoder",

@@ -9,8 +9,14 @@ import json
 
 import pytest
 
-from interp.executors import LocalExecutor, RayExecutor, ShardError, SlurmExecutor, run_shards
-from interp.executors.backends import missing_extra
+from interp.foundation.executors import (
+    LocalExecutor,
+    RayExecutor,
+    ShardError,
+    SlurmExecutor,
+    run_shards,
+)
+from interp.foundation.executors.backends import missing_extra
 from tests.support_executors import SumJob, runs
 
 VALUES = tuple(float(v) * 0.1 for v in range(11))  # 11 rows: shards of 3, 3, 3, 2

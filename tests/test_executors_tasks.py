@@ -11,10 +11,10 @@ import pytest
 
 from interp import Task, discover_circuit, patch_activations
 from interp.discovery.shards import discovery_partial_sums, merge_discovery_sums
-from interp.executors import Sharding
-from interp.executors.tasks import model_source
+from interp.foundation.executors import Sharding
 from interp.interventions.shards import merge_partial_sums, task_partial_sums
 from interp.tasks import induction
+from interp.tasks.sharded import model_source
 
 # float32 metrics summed over <= 9 rows in float64, divided by C - K ~ 1: rounding of the order
 ATOL = 1e-6

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from interp.executors import LocalExecutor
+from interp.foundation.executors import LocalExecutor
 from interp.saes.data import activations_at
 from interp.saes.train import train_sae
 from interp.stores import ActivationStore, fill_store

@@ -17,7 +17,7 @@ from interp.cli.output import UsageError
 __all__ = ["WORK_DIR", "add_executor_arguments", "check_executor", "sharding_of"]
 
 WORK_DIR = ".interp-shards"  # inside --out: each finished shard's partial, until the merge
-EXECUTORS = ("local", "ray", "slurm")  # interp.executors.EXECUTORS, torch-free (tested)
+EXECUTORS = ("local", "ray", "slurm")  # interp.foundation.executors.EXECUTORS, torch-free (tested)
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +69,7 @@ def check_executor(args: argparse.Namespace, n_rows: int, *, scored: bool = True
         raise UsageError("--slurm-partition is for --executor slurm")
     if name == "local" and args.gpus_per_shard:
         raise UsageError("--gpus-per-shard is for --executor ray or slurm")
-    from interp.executors.backends import missing_extra
+    from interp.foundation.executors.backends import missing_extra
 
     line = missing_extra(name)
     if line is not None:
@@ -81,8 +81,8 @@ def _given(args: argparse.Namespace, option: str) -> bool:
 
 
 def sharding_of(args: argparse.Namespace, out: Path):
-    """The :class:`interp.executors.Sharding` the options describe, kept in ``out``."""
-    from interp.executors.sharding import Sharding
+    """The :class:`interp.foundation.executors.Sharding` the options describe, kept in ``out``."""
+    from interp.foundation.executors.sharding import Sharding
 
     return Sharding(
         args.executor,

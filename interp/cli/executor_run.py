@@ -1,5 +1,5 @@
 """The ``--executor`` path of ``interp patch --task``, ``interp attribute --task`` and ``interp
-discover``: the shards run on the executor (:mod:`interp.executors.tasks`), then the partials go
+discover``: the shards run on the executor (:mod:`interp.tasks.sharded`), then the partials go
 through the same merge as ``interp merge`` and the writer each command hands in (``write``);
 the discover circuit is evaluated here as a whole run does. The kept partials are removed once
 the files are in place."""
@@ -15,9 +15,9 @@ __all__ = ["run_patch", "run_attribute", "run_discover"]
 
 
 def _shards(kind: str, args, out: Path, model, task, say, **settings) -> list[dict]:
-    from interp.executors.runner import ShardError
-    from interp.executors.tasks import run_task_shards, task_shard
+    from interp.foundation.executors.runner import ShardError
     from interp.interventions.shards import task_fingerprint
+    from interp.tasks.sharded import run_task_shards, task_shard
 
     source = str(Path(args.model).resolve()) if Path(args.model).exists() else str(args.model)
     job = task_shard(kind, model, task, source=source, **settings)

@@ -106,8 +106,9 @@ def patch_activations(
             corrupted prompt when denoising): causal tracing is ``corrupted=clean`` with
             ``noise`` interventions here.
         executor: over a :class:`interp.Task` only: patch its rows in shards on an executor
-            (``"local"``, ``"ray"``, ``"slurm"`` or an :class:`interp.executors.Sharding`;
-            :mod:`interp.executors.tasks`), merged into the same table (docs/scale.md).
+            (``"local"``, ``"ray"``, ``"slurm"`` or an
+            :class:`interp.foundation.executors.Sharding`;
+            :mod:`interp.tasks.sharded`), merged into the same table (docs/scale.md).
 
     Returns columns ``site, layer, head, pos, method, metric, recovered`` (a task adds
     ``recovered_sem``; with ``per_row`` ``site, layer, head, pos, row, method, metric,
@@ -127,7 +128,7 @@ def patch_activations(
             "grid is by index"
         )
     if executor is not None:
-        from interp.executors.tasks import sharded_patch
+        from interp.tasks.sharded import sharded_patch
 
         if not rows.task or per_row or interventions or corruption or positions is not None:
             raise ValueError(

@@ -7,7 +7,7 @@ import importlib
 _EXPORTS = {
     "ActivationStore": "interp.stores.activations",
     "fill_store": "interp.stores.activations",
-    "model_fingerprint": "interp.stores.fingerprint",
+    "model_fingerprint": "interp.models.fingerprint",
 }
 
 __all__ = sorted(_EXPORTS)

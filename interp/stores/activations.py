@@ -9,7 +9,8 @@ A store is a folder::
     run.json, shard-I-of-N.json   the executor's record of finished shards (a re-run resumes)
 
 :func:`fill_store` runs a token stream (rows of token ids) through the model in shards on any
-executor (:mod:`interp.executors`); each shard writes its part, whole or not at all, and the
+executor (:mod:`interp.foundation.executors`); each shard writes its part, whole or not at all, and
+the
 driver writes ``store.json`` last, so a store that has one is complete. A BOS token at position
 0 is left out (as :func:`interp.saes.data.activations_at`, which computes them).
 
@@ -33,13 +34,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.executors.local import InlineExecutor
-from interp.executors.models import model_spec, worker_model
-from interp.executors.runner import run_shards
+from interp.foundation.executors.local import InlineExecutor
+from interp.foundation.executors.runner import run_shards
 from interp.foundation.files import write_text_atomic
 from interp.foundation.sizes import parse_size
+from interp.models.fingerprint import model_fingerprint
+from interp.models.workers import model_spec, worker_model
 from interp.saes.data import activations_at
-from interp.stores.fingerprint import model_fingerprint
 
 __all__ = ["ActivationStore", "fill_store", "write_part", "FORMAT", "BLOCK"]
 
@@ -73,7 +74,7 @@ def write_part(folder: Path, acts: dict[str, Tensor], tokens: Tensor) -> dict:
 class _FillShard:
     """Shard ``i`` of ``n`` of a token stream: rows ``i*per .. (i+1)*per`` into part ``i``."""
 
-    spec: dict  # interp.executors.models.model_spec
+    spec: dict  # interp.models.workers.model_spec
     hooks: tuple[str, ...]
     rows: np.ndarray  # [rows pos] token ids
     path: str
@@ -127,7 +128,8 @@ def fill_store(
 ) -> ActivationStore:
     """Run ``tokens`` (rows of token ids) through ``model`` and store the activations at ``hooks``
     in ``shards`` parts under ``path``, each shard on ``executor`` (an executor of
-    :mod:`interp.executors.backends`; None: one after the other here). A re-run with the same
+    :mod:`interp.foundation.executors.backends`; None: one after the other here). A re-run with the
+    same
     model, hooks and tokens does only the parts that are missing."""
     tokens = torch.as_tensor(tokens)
     if tokens.dim() != 2 or not 1 <= shards <= len(tokens):

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from interp.executors.local import InlineExecutor
-from interp.executors.models import model_spec, worker_model
-from interp.executors.runner import run_shards
+from interp.foundation.executors.local import InlineExecutor
+from interp.foundation.executors.runner import run_shards
+from interp.models.workers import model_spec, worker_model
 from interp.saes.data import TokenRows, activations_at
 from interp.stores.activations import ActivationStore, write_meta, write_part
 

@@ -1,6 +1,6 @@
-"""One shard in a process of its own (:class:`interp.executors.backends.LocalExecutor`)::
+"""One shard in a process of its own (:class:`interp.foundation.executors.backends.LocalExecutor`)::
 
-    python -m interp.executors.child JOB.pkl INDEX COUNT OUT.json
+    python -m interp.foundation.executors.child JOB.pkl INDEX COUNT OUT.json
 
 loads the pickled job, runs shard ``INDEX`` of ``COUNT`` and writes ``{"result": ...}`` or
 ``{"error": ...}`` to ``OUT.json`` in one rename. A process killed before that leaves no file:
@@ -13,7 +13,7 @@ import json
 import pickle
 import sys
 
-from interp.executors.call import call_shard
+from interp.foundation.executors.call import call_shard
 from interp.foundation.files import write_text_atomic
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from interp.executors.backends import EXECUTORS, make_executor
+from interp.foundation.executors.backends import EXECUTORS, make_executor
 
 __all__ = ["Sharding", "as_sharding"]
 

@@ -5,7 +5,7 @@ existing shard functions, and the driver merges the partials with the existing m
 model's checkpoint (a name or folder ``interp.load_model`` takes, loaded once per worker
 process) with its fingerprint (checked in the worker: a model changed in memory after loading
 is refused, not silently replaced), the task's rows and the function's settings.
-:func:`run_task_shards` runs one over a :class:`interp.executors.Sharding`;
+:func:`run_task_shards` runs one over a :class:`interp.foundation.executors.Sharding`;
 :func:`sharded_edge_scores` and :func:`sharded_patch` are what ``discover_circuit(...,
 executor=)`` and ``patch_activations(task, ..., executor=)`` call.
 """
@@ -20,11 +20,11 @@ import pandas as pd
 
 from interp.attribution.shards import attribution_partial_sums
 from interp.discovery.shards import discovery_partial_sums, merge_discovery_sums
-from interp.executors.models import model_source, worker_model
-from interp.executors.runner import run_shards
-from interp.executors.sharding import Sharding, as_sharding
+from interp.foundation.executors.runner import run_shards
+from interp.foundation.executors.sharding import Sharding, as_sharding
 from interp.interventions.shards import merge_partial_sums, task_fingerprint, task_partial_sums
-from interp.stores.fingerprint import model_fingerprint
+from interp.models.fingerprint import model_fingerprint
+from interp.models.workers import model_source, worker_model
 from interp.tasks import Task
 
 __all__ = [

@@ -4,7 +4,7 @@
 an executor launches the N shards, retries the ones that fail, keeps each finished shard's
 partial on disk (a re-run does only the missing ones) and hands the partials to the same merge::
 
-    from interp.executors import make_executor, run_shards
+    from interp.foundation.executors import make_executor, run_shards
     parts = run_shards(job, 8, make_executor("ray"), "work/", key={"task": fingerprint})
 
 Nothing here imports torch; Ray and submitit are imported only when their executor is made.
@@ -16,16 +16,16 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "run_shards": "interp.executors.runner",
-    "ShardError": "interp.executors.runner",
-    "finished_shards": "interp.executors.runner",
-    "make_executor": "interp.executors.backends",
-    "LocalExecutor": "interp.executors.local",
-    "InlineExecutor": "interp.executors.local",
-    "RayExecutor": "interp.executors.backends",
-    "SlurmExecutor": "interp.executors.backends",
-    "EXECUTORS": "interp.executors.backends",
-    "Sharding": "interp.executors.sharding",
+    "run_shards": "interp.foundation.executors.runner",
+    "ShardError": "interp.foundation.executors.runner",
+    "finished_shards": "interp.foundation.executors.runner",
+    "make_executor": "interp.foundation.executors.backends",
+    "LocalExecutor": "interp.foundation.executors.local",
+    "InlineExecutor": "interp.foundation.executors.local",
+    "RayExecutor": "interp.foundation.executors.backends",
+    "SlurmExecutor": "interp.foundation.executors.backends",
+    "EXECUTORS": "interp.foundation.executors.backends",
+    "Sharding": "interp.foundation.executors.sharding",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -33,5 +33,5 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
-        raise AttributeError(f"module 'interp.executors' has no attribute {name!r}")
+        raise AttributeError(f"module 'interp.foundation.executors' has no attribute {name!r}")
     return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from interp.models.fingerprint import model_fingerprint
 from interp.models.loading import load_model
-from interp.stores.fingerprint import model_fingerprint
 
 __all__ = ["model_source", "model_spec", "worker_model"]
 

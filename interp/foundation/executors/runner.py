@@ -7,7 +7,8 @@ result a JSON-ready dict (a partial of :mod:`interp.interventions.shards`,
 - writes ``run.json`` (the run's ``key``: what makes two runs the same) into ``work_dir``, or
   refuses a ``work_dir`` that holds the shards of another run;
 - skips the shards whose ``shard-I-of-N.json`` is already there (a re-run resumes);
-- submits the others to the executor (:mod:`interp.executors.backends`: local processes, Ray
+- submits the others to the executor (:mod:`interp.foundation.executors.backends`: local processes,
+Ray
   tasks, SLURM jobs), shows one bar over all shards, and writes each finished shard's result
   to disk the moment it arrives;
 - resubmits a failed shard (an exception, or a worker that died) up to ``retries`` times; past
@@ -81,7 +82,7 @@ def run_shards(
     Args:
         job: ``job(index, count) -> dict``, picklable (it travels to the workers).
         count: the number of shards.
-        executor: a :mod:`interp.executors.backends` executor (``make_executor("ray")``).
+        executor: a :mod:`interp.foundation.executors.backends` executor (``make_executor("ray")``).
         work_dir: where each finished shard's result is kept (created if missing).
         key: JSON-ready settings that make two runs the same; a ``work_dir`` holding another
             key is refused (its shards would mix two runs).

@@ -1,11 +1,13 @@
 """Where shards run: processes on this machine, Ray tasks, or SLURM jobs through submitit.
 
-Each executor has the same four methods, which :func:`interp.executors.run_shards` calls:
+Each executor has the same four methods, which :func:`interp.foundation.executors.run_shards` calls:
 ``start(work_dir)``, ``submit(job, index, count)``, ``wait()`` (blocks until at least one
 submitted shard ends; returns ``(index, result, error)`` for each, ``error`` a one-line text or
 None) and ``close()`` (cancels what still runs). Local processes (and the
-in-process :class:`InlineExecutor`) are in :mod:`interp.executors.local`. Every worker runs
-:func:`interp.executors.call.call_shard`, which turns an exception into its one line, so a
+in-process :class:`InlineExecutor`) are in :mod:`interp.foundation.executors.local`. Every worker
+runs
+:func:`interp.foundation.executors.call.call_shard`, which turns an exception into its one line, so
+a
 failure reads the same on every executor. Ray and submitit are optional: imported when an
 executor is made, refused with the install line when missing (:func:`require`).
 """
@@ -19,8 +21,8 @@ import shutil
 import time
 from pathlib import Path
 
-from interp.executors.call import call_shard
-from interp.executors.local import LocalExecutor
+from interp.foundation.executors.call import call_shard
+from interp.foundation.executors.local import LocalExecutor
 
 __all__ = [
     "EXECUTORS",

@@ -1,7 +1,7 @@
 """Shards on this machine: in this process one after the other, or as processes of their own.
 
-Both have the executor methods :func:`interp.executors.run_shards` calls (``start``,
-``submit``, ``wait``, ``close``; :mod:`interp.executors.backends`).
+Both have the executor methods :func:`interp.foundation.executors.run_shards` calls (``start``,
+``submit``, ``wait``, ``close``; :mod:`interp.foundation.executors.backends`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from interp.executors.call import call_shard
+from interp.foundation.executors.call import call_shard
 
 __all__ = ["InlineExecutor", "LocalExecutor"]
 
@@ -53,7 +53,7 @@ class InlineExecutor:
 
 
 class LocalExecutor:
-    """Shards as ``python -m interp.executors.child`` processes on this machine, at most
+    """Shards as ``python -m interp.foundation.executors.child`` processes on this machine, at most
     ``workers`` at a time (default: one per CPU). They inherit the environment (PYTHONPATH,
     threads); a process that dies (killed, out of memory) is a failed shard."""
 
@@ -83,7 +83,7 @@ class LocalExecutor:
             out = self._dir / f"result-{index}-{self._tries}.json"
             log = self._dir / f"stderr-{index}-{self._tries}.txt"
             with open(log, "wb") as err:
-                argv = [sys.executable, "-m", "interp.executors.child", str(job_file)]
+                argv = [sys.executable, "-m", "interp.foundation.executors.child", str(job_file)]
                 proc = subprocess.Popen(
                     [*argv, str(index), str(count), str(out)],
                     stdin=subprocess.DEVNULL,
