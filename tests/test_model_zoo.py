@@ -1,7 +1,8 @@
 """Every analysis and command on every architecture of the zoo, checked against transformers.
 
 Each tiny checkpoint (tests/zoo.py) is written and loaded once per test run (the ``zoo``
-fixture, shared with tests/test_rmsnorm.py and tests/test_circuits_gqa.py). What each check
+fixture, shared with tests/models/test_rmsnorm.py and tests/circuits/test_circuits_gqa.py). What
+each check
 does, and its identity against plain ``transformers``, is in tests/support.py. The expected
 outcome of every (model, analysis) cell comes from docs/support.md, which
 ``experiments/support_table.py`` writes from running the same checks: a cell that says

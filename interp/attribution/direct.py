@@ -31,7 +31,7 @@ Every door here is thin: one prompt is one row, a batch a row per prompt, a task
 row, and all of them run through :func:`interp.attribution.rows.attribute_rows`. A prompt alone
 and the same prompt as a task's only row are the same operations, so the same numbers to the
 bit; in a pass shared with other prompts of its length, the same up to the batched matmuls'
-float32 rounding (tests/test_memory_budgets.py).
+float32 rounding (tests/engine/test_memory_budgets.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The QK and OV products of :class:`~interp.circuits.weights.CircuitWeights`, and the attention
 scores and head outputs they reproduce from weights alone (checked against cached runs in
-tests/test_circuits.py)."""
+tests/circuits/test_circuits.py)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ hold is the division by the per-token scale; circuits that start at the embeddin
 vocabulary mean of ``W_U`` drops a constant per logit row that softmax never sees.
 
 These are the same weights TransformerLens's ``fold_ln`` + ``center_writing_weights`` +
-``center_unembed`` produce (tests/test_circuits.py checks them against
+``center_unembed`` produce (tests/circuits/test_circuits.py checks them against
 ``enable_compatibility_mode()``), except that the centring sits on the reading side, so the
 per-head outputs ``z @ W_O`` stay the model's own.
 """

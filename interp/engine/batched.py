@@ -189,7 +189,8 @@ def run_patched(
 
     Entry ``[p]`` (``[p, i]``) equals, to float rounding, the prompt (task row ``i``) run alone
     with row ``p``'s interventions, its patches taking row ``i`` of their sources
-    (tests/test_patching.py, tests/test_patching_tasks.py), but runs share forward passes:
+    (tests/interventions/test_patching.py, tests/interventions/test_patching_tasks.py), but runs
+    share forward passes:
     ``max_rows`` batch rows at most per pass (default: as many as keep the float32 logits under
     256 MiB), or as many as fit ``max_bytes`` (bytes or text such as ``"500MB"``: one pass's
     working memory and the metric over its logits, :func:`interp.engine.rows_per_chunk`; raises
@@ -203,7 +204,7 @@ def run_patched(
     per task row), ``zero`` or ``noise``; with ``read_at`` (row ``i``'s position to read, e.g.
     its last real token) the row metric gets ``[batch d_vocab]`` logits read there, or full
     logits where the model's cannot be read that way (module docstring; the numbers are the
-    same, tests/test_task_reading.py).
+    same, tests/engine/test_task_reading.py).
     """
     if (metric is None) == (row_metric is None):
         raise TypeError("pass metric (one prompt) or row_metric (a task's rows), one of them")

@@ -7,7 +7,7 @@ are computed inside the hook from ``hook_z`` so that neither ``z`` nor Transform
 ``hook_result`` is kept.
 
 Hooks added here live only for the run: they are removed when it ends, also when a hook or
-the forward pass raises (``model.hooks`` context; see tests/test_caching.py).
+the forward pass raises (``model.hooks`` context; see tests/engine/test_caching.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ A head's output is ``z @ W_O`` (plus the shared ``b_O``), linear in ``z``: repla
 ``z`` replaces its output, so ``head`` sites act on ``hook_z`` and need no gated hook. ``q`` and
 ``k`` are the projections *before* rotary embedding on rotary models (GPT-NeoX, the bundled
 model): the bridge computes them as ``ln1(x) @ W_Q + b_Q`` and rotates afterwards (checked in
-tests/test_interventions.py). Attention-only models have no ``resid_mid`` or ``mlp_out``.
+tests/interventions/test_interventions.py). Attention-only models have no ``resid_mid`` or
+``mlp_out``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ output ``skip(x) + (clean output - clean skip)``), with transcoder features edit
 (:class:`interp.engine.FeatureEdit`: set or scale a feature at a position) and their decoder
 rows' change added where they write: only direct effects move, so zeroing feature ``s`` moves
 each feature's pre-activation and each demeaned logit by exactly ``-A[:, s]`` of the graph
-(tests/test_graph_interventions.py). The propagating counterpart, where every feature is
+(tests/graphs/test_graph_interventions.py). The propagating counterpart, where every feature is
 recomputed from the edited run, is ``run_cached(..., transcoders=tc, feature_edits=...)``.
 """
 

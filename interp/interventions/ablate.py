@@ -11,7 +11,8 @@ paper's mean ablation) and reads the metric. With ``m_i(site)`` the ablated metr
 
 A prompt with a metric callable is a task of one row: ``ablation_effects(model, prompt,
 metric)``. Rows are right-padded; real tokens never see the padding, and the dataset mean is
-taken over real tokens only, so padding changes no number (tests/test_ablation_effects.py).
+taken over real tokens only, so padding changes no number
+(tests/interventions/test_ablation_effects.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ summed over the site's slice (its positions, head and features). One forward pas
 gradients on the base prompt and one backward pass give the gradient at every hook at once,
 so the whole grid costs about as much as two or three forward passes, plus the source run
 (Nanda 2023, "Attribution patching"). The estimate is exact where the metric is linear in the
-patched activation (tests/test_patching_attribution.py) and can be far off elsewhere
+patched activation (tests/interventions/test_patching_attribution.py) and can be far off elsewhere
 (saturated softmaxes, LayerNorm scales): ``method="both"`` returns the exact numbers beside
 it and :func:`interp.interventions.method_errors` the error per cell.
 """

@@ -22,7 +22,8 @@ own answer, for a task), ``C = mean_i clean_i`` and ``K = mean_i corrupted_i`` o
 
 Rows are right-padded to one width. Causal attention never lets a real token see the padding
 after it, and a patch over all positions also writes pad positions of its row, which no real
-token reads: padding changes no number (tests/test_patching_tasks.py). Grids with one cell per
+token reads: padding changes no number (tests/interventions/test_patching_tasks.py). Grids with one
+cell per
 position need rows of one length, or ``positions="named"``: rows carrying ``positions``
 (``IO``, ``S2``) are then reported by label (:mod:`interp.interventions.task_positions`).
 """

@@ -7,7 +7,7 @@ patched metric and of its squares, with each row's clean and corrupted metric an
 a JSON-ready dict. :func:`merge_partial_sums` checks that the shards are of one task and one
 setting and cover every row once, and rebuilds the table :func:`interp.patch_activations`
 returns for the whole task (``metric``, ``recovered``, ``recovered_sem`` and the ``attrs``),
-within float64 rounding of the sums (tests/test_patching_shards.py: within 1e-6).
+within float64 rounding of the sums (tests/interventions/test_patching_shards.py: within 1e-6).
 
 With ``S`` and ``Q`` the sums of ``m_i`` and ``m_i^2`` over all ``n`` rows:
 ``metric = S / n``, ``std = sqrt((Q - S^2 / n) / (n - 1))``. Attribution rows are linear in the

@@ -9,7 +9,7 @@ The patch is made at every position with a source that is the base run's own act
 everywhere except at row ``i``'s labelled position, where it is the source run's. A patch at a
 hook of layer ``L`` changes nothing before that hook, so the base activation there is what the
 patched run holds anyway: the cell equals patching that one position of each row (to float
-rounding; tests/test_patching_named_positions.py checks it against each row alone).
+rounding; tests/interventions/test_patching_named_positions.py checks it against each row alone).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ The reconstruction is ``norm_out(f W_dec + b_dec)`` (``f / |W_dec[j]|`` first wh
 ``norm_out`` undoing ``norm_in`` with the input's own statistics. A transcoder (an
 ``output_hook_name``) reads one hook and writes another: no ``norm_out``, and ``forward`` adds
 ``x W_skip^T`` when it has a skip connection. The tests transcribe each
-formula independently (tests/test_sae_saelens.py); benchmarks/bench_saes.py compares with
+formula independently (tests/saes/test_sae_saelens.py); benchmarks/bench_saes.py compares with
 SAELens itself.
 """
 

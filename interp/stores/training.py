@@ -8,7 +8,7 @@ consumes them):
 - a store filled by :func:`fill_training_store`: the same draws, replayed (token draws cost no
   forward pass), with the activations read from the store's part for that draw and checked to
   be of the same tokens; shuffled by the same generator, so training gives bit for bit the
-  weights the memory source gives (tests/test_stores.py);
+  weights the memory source gives (tests/stores/test_stores.py);
 - any other store (:func:`interp.stores.fill_store`): one shuffled batch at a time from
   :meth:`ActivationStore.batches`, holding at most ``max_bytes``: data many times memory.
 """
