@@ -126,7 +126,7 @@ def test_scan_without_bos(small):
 
 def test_attention_view_without_bos_shows_the_two_copies_only(small, monkeypatch):
     _, model, _ = small
-    from interp.induction import report as induction_report
+    from interp.pages import induction as induction_report
 
     shown = []
     real = induction_report.run_cached
