@@ -12,10 +12,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from interp import load_model
+from interp.tasks import Task
 from interp.tasks.words import IOI_TEMPLATES, NAMES, NOUNS, OBJECTS, PLACES
 from tests.checkpoints import SPECIAL, make_checkpoint
 
@@ -102,3 +104,21 @@ def word_level_model(directory: Path, words: list[str]):
     make_checkpoint(directory, arch="gpt2", n_ctx=32, with_tokenizer=False)
     tokenizer.save_pretrained(directory)
     return load_model(directory, device="cpu")
+
+
+def random_id_task(lengths, *, seed: int = 0, vocab: int = 300, corrupt: int = 2) -> Task:
+    """Rows of random token ids of ``lengths`` (no BOS: a row means the same alone and in a
+    batch); each corrupted row redraws its first ``corrupt`` tokens; each row its own answer
+    and wrong token. The engine's tests share it."""
+    gen = torch.Generator().manual_seed(seed)
+    records = []
+    for n in lengths:
+        clean = torch.randint(1, vocab, (n,), generator=gen)
+        corrupted = clean.clone()
+        corrupted[:corrupt] = torch.randint(1, vocab, (corrupt,), generator=gen)
+        answer, wrong = (int(t) + 1 for t in torch.randperm(vocab - 1, generator=gen)[:2])
+        records.append(
+            {"clean": clean.tolist(), "corrupted": corrupted.tolist(), "answer": answer}
+            | {"wrong": wrong}
+        )
+    return Task.from_records(records)

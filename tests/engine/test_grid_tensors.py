@@ -13,7 +13,7 @@ import torch
 from transformer_lens import patching as tl_patching
 
 from interp.interventions import logit_diff, patch_activations, to_grid
-from interp.tasks import Task
+from tests.task_models import random_id_task
 
 ATOL = 1e-5  # float32 logits of differently shaped batches
 
@@ -60,18 +60,7 @@ def test_every_grid_is_transformer_lens_tensor(gpt2_model):
 
 
 def _task(n_rows, n_tokens, seed=0, vocab=300):
-    gen = torch.Generator().manual_seed(seed)
-    records = []
-    for _ in range(n_rows):
-        clean = torch.randint(1, vocab, (n_tokens,), generator=gen)
-        corrupted = clean.clone()
-        corrupted[:3] = torch.randint(1, vocab, (3,), generator=gen)
-        answer, wrong = (int(t) + 1 for t in torch.randperm(vocab - 1, generator=gen)[:2])
-        records.append(
-            {"clean": clean.tolist(), "corrupted": corrupted.tolist(), "answer": answer}
-            | {"wrong": wrong}
-        )
-    return Task.from_records(records)
+    return random_id_task([n_tokens] * n_rows, seed=seed, vocab=vocab, corrupt=3)
 
 
 @pytest.mark.parametrize("name", ["gpt2_model", "neox_model"])

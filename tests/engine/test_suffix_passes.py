@@ -20,25 +20,14 @@ import interp.engine.batched as batched
 from interp.engine import Intervention, Site, run_cached, run_patched
 from interp.engine.suffix import run_offset, suffix_like_forward
 from interp.interventions.inputs import task_row_metric
-from interp.tasks import Task
+from tests.task_models import random_id_task
 from tests.zoo import ZOO_ARCHS
 
 ATOL = 1e-5  # float32 logits of differently shaped passes
 
 
 def _task(n_rows=3, n_pos=7, seed=0, vocab=200):
-    gen = torch.Generator().manual_seed(seed)
-    records = []
-    for _ in range(n_rows):
-        clean = torch.randint(1, vocab, (n_pos,), generator=gen)
-        corrupted = clean.clone()
-        corrupted[: n_pos // 2] = torch.randint(1, vocab, (n_pos // 2,), generator=gen)
-        answer, wrong = (int(t) + 1 for t in torch.randperm(vocab - 1, generator=gen)[:2])
-        records.append(
-            {"clean": clean.tolist(), "corrupted": corrupted.tolist(), "answer": answer}
-            | {"wrong": wrong}
-        )
-    return Task.from_records(records)
+    return random_id_task([n_pos] * n_rows, seed=seed, vocab=vocab, corrupt=n_pos // 2)
 
 
 def _runs(model, source, n_pos):

@@ -16,7 +16,7 @@ import torch
 from interp import load_model
 from interp.engine import Intervention, Site, run_cached, run_patched
 from interp.engine.passes import reads_like_forward
-from interp.tasks import Task
+from tests.task_models import random_id_task
 
 ATOL = 1e-5  # float32 logits, one position unembedded against all of them
 
@@ -27,19 +27,7 @@ def bundled():
 
 
 def _task(lengths, seed=0, vocab=300):
-    """Token-id rows of ``lengths`` (no BOS: a row means the same alone and in the batch)."""
-    gen = torch.Generator().manual_seed(seed)
-    records = []
-    for n in lengths:
-        clean = torch.randint(1, vocab, (n,), generator=gen)
-        corrupted = clean.clone()
-        corrupted[:2] = torch.randint(1, vocab, (2,), generator=gen)
-        answer, wrong = (int(t) + 1 for t in torch.randperm(vocab - 1, generator=gen)[:2])
-        records.append(
-            {"clean": clean.tolist(), "corrupted": corrupted.tolist(), "answer": answer}
-            | {"wrong": wrong}
-        )
-    return Task.from_records(records)
+    return random_id_task(lengths, seed=seed, vocab=vocab, corrupt=2)
 
 
 def _runs(model, source):
