@@ -46,6 +46,9 @@ __all__ = [
 HookFn = Callable[..., Tensor | None]  # a forward hook: (activation, hook) -> new value or None
 
 
+_SCALE_EDIT = "A forward hook edited hook_scale"  # TransformerLens 4.3's warning
+
+
 def forward(
     model,
     tokens: Int[Tensor, "batch pos"],
@@ -59,7 +62,14 @@ def forward(
     fwd_hooks = [*hooks, *drop_retained_patterns(model)]
     mode = torch.enable_grad() if grad else torch.inference_mode()
     try:
-        with mode, model.hooks(fwd_hooks=fwd_hooks, reset_hooks_end=True):
+        with (
+            mode,
+            model.hooks(fwd_hooks=fwd_hooks, reset_hooks_end=True),
+            warnings.catch_warnings(),
+        ):
+            # TransformerLens 4.3 warns whenever a hook returns a norm's scale; interp's frozen
+            # passes hold the scales on purpose (the same values, detached)
+            warnings.filterwarnings("ignore", message=_SCALE_EDIT)
             return model(tokens, return_type="logits", use_cache=False)
     finally:
         release_retained(model)
