@@ -89,15 +89,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
 
 
+def _saelens(folder: Path) -> bool:
+    """A SAELens folder, or a folder holding some (torch-free: the files only)."""
+    files = ("cfg.json", "sae_weights.safetensors")
+    return any(
+        all((f / name).is_file() for name in files)
+        for f in [folder, *(p for p in folder.iterdir() if p.is_dir())]
+    )
+
+
 def _check_transcoders(name: str) -> None:
     """The folder or bundled set exists (torch-free, before the model loads)."""
     path = Path(name)
-    if path.is_dir() and (path / "config.yaml").is_file():
+    if path.is_dir() and ((path / "config.yaml").is_file() or _saelens(path)):
         return
     if re.fullmatch(r"[\w.-]+", name) and (BUNDLED_DIR / name / "config.yaml").is_file():
         return
     if path.is_dir():
-        raise UsageError(f"--transcoders {name}: the folder has no config.yaml")
+        raise UsageError(
+            f"--transcoders {name}: the folder has no config.yaml (circuit-tracer's) and no "
+            "SAELens transcoder folders (cfg.json + sae_weights.safetensors)"
+        )
     raise UsageError(
         f"--transcoders {name}: no such folder or bundled transcoder set; pass a folder in "
         "circuit-tracer's format or tiny-induction-transcoders"

@@ -170,3 +170,12 @@ def test_another_model_without_transcoders_exits_2_before_loading(gpt2_dir, tmp_
     assert code == 2 and f"--transcoders is required for {gpt2_dir}: " in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_saelens_transcoder_folders_are_taken(gpt2_dir, tmp_path):
+    from tests.transcoders.test_transcoders_saelens import write_set
+
+    folder = write_set(tmp_path / "saelens", "skip_transcoder")
+    assert main(argv(gpt2_dir, folder, tmp_path / "o")) == 0
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["nodes"]["all"] > 0
