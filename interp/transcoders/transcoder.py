@@ -38,7 +38,7 @@ ACTIVATIONS = ("relu", "jumprelu", "topk")  # the activation functions interp ru
 KINDS = ("per-layer", "cross-layer")  # one transcoder per layer, or one CLT
 # where in a block a transcoder may read and write (circuit-tracer's names = the bridge's)
 INPUT_HOOKS = ("mlp.hook_in", "hook_mlp_in", "hook_resid_mid", "ln2.hook_out")
-OUTPUT_HOOKS = ("mlp.hook_out", "hook_mlp_out")
+OUTPUT_HOOKS = ("mlp.hook_out", "hook_mlp_out")  # where they may write
 
 
 def _check(name: str, tensor: Tensor, shape: tuple[int, ...], layer: int) -> None:
