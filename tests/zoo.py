@@ -68,7 +68,7 @@ def _common(vocab: int, **extra) -> dict:
 
 
 def _gpt2(vocab: int, **o):
-    o = {"n_layer": N_LAYERS, **o}  # n_layer=3 gives a constrained range free layers around it
+    o = {"n_layer": N_LAYERS, **o}  # n_layer=3: free layers on both sides of a constrained one
     return GPT2LMHeadModel(
         GPT2Config(
             **_common(vocab),
