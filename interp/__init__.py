@@ -59,6 +59,7 @@ _EXPORTS = {
     "attribution_graph": "interp.graphs.attribute",
     "AttributionGraph": "interp.graphs.graph",
     "frozen_feature_run": "interp.graphs.interventions",
+    "feature_intervention": "interp.graphs.interventions",
     "FeatureEdit": "interp.engine",
 }
 

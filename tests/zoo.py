@@ -68,12 +68,12 @@ def _common(vocab: int, **extra) -> dict:
 
 
 def _gpt2(vocab: int, **o):
+    o = {"n_layer": N_LAYERS, **o}  # n_layer=3: free layers on both sides of a constrained one
     return GPT2LMHeadModel(
         GPT2Config(
             **_common(vocab),
             n_positions=N_CTX,
             n_embd=D_MODEL,
-            n_layer=N_LAYERS,
             n_head=N_HEADS,
             resid_pdrop=0.0,
             embd_pdrop=0.0,

@@ -21,6 +21,8 @@ HELP = (
 )
 FILES = ["graph.json", "nodes.csv", "edges.csv", "summary.json", "report.html"]
 CONTEXT_TOKENS = 16384  # tokens of --text scanned for each feature's top contexts
+# bundled models -> the bundled transcoder set trained on them: --transcoders may be left out
+BUNDLED_TRANSCODERS = {"tiny-induction": "tiny-induction-transcoders"}
 
 
 def _fraction(text: str) -> float:
@@ -46,9 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_option(parser)
     parser.add_argument(
         "--transcoders",
-        required=True,
-        help="a transcoder folder in circuit-tracer's format, or a bundled set "
-        "(tiny-induction-transcoders)",
+        default=None,
+        help="a transcoder folder (circuit-tracer's format, or SAELens transcoder folders), or "
+        "a bundled set; for the bundled tiny-induction it defaults to tiny-induction-transcoders "
+        "and is required for any other model",
     )
     given = parser.add_mutually_exclusive_group(required=True)
     given.add_argument("--prompt", help="the text the model reads (BOS added as the model does)")
@@ -86,24 +89,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
 
 
+def _saelens(folder: Path) -> bool:
+    """A SAELens folder, or a folder holding some (torch-free: the files only)."""
+    files = ("cfg.json", "sae_weights.safetensors")
+    return any(
+        all((f / name).is_file() for name in files)
+        for f in [folder, *(p for p in folder.iterdir() if p.is_dir())]
+    )
+
+
 def _check_transcoders(name: str) -> None:
     """The folder or bundled set exists (torch-free, before the model loads)."""
     path = Path(name)
-    if path.is_dir() and (path / "config.yaml").is_file():
+    if path.is_dir() and ((path / "config.yaml").is_file() or _saelens(path)):
         return
     if re.fullmatch(r"[\w.-]+", name) and (BUNDLED_DIR / name / "config.yaml").is_file():
         return
     if path.is_dir():
-        raise UsageError(f"--transcoders {name}: the folder has no config.yaml")
+        raise UsageError(
+            f"--transcoders {name}: the folder has no config.yaml (circuit-tracer's) and no "
+            "SAELens transcoder folders (cfg.json + sae_weights.safetensors)"
+        )
     raise UsageError(
         f"--transcoders {name}: no such folder or bundled transcoder set; pass a folder in "
         "circuit-tracer's format or tiny-induction-transcoders"
     )
 
 
+def _bundled_model(name: str) -> str | None:
+    """The bundled model ``name`` names (by its short name or its folder), or None."""
+    if name in BUNDLED_TRANSCODERS:
+        return name
+    path = Path(name).expanduser()
+    return next(
+        (
+            b
+            for b in BUNDLED_TRANSCODERS
+            if path.is_dir() and path.resolve() == (BUNDLED_DIR / b).resolve()
+        ),
+        None,
+    )
+
+
+def _default_transcoders(args: argparse.Namespace) -> str:
+    """``--transcoders`` as given, or the bundled set of a bundled model (torch-free)."""
+    if args.transcoders is not None:
+        return args.transcoders
+    bundled = _bundled_model(args.model)
+    if bundled is None:
+        raise UsageError(
+            f"--transcoders is required for {args.model}: only the bundled "
+            f"{', '.join(BUNDLED_TRANSCODERS)} has a default set; pass a transcoder folder "
+            "trained on this model"
+        )
+    return BUNDLED_TRANSCODERS[bundled]
+
+
 def _check_args(args: argparse.Namespace) -> list[str] | None:
     if args.prompt is not None and not args.prompt.strip():
         raise UsageError("--prompt is empty; pass the text the model reads")
+    args.transcoders = _default_transcoders(args)
     _check_transcoders(args.transcoders)
     if args.text is None:
         return None

@@ -1,4 +1,4 @@
-"""Load transcoders from circuit-tracer's folders, and check that they fit a model.
+"""Load transcoders from circuit-tracer's folders or SAELens's, and check that they fit a model.
 
 A folder holds ``config.yaml`` (:mod:`interp.transcoders.files` has the format) and
 
@@ -11,11 +11,16 @@ The activation is ``config["activation"]`` (``relu``, ``topk`` with ``k``, ``jum
 as circuit-tracer does without one, JumpReLU where the files hold thresholds and ReLU otherwise.
 The hooks are circuit-tracer's names inside a block (``mlp.hook_in``, ``hook_resid_mid``;
 ``mlp.hook_out``, ``hook_mlp_out``), which the bridge has under the same names.
+
+SAELens transcoders (one ``cfg.json`` + ``sae_weights.safetensors`` folder per layer: a folder
+of such folders, or a list of them) are read by :mod:`interp.transcoders.saelens`.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -24,7 +29,13 @@ from safetensors.torch import load_file
 
 from interp.models.sources import BUNDLED_DIR
 from interp.transcoders.files import CONFIG
-from interp.transcoders.transcoder import TranscoderSet
+from interp.transcoders.saelens import (
+    SAELensTranscoderError,
+    is_saelens_set,
+    saelens_folders,
+    saelens_parts,
+)
+from interp.transcoders.transcoder import INPUT_HOOKS, OUTPUT_HOOKS, TranscoderSet
 
 __all__ = [
     "INPUT_HOOKS",
@@ -35,9 +46,6 @@ __all__ = [
     "load_transcoders",
 ]
 
-# where in a block a transcoder may read and write (circuit-tracer's names = the bridge's)
-INPUT_HOOKS = ("mlp.hook_in", "hook_mlp_in", "hook_resid_mid", "ln2.hook_out")
-OUTPUT_HOOKS = ("mlp.hook_out", "hook_mlp_out")  # where they may write
 _ACTIVATIONS = {"relu": "relu", "topk": "topk", "jump_relu": "jumprelu", "jumprelu": "jumprelu"}
 
 
@@ -158,22 +166,44 @@ def _cross_layer(folder: Path, config: dict) -> dict:
     return out | {"activation": activation, "kind": "cross-layer"}
 
 
+def _from_saelens(paths: Sequence[Path], name: str) -> TranscoderSet:
+    try:
+        return TranscoderSet(**saelens_parts(paths), name=name)
+    except (SAELensTranscoderError, ValueError) as err:
+        raise TranscoderLoadError(str(err)) from None
+
+
 def load_transcoders(
-    path_or_name: str | Path,
+    path_or_name: str | Path | Sequence[str | Path],
     *,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> TranscoderSet:
-    """A transcoder set from a circuit-tracer folder or a bundled name.
+    """A transcoder set from a circuit-tracer folder, a bundled name, or SAELens transcoders:
+    a folder of per-layer SAELens folders (or one such folder), or a list of them.
 
     Raises:
         TranscoderLoadError: a missing folder, file or tensor, or an unknown kind or
-            activation, named in one line.
+            activation; for SAELens folders, also missing or repeated layers, mixed hooks,
+            widths or activations, an SAE that is not a transcoder, or what SAELens computes
+            that a set cannot hold (input normalisation, say), named in one line.
     """
+    if not isinstance(path_or_name, str | os.PathLike):  # a list of SAELens folders
+        paths = [Path(p) for p in path_or_name]
+        missing = [p for p in paths if not p.is_dir()]
+        if missing:
+            raise TranscoderLoadError(f"{missing[0]} is not a folder (a SAELens transcoder)")
+        tc = _from_saelens(paths, "saelens-transcoders")
+        return tc.to(device=device, dtype=dtype)
     folder = _folder(path_or_name)
     config_path = folder / CONFIG
+    if not config_path.is_file() and is_saelens_set(folder):
+        return _from_saelens(saelens_folders(folder), folder.name).to(device=device, dtype=dtype)
     if not config_path.is_file():
-        raise TranscoderLoadError(f"{folder} has no {CONFIG}; is it a circuit-tracer folder?")
+        raise TranscoderLoadError(
+            f"{folder} has no {CONFIG} (circuit-tracer's) and no SAELens transcoder folders "
+            "(cfg.json + sae_weights.safetensors)"
+        )
     config = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
     kind = config.get("model_kind")
     if kind == "transcoder_set":

@@ -32,10 +32,13 @@ from torch import Tensor
 
 from interp.transcoders.files import write_folder
 
-__all__ = ["ACTIVATIONS", "KINDS", "TranscoderSet"]
+__all__ = ["ACTIVATIONS", "INPUT_HOOKS", "KINDS", "OUTPUT_HOOKS", "TranscoderSet"]
 
 ACTIVATIONS = ("relu", "jumprelu", "topk")  # the activation functions interp runs
 KINDS = ("per-layer", "cross-layer")  # one transcoder per layer, or one CLT
+# where in a block a transcoder may read and write (circuit-tracer's names = the bridge's)
+INPUT_HOOKS = ("mlp.hook_in", "hook_mlp_in", "hook_resid_mid", "ln2.hook_out")
+OUTPUT_HOOKS = ("mlp.hook_out", "hook_mlp_out")  # where they may write
 
 
 def _check(name: str, tensor: Tensor, shape: tuple[int, ...], layer: int) -> None:

@@ -144,3 +144,38 @@ def test_a_failed_write_keeps_the_old_folder(gpt2_dir, tc_dir, tmp_path, monkeyp
     assert {p.name: p.read_text() for p in out.iterdir()} == before
     assert staging_left(tmp_path) == []
     assert f"could not write {out / FILES[-1]}: no space left" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [None, "tiny-induction", "bundled-folder"])
+def test_the_bundled_model_needs_no_transcoders(model, tmp_path, capsys):
+    from interp.models.sources import BUNDLED_DIR
+
+    given = {None: [], "tiny-induction": ["--model", "tiny-induction"],
+             "bundled-folder": ["--model", str(BUNDLED_DIR / "tiny-induction")]}[model]  # fmt: skip
+    out = tmp_path / "g"
+    assert main(["graph", *given, "--prompt", "a b c a b", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["transcoders"] == "tiny-induction-transcoders"
+    assert summary["nodes"]["kept"] < summary["nodes"]["all"]  # pruned
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_another_model_without_transcoders_exits_2_before_loading(gpt2_dir, tmp_path, capsys):
+    code = main(
+        ["graph", "--model", str(gpt2_dir), "--prompt", "a b", "--out", str(tmp_path / "o")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and f"--transcoders is required for {gpt2_dir}: " in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_saelens_transcoder_folders_are_taken(gpt2_dir, tmp_path):
+    from tests.transcoders.test_transcoders_saelens import write_set
+
+    folder = write_set(tmp_path / "saelens", "skip_transcoder")
+    assert main(argv(gpt2_dir, folder, tmp_path / "o")) == 0
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["nodes"]["all"] > 0
