@@ -8,7 +8,8 @@ the table of these outcomes into docs/support.md; tests/test_model_zoo.py re-der
 The intervention checks (patching, over a pair and over a task, path patching, ablation,
 ``interp patch``) are in tests/support_interventions.py, the discovery checks (``edge_scores``
 by each method, ``evaluate_circuit``) in tests/support_discovery.py, the SAE splice in
-tests/support_saes.py.
+tests/support_saes.py, the transcoder splice and the attribution graph in
+tests/support_graphs.py.
 """
 
 from __future__ import annotations
@@ -422,6 +423,7 @@ from tests.support_discovery import (  # noqa: E402
     check_edge_scores_exact,
     check_evaluate_circuit,
 )
+from tests.support_graphs import check_attribution_graph, check_transcoder_splice  # noqa: E402
 from tests.support_interventions import (  # noqa: E402
     check_ablation,
     check_cli_patch,
@@ -458,6 +460,8 @@ ANALYSES: dict[str, Callable[[Case], None]] = {
     "evaluate_circuit": check_evaluate_circuit,
     "interp discover": check_cli_discover,
     "SAE splice": check_sae_splice,
+    "transcoder splice": check_transcoder_splice,
+    "attribution graph": check_attribution_graph,
 }
 
 
@@ -509,7 +513,11 @@ def render_table(results: dict[str, dict[str, Outcome]]) -> str:
         "files equal to the library's scores and evaluation on the same model:",
         "tests/support_discovery.py; an SAE spliced in leaving transformers' logits, its",
         "features the encoding of transformers' hidden state, and without the error term the",
-        "logits of a plain replacing hook: tests/support_saes.py). **refused** means it",
+        "logits of a plain replacing hook: tests/support_saes.py; transcoders spliced in",
+        "leaving transformers' logits and, without error terms, writing their own",
+        "reconstruction; an attribution graph whose entries are what taking a source out of",
+        "an independent frozen replacement model moves each target by:",
+        "tests/support_graphs.py). **refused** means it",
         "stopped with the one-line reason",
         "listed below; **n/a**: the check cannot be posed (a command loads a checkpoint afresh).",
         "**FAILS**: a known bug: it crashed or its identity did not hold (the error is listed",
