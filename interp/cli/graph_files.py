@@ -22,6 +22,7 @@ def graph_outputs(
     once the total time is known)."""
     from interp.graphs.details import feature_details
     from interp.graphs.frontend import edge_table, frontend_json, node_ids
+    from interp.graphs.reading import read_prediction
     from interp.pages.graph import graph_page
 
     start = time.perf_counter()
@@ -59,8 +60,14 @@ def graph_outputs(
         "top contexts: "
         + (f"on {args.text}" if texts is not None else "none (pass --text FILE to scan a text)"),
     ]
+    reading = read_prediction(pruned, token_strings, logit_strings)
     page = graph_page(
-        data, details, title=f"Attribution graph: {args.model}", n_layers=tc.n_layers, info=info
+        data,
+        details,
+        title=f"Attribution graph: {args.model}",
+        n_layers=tc.n_layers,
+        info=info,
+        reading=reading,
     )
     summary = {
         "model": str(args.model),
@@ -78,6 +85,7 @@ def graph_outputs(
         "nodes_by_kind": {"all": _counts(graph.nodes), "kept": _counts(pruned.nodes)},
         "edges_kept": len(edges),
         "adjacency_bytes": int(graph.adjacency.numel() * graph.adjacency.element_size()),
+        "reading": reading,
         "scores": scores,
         "pruned_scores": pruned.scores(),
         "node_threshold": args.node_threshold,

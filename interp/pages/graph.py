@@ -59,6 +59,7 @@ def graph_page(
     title: str,
     n_layers: int,
     info: list[str],
+    reading: list[str] = (),
     max_bytes: int = MAX_PAGE_BYTES,
 ) -> str:
     """The explorer page of circuit-tracer frontend JSON ``graph_json``.
@@ -67,6 +68,8 @@ def graph_page(
         details: per feature ``"{layer}_{feature}"``: ``promoted`` / ``suppressed``
             (``[token, effect]`` pairs) and optionally ``contexts`` (:mod:`interp.graphs.details`).
         info: lines of plain text shown above the graph (model, prompt, sizes, scores).
+        reading: sentences on what the graph says (:func:`interp.graphs.reading.read_prediction`),
+            shown under "What the graph says".
         max_bytes: the page's size budget; links past it are left out of the page (not of
             ``graph.json``) and the page says how many.
     """
@@ -80,13 +83,20 @@ def graph_page(
     keep = len(links)
     while True:
         trial = {**data, "graph": {**graph_json, "links": links[:keep]}}
-        page = _render(trial, title, info, len(graph_json["nodes"]), len(links), max_bytes)
+        page = _render(trial, title, info, reading, len(graph_json["nodes"]), len(links), max_bytes)
         if len(page.encode("utf-8")) <= max_bytes or keep == 0:
             return page
         keep = keep * 3 // 4
 
 
-def _render(data: dict, title: str, info: list[str], n_nodes: int, n_links: int, budget: int):
+def _reading(sentences) -> str:
+    if not sentences:
+        return ""
+    items = "".join(f"<li>{_esc(s)}</li>" for s in sentences)
+    return f'<h2>What the graph says</h2>\n<ul class="interp-graph-reading">{items}</ul>\n'
+
+
+def _render(data: dict, title, info, reading, n_nodes: int, n_links: int, budget: int) -> str:
     lines = list(info)
     kept = len(data["graph"]["links"])
     lines.append(
@@ -113,7 +123,9 @@ def _render(data: dict, title: str, info: list[str], n_nodes: int, n_links: int,
             '<meta name="generator" content="interp">\n',
             f"<title>{_esc(title)}</title>\n<style>\n{_STYLE}\n{_EXTRA_STYLE}</style>\n</head>\n",
             f"<body>\n<main>\n<h1>{_esc(title)}</h1>\n",
-            f'<p>{_esc(chr(10).join(lines))}</p>\n<p class="interp-note">{_esc(help_text)}</p>\n',
+            f"<p>{_esc(chr(10).join(lines))}</p>\n",
+            _reading(reading),
+            f'<p class="interp-note">{_esc(help_text)}</p>\n',
             '<div class="interp-graph-tools"><label>supernode name '
             '<input id="interp-group-name" type="text" maxlength="80"></label> '
             '<button id="interp-group" type="button">group selected</button> '

@@ -158,6 +158,8 @@ def test_the_bundled_model_needs_no_transcoders(model, tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["transcoders"] == "tiny-induction-transcoders"
     assert summary["nodes"]["kept"] < summary["nodes"]["all"]  # pruned
+    assert summary["reading"][0].startswith("The model predicts")
+    assert "<h2>What the graph says</h2>" in (out / "report.html").read_text(encoding="utf-8")
     assert "wrote" in capsys.readouterr().out
 
 
