@@ -37,7 +37,8 @@ def _done(out: Path) -> None:
 
 def run_patch(args, out: Path, model, task, batch, settings: dict, strings, write, say) -> int:
     """``interp patch --task --executor``: patching.csv, summary.json, report.html, written by
-    ``write`` (``interp.cli.patch.write_results``, passed in: a command module is above this)."""
+    ``write`` (``interp.cli.patch_files.write_results``, passed in: a command module is above
+    this)."""
     from interp.interventions.shards import merge_partial_sums
 
     parts = _shards("patch", args, out, model, task, say, **settings)

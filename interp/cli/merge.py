@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--evaluate and --device are for the shards of interp discover")
     if attribute.is_attribution_partial(parts[0]):
         return _merge_attribution(out, args.shards, parts)
-    from interp.cli.patch import write_results
+    from interp.cli.patch_files import write_results
     from interp.interventions.shards import merge_partial_sums
 
     try:
