@@ -7,6 +7,8 @@ cross-layer transcoders, in float64 (tests/frozen_model.py runs the frozen model
 - completeness: taking every source out moves each target by its whole row sum, so the row
   plus the constants (biases, positional embeddings, ``b_dec``, position 0's MLP outputs)
   is the target's value.
+
+Transcoders read ``mlp.hook_in`` and, where the model has it, ``ln2.hook_normalized``.
 """
 
 from __future__ import annotations
@@ -63,12 +65,21 @@ def _sources(fm: FrozenModel, g) -> tuple[torch.Tensor, torch.Tensor]:
     return removed, keep
 
 
+# ln2.hook_normalized (the MLP's norm before its weight and bias, SAELens's GPT-2 transcoders'
+# input) where the model has it as [batch pos d_model]: not GPT-J, Phi (one norm), OPT (flattened)
+NORMALIZED_ARCHS = tuple(a for a in ZOO_ARCHS if a not in ("gptj", "phi", "opt"))
+CASES = [(arch, kind, "mlp.hook_in") for arch in ZOO_ARCHS for kind in ("per-layer", "cross-layer")]
+CASES += [(arch, "per-layer", "ln2.hook_normalized") for arch in NORMALIZED_ARCHS]
+CASES += [("gpt2", "cross-layer", "ln2.hook_normalized")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["per-layer", "cross-layer"])
-@pytest.mark.parametrize("arch", ZOO_ARCHS)
-def test_intervention_and_completeness(zoo, arch, kind):
+@pytest.mark.parametrize("arch,kind,hook", CASES)
+def test_intervention_and_completeness(zoo, arch, kind, hook):
     model = _model(zoo, arch)
-    tc = random_transcoders(model, kind=kind, skip=kind == "per-layer", d_tc=24, seed=3)
+    tc = random_transcoders(
+        model, kind=kind, skip=kind == "per-layer", d_tc=24, seed=3, input_hook=hook
+    )
     tc = tc.to(dtype=torch.float64)
     g = attribution_graph(model, TOKENS, tc)
     assert g.adjacency.dtype == torch.float64
