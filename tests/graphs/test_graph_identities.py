@@ -65,21 +65,26 @@ def _sources(fm: FrozenModel, g) -> tuple[torch.Tensor, torch.Tensor]:
     return removed, keep
 
 
-# ln2.hook_normalized (the MLP's norm before its weight and bias, SAELens's GPT-2 transcoders'
-# input) where the model has it as [batch pos d_model]: not GPT-J, Phi (one norm), OPT (flattened)
+# ln2.hook_normalized -> hook_mlp_out (SAELens's GPT-2 transcoders, Gemma Scope's in
+# circuit-tracer: the MLP's norm before its weight and bias; on Gemma 2 hook_mlp_out is after the
+# post-MLP norm) where the model has it as [batch pos d_model]: not GPT-J, Phi (one norm), OPT
 NORMALIZED_ARCHS = tuple(a for a in ZOO_ARCHS if a not in ("gptj", "phi", "opt"))
-CASES = [(arch, kind, "mlp.hook_in") for arch in ZOO_ARCHS for kind in ("per-layer", "cross-layer")]
-CASES += [(arch, "per-layer", "ln2.hook_normalized") for arch in NORMALIZED_ARCHS]
-CASES += [("gpt2", "cross-layer", "ln2.hook_normalized")]
+NORMALIZED = ("ln2.hook_normalized", "hook_mlp_out")
+CASES = [
+    (a, k, ("mlp.hook_in", "mlp.hook_out")) for a in ZOO_ARCHS for k in ("per-layer", "cross-layer")
+]
+CASES += [(arch, "per-layer", NORMALIZED) for arch in NORMALIZED_ARCHS]
+CASES += [("gpt2", "cross-layer", NORMALIZED), ("gemma2", "cross-layer", NORMALIZED)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,kind,hook", CASES)
-def test_intervention_and_completeness(zoo, arch, kind, hook):
+@pytest.mark.parametrize("arch,kind,hooks", CASES)
+def test_intervention_and_completeness(zoo, arch, kind, hooks):
     model = _model(zoo, arch)
     tc = random_transcoders(
-        model, kind=kind, skip=kind == "per-layer", d_tc=24, seed=3, input_hook=hook
-    )
+        model, kind=kind, skip=kind == "per-layer", d_tc=24, seed=3, input_hook=hooks[0],
+        output_hook=hooks[1],
+    )  # fmt: skip
     tc = tc.to(dtype=torch.float64)
     g = attribution_graph(model, TOKENS, tc)
     assert g.adjacency.dtype == torch.float64
