@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp import load_transcoders, run_cached
+from interp import attribution_graph, feature_intervention, load_model, load_transcoders, run_cached
 from interp.transcoders.loading import TranscoderFitError, check_transcoders_fit
 from tests.transcoder_folders import random_transcoders, write_raw_folder
 from tests.transcoders.test_transcoders_saelens import write_set
@@ -92,3 +92,19 @@ def test_refused_where_the_hook_is_missing_or_flattened(zoo, arch, message):
     with pytest.raises(ValueError, match=engine) as err:  # the engine, before the run
         run_cached(model, TOKENS, transcoders=tc)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_half_precision_model(zoo, arch):
+    # the norm computes its inside in float32 in a bfloat16 model: what the graph and the frozen
+    # run write back into the model must be cast to its dtype
+    model = load_model(zoo.directory(arch), device="cpu", dtype=torch.bfloat16)
+    tc = random_transcoders(model, skip=True, input_hook=HOOK)
+    plain = run_cached(model, TOKENS).logits[0].float()
+    spliced = run_cached(model, TOKENS, transcoders=tc).logits[0].float()
+    assert (spliced - plain).abs().max() <= 0.05 * plain.abs().max()  # bfloat16 rounding
+    g = attribution_graph(model, TOKENS[0], tc)
+    assert (g.nodes.kind == "feature").sum() > 5
+    frozen = feature_intervention(model, TOKENS[0], tc, constrained_layers=range(2))
+    assert frozen.logits.dtype == torch.bfloat16
+    assert (frozen.logits.float() - plain).abs().max() <= 0.05 * plain.abs().max()
