@@ -164,11 +164,14 @@ def compare(out: Path) -> None:
     for arch, folder in MODELS.items():
         model = load_model(out / folder, device="cpu")
         ref = load_file(out / f"tl3_normalized_{arch}.safetensors")
-        run = run_cached(model, tokens, hooks=list(ref))
+        mlp_in = {n: n.replace("ln2.hook_normalized", "mlp.hook_in") for n in ref}
+        run = run_cached(model, tokens, hooks=list(ref) + list(mlp_in.values()))
         diff = max((run[n][0] - ref[n]).abs().max().item() for n in ref)
+        other = max((run[mlp_in[n]][0] - ref[n]).abs().max().item() for n in ref)
         size = max(ref[n].abs().max().item() for n in ref)
         print(f"{arch:8} ln2.hook_normalized: bridge vs HookedTransformer (fold_ln) differ by "
-              f"{diff:.2g} (largest |value| {size:.3g})")  # fmt: skip
+              f"{diff:.2g} (largest |value| {size:.3g}; the bridge's mlp.hook_in by "
+              f"{other:.2g})")  # fmt: skip
     model = load_model(out / MODELS["gpt2"], device="cpu")
     for sae_arch in SAE_ARCHS:
         tc = load_transcoders(out / "saelens" / sae_arch)
