@@ -76,8 +76,7 @@ def frozen_hooks(model, tc, keep: dict) -> list:
         return keep["embed"]
 
     def read(layer: int):
-        # only the MLP reads these (ln2.hook_normalized: the MLP's own norm, its scale frozen)
-        inside_mlp = tc.feature_input_hook in ("mlp.hook_in", "ln2.hook_normalized")
+        inside_mlp = tc.feature_input_hook == "mlp.hook_in"
 
         def hook(act: Tensor, hook) -> Tensor | None:
             keep["inputs"][layer] = act
