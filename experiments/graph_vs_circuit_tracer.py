@@ -4,7 +4,7 @@ tokens: same features, same logits, the entries, the scores and the pruned nodes
 circuit-tracer needs TransformerLens < 4, so this runs in two environments:
 
     python experiments/graph_vs_circuit_tracer.py write DIR [--kind cross-layer]  # interp's
-        [--positions 64 --d-tc 256]
+        [--positions 64 --d-tc 256 --input-hook ln2.hook_normalized]
     python experiments/graph_vs_circuit_tracer.py compare DIR                     # c.-tracer's
 
 ``write`` saves a tiny random GPT-2 (tests/zoo.py), a random transcoder folder and interp's graph
@@ -31,14 +31,18 @@ def _tokens(out: Path) -> list[int]:
     return torch.load(path).tolist() if path.exists() else TOKENS
 
 
-def write(out: Path, kind: str, n_pos: int | None = None, d_tc: int = 64) -> None:
+def write(
+    out: Path, kind: str, n_pos: int | None = None, d_tc: int = 64, hook: str = "mlp.hook_in"
+) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from interp import attribution_graph, load_model
     from tests.transcoder_folders import random_transcoders, write_raw_folder
     from tests.zoo import make_zoo_checkpoint
 
     model = load_model(make_zoo_checkpoint(out / "model", "gpt2"), device="cpu")
-    tc = random_transcoders(model, kind=kind, d_tc=d_tc, seed=1, skip=kind == "per-layer")
+    tc = random_transcoders(
+        model, kind=kind, d_tc=d_tc, seed=1, skip=kind == "per-layer", input_hook=hook
+    )
     write_raw_folder(out / "transcoders", tc)
     if n_pos is not None:
         gen = torch.Generator().manual_seed(0)
@@ -59,6 +63,7 @@ def write(out: Path, kind: str, n_pos: int | None = None, d_tc: int = 64) -> Non
     torch.save(
         {
             "kind": kind,
+            "input_hook": hook,
             "adjacency": g.adjacency,
             "features": torch.tensor(
                 g.nodes[g.nodes.kind == "feature"][["layer", "pos", "feature"]].to_numpy()
@@ -72,7 +77,7 @@ def write(out: Path, kind: str, n_pos: int | None = None, d_tc: int = 64) -> Non
     )
 
 
-def _model(out: Path, kind: str):
+def _model(out: Path, kind: str, hook: str):
     from circuit_tracer.replacement_model.replacement_model_transformerlens import (
         TransformerLensReplacementModel,
     )
@@ -93,7 +98,8 @@ def _model(out: Path, kind: str):
     model = TransformerLensReplacementModel(cfg, tokenizer=tok)
     model.load_state_dict(convert_gpt2_weights(hf, cfg), strict=False)
     folder = out / "transcoders"
-    hooks = dict(feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out")
+    # TransformerLens 3 records ln2.hook_normalized before the norm's weight, as the bridge does
+    hooks = dict(feature_input_hook=hook, feature_output_hook="mlp.hook_out")
     if kind == "per-layer":
         from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set
 
@@ -114,7 +120,7 @@ def compare(out: Path) -> None:
     from circuit_tracer.graph import compute_graph_scores, prune_graph
 
     ours = torch.load(out / "interp_graph.pt", weights_only=False)
-    model, n_layers = _model(out, ours["kind"])
+    model, n_layers = _model(out, ours["kind"], ours.get("input_hook", "mlp.hook_in"))
     tokens = _tokens(out)
     attribute(torch.tensor(tokens[:4]), model, batch_size=64)  # warm up
     start = time.perf_counter()
@@ -152,6 +158,7 @@ if __name__ == "__main__":
     if mode == "write":
         opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=False))
         n_pos = int(opts["--positions"]) if "--positions" in opts else None
-        write(where, opts.get("--kind", "per-layer"), n_pos, int(opts.get("--d-tc", 64)))
+        kind, d_tc = opts.get("--kind", "per-layer"), int(opts.get("--d-tc", 64))
+        write(where, kind, n_pos, d_tc, opts.get("--input-hook", "mlp.hook_in"))
     else:
         compare(where)

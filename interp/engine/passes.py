@@ -39,6 +39,7 @@ __all__ = [
     "reads_like_forward",
     "store_hook",
     "record_states",
+    "hook_shape",
     "prefix_cache",
     "masks_follow_rows",
 ]
@@ -142,6 +143,30 @@ def _run(model, tokens, fwd_hooks, cache: Cache | None) -> None:
     extra = {} if cache is None else {"past_key_values": cache}
     with _attention_reads(model, cache), model.hooks(fwd_hooks=fwd_hooks, reset_hooks_end=True):
         model(tokens, return_type="logits", use_cache=cache is not None, **extra)
+
+
+def hook_shape(model, name: str) -> tuple[int, ...]:
+    """The shape ``name``'s activation has in a pass of one row of two tokens (the pass stops
+    there): ``(1, 2, ...)`` where the hook sees ``[batch pos ...]``; some bridges flatten batch
+    and position inside a block (OPT's MLP norm: ``(2, d_model)``)."""
+    seen: dict[str, tuple[int, ...]] = {}
+
+    def stop(act: Tensor, hook) -> None:
+        seen["shape"] = tuple(act.shape)
+        raise _Stop
+
+    tokens = torch.zeros(1, 2, dtype=torch.long, device=model.cfg.device)
+    try:
+        with torch.inference_mode():
+            try:
+                _run(model, tokens, [(name, stop), *drop_retained_patterns(model)], None)
+            except _Stop:
+                pass
+    finally:
+        release_retained(model)
+    if "shape" not in seen:
+        raise RuntimeError(f"the model's pass did not reach {name}")
+    return seen["shape"]
 
 
 def record_states(

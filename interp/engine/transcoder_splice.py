@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.engine.passes import HookFn
+from interp.engine.passes import HookFn, hook_shape
 
 __all__ = [
     "TRANSCODER_ACTS",
@@ -76,6 +76,14 @@ def check_transcoders(model, tc) -> None:
         for name in (tc.input_hook(layer), tc.output_hook(layer)):
             if name not in model.hook_dict:
                 raise ValueError(f"transcoders use {name}, which this model has no hook for")
+    if tc.input_hook(0).endswith(".hook_normalized"):  # a norm's inside: some bridges flatten it
+        shape = hook_shape(model, tc.input_hook(0))
+        if len(shape) != 3:
+            raise ValueError(
+                f"transcoders read {tc.input_hook(0)}, which this model flattens (shape "
+                f"{list(shape)} for one row of 2 tokens, not [batch pos d_model]); interp splices "
+                "a norm's inside only where it keeps batch and position apart"
+            )
 
 
 def _check_edits(tc, edits: Sequence[FeatureEdit]) -> None:

@@ -89,7 +89,8 @@ def frozen_hooks(model, tc, keep: dict) -> list:
         def hook(act: Tensor, hook) -> Tensor:
             x = keep["inputs"][layer]
             skip = tc.skip(x, layer) if tc.has_skip else x * 0
-            out = skip + (act - skip).detach()
+            # .to: a norm's inside (ln2.hook_normalized) is float32 in a half-precision model
+            out = (skip + (act - skip).detach()).to(act.dtype)
             keep["outputs"][layer] = out
             return out
 

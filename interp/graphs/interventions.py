@@ -137,7 +137,8 @@ def _run(model, tokens, tc, edits, layers: set[int], freeze_attention: bool):
             if layer in layers:
                 const = clean[tc.output_hook(layer)] - tc.skip(clean_x[layer][None], layer)
                 change = _change(tc, edits, clean_acts, layer, n_pos)
-                return tc.skip(x, layer) + const + change
+                # .to: a norm's inside (ln2.hook_normalized) is float32 in a half-precision model
+                return (tc.skip(x, layer) + const + change).to(act.dtype)
             if layers:  # with some layers constrained, edits write only into those
                 return act
             return act + _change(tc, edits, got["acts"], layer, n_pos).to(act.dtype)

@@ -9,8 +9,10 @@ A folder holds ``config.yaml`` (:mod:`interp.transcoders.files` has the format) 
 
 The activation is ``config["activation"]`` (``relu``, ``topk`` with ``k``, ``jump_relu``) or,
 as circuit-tracer does without one, JumpReLU where the files hold thresholds and ReLU otherwise.
-The hooks are circuit-tracer's names inside a block (``mlp.hook_in``, ``hook_resid_mid``;
-``mlp.hook_out``, ``hook_mlp_out``), which the bridge has under the same names.
+The hooks are circuit-tracer's names inside a block (``mlp.hook_in``, ``hook_resid_mid``,
+``ln2.hook_normalized``; ``mlp.hook_out``, ``hook_mlp_out``), which the bridge has under the same
+names (``ln2.hook_normalized``: the norm before its weight and bias, what a HookedTransformer with
+``fold_ln`` hands its MLP).
 
 SAELens transcoders (one ``cfg.json`` + ``sae_weights.safetensors`` folder per layer: a folder
 of such folders, or a list of them) are read by :mod:`interp.transcoders.saelens`.
@@ -27,6 +29,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from interp.engine.passes import hook_shape
 from interp.models.sources import BUNDLED_DIR
 from interp.transcoders.files import CONFIG
 from interp.transcoders.saelens import (
@@ -46,6 +49,8 @@ __all__ = [
     "load_transcoders",
 ]
 
+NORMALIZED = "ln2.hook_normalized"  # the MLP's norm before its weight and bias
+NORMALIZED_0 = f"blocks.0.{NORMALIZED}"
 _ACTIVATIONS = {"relu": "relu", "topk": "topk", "jump_relu": "jumprelu", "jumprelu": "jumprelu"}
 
 
@@ -250,6 +255,11 @@ def check_transcoders_fit(model, tc: TranscoderSet) -> None:
                 f"transcoders {tc.name!r} {what} {hook!r}; interp splices transcoders that "
                 f"{what} one of {', '.join(allowed)}"
             )
+    if tc.feature_input_hook == NORMALIZED and NORMALIZED_0 not in model.hook_dict:
+        raise TranscoderFitError(
+            f"transcoders {tc.name!r} read ln2.hook_normalized, but this model has no "
+            "ln2.hook_normalized: its attention and MLP read one norm; use mlp.hook_in"
+        )
     for layer in range(n_layers):
         for name in (tc.input_hook(layer), tc.output_hook(layer)):
             if name not in model.hook_dict:
@@ -261,3 +271,9 @@ def check_transcoders_fit(model, tc: TranscoderSet) -> None:
                 raise TranscoderFitError(
                     f"transcoders {tc.name!r} use {name}, which this model has no hook for ({hint})"
                 )
+    if tc.feature_input_hook == NORMALIZED and len(shape := hook_shape(model, NORMALIZED_0)) != 3:
+        raise TranscoderFitError(
+            f"transcoders {tc.name!r} read ln2.hook_normalized, which this model flattens over "
+            f"batch and position (shape {list(shape)} for one row of 2 tokens; OPT's bridge does), "
+            "so interp cannot splice them there"
+        )

@@ -18,9 +18,13 @@ what SAELens computes: its defaults for missing keys, the pre-6 conversion, a fo
 
 What SAELens would compute that a set cannot hold is refused in one line naming the folder and
 the key: input normalisation (``normalize_activations``: ``constant_norm_rescale``,
-``layer_norm``), one head's slice (``hook_head_index``), ``d_in != d_out``, and
-``ln2.hook_normalized`` (the norm's output before its weight and bias, which is what a folded
-HookedTransformer's MLP reads, but not what the bridge's unfolded MLP reads).
+``layer_norm``), one head's slice (``hook_head_index``) and ``d_in != d_out``.
+
+``ln2.hook_normalized`` (GPT-2's published transcoders) is the MLP's norm before its weight and
+bias: a HookedTransformer with ``fold_ln`` (as SAELens loads it) hands exactly that to its MLP,
+and the bridge has the same hook, unfolded;
+:func:`~interp.transcoders.loading.check_transcoders_fit` refuses it on models without one
+(parallel blocks with one norm: GPT-J, Phi) or that flatten it (OPT).
 """
 
 from __future__ import annotations
@@ -56,15 +60,10 @@ def is_saelens_set(path: Path) -> bool:
 def _site(folder: Path, key: str, hook: str, sites: tuple[str, ...]) -> tuple[int, str]:
     match = _HOOK.fullmatch(hook)
     if match is None or match.group(2) not in sites:
-        why = (
-            "the norm's output before its weight and bias (a folded HookedTransformer's MLP "
-            "input), which the bridge's unfolded MLP does not read"
-            if hook.endswith("ln2.hook_normalized")
-            else "interp's transcoders"
-        )
         raise SAELensTranscoderError(
-            f"{folder}: {key}={hook!r} is {why}; a transcoder set reads blocks.L."
-            f"{{{','.join(INPUT_HOOKS)}}} and writes blocks.L.{{{','.join(OUTPUT_HOOKS)}}}"
+            f"{folder}: {key}={hook!r} is not one of interp's transcoder sites; a transcoder set "
+            f"reads blocks.L.{{{','.join(INPUT_HOOKS)}}} and writes blocks.L."
+            f"{{{','.join(OUTPUT_HOOKS)}}}"
         )
     return int(match.group(1)), match.group(2)
 

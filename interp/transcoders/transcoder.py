@@ -36,8 +36,12 @@ __all__ = ["ACTIVATIONS", "INPUT_HOOKS", "KINDS", "OUTPUT_HOOKS", "TranscoderSet
 
 ACTIVATIONS = ("relu", "jumprelu", "topk")  # the activation functions interp runs
 KINDS = ("per-layer", "cross-layer")  # one transcoder per layer, or one CLT
-# where in a block a transcoder may read and write (circuit-tracer's names = the bridge's)
-INPUT_HOOKS = ("mlp.hook_in", "hook_mlp_in", "hook_resid_mid", "ln2.hook_out")
+# where in a block a transcoder may read and write (circuit-tracer's names = the bridge's);
+# ln2.hook_normalized: the MLP's norm before its weight and bias, what a HookedTransformer with
+# fold_ln hands its MLP (SAELens's GPT-2 transcoders read it)
+INPUT_HOOKS = (
+    "mlp.hook_in", "hook_mlp_in", "hook_resid_mid", "ln2.hook_out", "ln2.hook_normalized",
+)  # fmt: skip
 OUTPUT_HOOKS = ("mlp.hook_out", "hook_mlp_out")  # where they may write
 
 

@@ -7,6 +7,8 @@ cross-layer transcoders, in float64 (tests/frozen_model.py runs the frozen model
 - completeness: taking every source out moves each target by its whole row sum, so the row
   plus the constants (biases, positional embeddings, ``b_dec``, position 0's MLP outputs)
   is the target's value.
+
+Transcoders read ``mlp.hook_in`` and, where the model has it, ``ln2.hook_normalized``.
 """
 
 from __future__ import annotations
@@ -63,12 +65,26 @@ def _sources(fm: FrozenModel, g) -> tuple[torch.Tensor, torch.Tensor]:
     return removed, keep
 
 
+# ln2.hook_normalized -> hook_mlp_out (SAELens's GPT-2 transcoders, Gemma Scope's in
+# circuit-tracer: the MLP's norm before its weight and bias; on Gemma 2 hook_mlp_out is after the
+# post-MLP norm) where the model has it as [batch pos d_model]: not GPT-J, Phi (one norm), OPT
+NORMALIZED_ARCHS = tuple(a for a in ZOO_ARCHS if a not in ("gptj", "phi", "opt"))
+NORMALIZED = ("ln2.hook_normalized", "hook_mlp_out")
+CASES = [
+    (a, k, ("mlp.hook_in", "mlp.hook_out")) for a in ZOO_ARCHS for k in ("per-layer", "cross-layer")
+]
+CASES += [(arch, "per-layer", NORMALIZED) for arch in NORMALIZED_ARCHS]
+CASES += [("gpt2", "cross-layer", NORMALIZED), ("gemma2", "cross-layer", NORMALIZED)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["per-layer", "cross-layer"])
-@pytest.mark.parametrize("arch", ZOO_ARCHS)
-def test_intervention_and_completeness(zoo, arch, kind):
+@pytest.mark.parametrize("arch,kind,hooks", CASES)
+def test_intervention_and_completeness(zoo, arch, kind, hooks):
     model = _model(zoo, arch)
-    tc = random_transcoders(model, kind=kind, skip=kind == "per-layer", d_tc=24, seed=3)
+    tc = random_transcoders(
+        model, kind=kind, skip=kind == "per-layer", d_tc=24, seed=3, input_hook=hooks[0],
+        output_hook=hooks[1],
+    )  # fmt: skip
     tc = tc.to(dtype=torch.float64)
     g = attribution_graph(model, TOKENS, tc)
     assert g.adjacency.dtype == torch.float64

@@ -1,7 +1,8 @@
 """Feature interventions on the frozen replacement model (interp.graphs.interventions) test a
 graph's edges: zeroing source feature ``s`` moves every feature pre-activation and demeaned
 logit by ``-A[:, s]``; doubling it, by ``+A[:, s]``. In float64, on GPT-2 and Gemma 2 (post-norms,
-soft-capped logits: the logit nodes are the raw logits), per-layer and cross-layer."""
+soft-capped logits: the logit nodes are the raw logits), per-layer and cross-layer, reading
+``mlp.hook_in`` and (per-layer) ``ln2.hook_normalized``."""
 
 from __future__ import annotations
 
@@ -25,12 +26,16 @@ def _targets(g, run) -> torch.Tensor:
     return torch.cat([pre, demeaned])
 
 
+# ln2.hook_normalized: the MLP's norm before its weight and bias (SAELens's GPT-2 transcoders)
+CASES = [(a, k, "mlp.hook_in") for a in ("gpt2", "gemma2") for k in ("per-layer", "cross-layer")]
+CASES += [(a, "per-layer", "ln2.hook_normalized") for a in ("gpt2", "gemma2")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["per-layer", "cross-layer"])
-@pytest.mark.parametrize("arch", ["gpt2", "gemma2"])
-def test_zeroing_a_feature_moves_targets_by_its_column(zoo, arch, kind):
+@pytest.mark.parametrize("arch,kind,hook", CASES)
+def test_zeroing_a_feature_moves_targets_by_its_column(zoo, arch, kind, hook):
     model = load_model(zoo.directory(arch), device="cpu", dtype=torch.float64)
-    tc = random_transcoders(model, kind=kind, skip=kind == "per-layer", seed=4)
+    tc = random_transcoders(model, kind=kind, skip=kind == "per-layer", seed=4, input_hook=hook)
     tc = tc.to(dtype=torch.float64)
     g = attribution_graph(model, TOKENS, tc)
     targets = torch.tensor(g.nodes.kind.isin(["feature", "logit"]).to_numpy())

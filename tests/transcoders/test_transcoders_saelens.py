@@ -104,7 +104,7 @@ REFUSED = [
     (dict(arch="standard"), "architecture='standard' is an SAE, not a transcoder"),
     (dict(flags={"normalize_activations": "layer_norm"}), "normalize_activations='layer_norm'"),
     (dict(metadata={"hook_head_index": 1}), "hook_head_index=1"),
-    (dict(site="ln2.hook_normalized"), "before its weight and bias"),
+    (dict(site="ln2.hook_scale"), "'blocks.0.ln2.hook_scale' is not one of interp's"),
     (dict(out_site="mlp.hook_post"), "hook_name_out='blocks.0.mlp.hook_post'"),
     (
         dict(
