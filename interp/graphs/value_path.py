@@ -130,12 +130,17 @@ class _Linear(torch.autograd.Function):
         n_heads = path.W_O.shape[0]
         g = grad[:b, :p].reshape(b * p, d_model)
         gz = (g @ path.O.to(grad.dtype).T).view(b, p, n_heads, d_head)
+        # heads as the batch of the pattern's product, (rows, d_head) as its columns: the
+        # pattern is never repeated over rows
+        gz = gz.permute(2, 1, 0, 3).reshape(n_heads, p, b * d_head)
         pat_t = pattern[:, :p, :p].transpose(1, 2).to(grad.dtype)  # [head k_pos q_pos]
-        gv = torch.matmul(pat_t, gz.transpose(1, 2))  # [b head k_pos d_head]
+        gv = torch.bmm(pat_t, gz)  # [head k_pos (b d_head)]
         if n_kv != n_heads:  # grouped query heads share a key/value head
-            gv = gv.view(b, n_kv, n_heads // n_kv, p, d_head).sum(2)
-        gv = gv.transpose(1, 2).reshape(b * p, n_kv * d_head)
+            gv = gv.view(n_kv, n_heads // n_kv, p, b * d_head).sum(1)
+        gv = gv.view(n_kv, p, b, d_head).permute(2, 1, 0, 3).reshape(b * p, n_kv * d_head)
         gx = gv @ path.V_t.to(grad.dtype)
+        if b == rows and p == n_pos:
+            return None, gx.view(rows, n_pos, d_model), None, None, None
         full = grad.new_zeros(grad.shape)
         full[:b, :p] = gx.view(b, p, d_model)
         return None, full, None, None, None
