@@ -57,6 +57,8 @@ def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) 
         outs.append(fp.final if layer == n_layers else fp.inputs[layer])
         grads.append(g)
     top = min(int(layers.max()), n_layers)
+    # the frozen model is causal: nothing reaches rows past b or positions past the last target
+    fp.scope.rows, fp.scope.positions = b, int(positions.max()) + 1
     wrt = [fp.outputs[j] for j in range(top)] + [fp.embed]
     got = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
     work = src.embed.dtype  # float32 at least: a half-precision pass's gradients upcast
@@ -174,6 +176,8 @@ def attribution_graph(
                 influence = partial_influences(computed[:filled], logit_p, row_nodes[:filled])
                 rank = torch.argsort(influence[:n_feat], descending=True)
                 pending = rank[~visited[rank]][: min(4 * batch_size, n_logits + keep - filled)]
+                # a round's rows in (layer, pos) order: each batch then reaches fewer positions
+                pending = pending.sort().values
             for batch in torch.split(pending, batch_size):
                 rows = _rows(
                     fp,

@@ -12,19 +12,26 @@ hooks, and hands back the tensors the backward passes read and write:
 - ``final``: the final norm's output (``unembed.hook_in``), where a logit's vector is injected.
 
 With everything else detached, the map from ``embed`` and the ``outputs`` to ``inputs`` and
-``final`` is linear; the backward pass through it is the Jacobian the method defines.
+``final`` is linear; the backward pass through it is the Jacobian the method defines. The
+attention's part of it is its value path (:mod:`interp.graphs.value_path`), computed on the
+rows and positions ``scope`` names; where a model's attention weights do not give its output
+that way, the pass falls back to differentiating the bridge's attention with q and k detached.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jaxtyping import Int
 from torch import Tensor
 
 from interp.engine import forward
+from interp.graphs.value_path import Scope, ValuePath, value_path_weights
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["FINAL_HOOK", "FrozenPass", "frozen_hooks", "frozen_pass", "no_param_grads"]
 
@@ -39,6 +46,8 @@ class FrozenPass:
     outputs: list[Tensor]
     embed: Tensor
     final: Tensor
+    scope: Scope = field(default_factory=Scope)  # set before each backward pass
+    value_path: bool = False  # the attention differentiated through its value path
 
 
 @contextmanager
@@ -58,39 +67,79 @@ def _detach(act: Tensor, hook) -> Tensor:
     return act.detach()
 
 
-def frozen_hooks(model, tc, keep: dict) -> list:
-    """Forward hooks making the replacement model local and linear, recording in ``keep``."""
-    names = [n for n in model.hook_dict if n.endswith(".hook_scale")]
-    # the pattern is a function of q and k: detaching them freezes it also where the bridge
-    # ignores an edited hook_pattern (TransformerLens 4.3: GPT-J, OPT, Gemma 2)
-    names += [
-        f"blocks.{layer}.attn.{site}"
-        for layer in range(tc.n_layers)
-        for site in ("hook_q", "hook_k", "hook_pattern")
+def _attention_hooks(layer: int, path: ValuePath, keep: dict, scope: Scope) -> list:
+    """The attention of ``layer`` without a graph of its own, its value path added at its
+    output; ``keep["checks"][layer]`` holds row 0's input, pattern and output for
+    :meth:`ValuePath.check`. Some bridges fire ``hook_pattern`` after ``hook_out`` (OPT): the
+    backward reads the pattern from there, once the pass has recorded it."""
+    seen: dict = {}
+    keep["checks"][layer] = seen
+
+    def enter(act: Tensor, hook) -> Tensor:
+        seen["graph_x"], seen["x"] = act, act[:1].detach()
+        return act.detach()
+
+    def pattern(act: Tensor, hook) -> Tensor:
+        seen["pattern"] = act[:1].detach()  # every row is the same prompt
+        return act.detach()
+
+    def leave(act: Tensor, hook) -> Tensor:
+        seen["out"], x = act[:1].detach(), seen.pop("graph_x")
+        return path.apply(act, x, seen, scope)
+
+    attn = f"blocks.{layer}.attn"
+    return [
+        (f"{attn}.hook_in", enter),
+        (f"{attn}.hook_pattern", pattern),
+        (f"{attn}.hook_out", leave),
     ]
-    hooks = [(name, _detach) for name in names if name in model.hook_dict]
+
+
+def frozen_hooks(
+    model, tc, keep: dict, paths: list[ValuePath] | None = None, scope: Scope | None = None
+) -> list:
+    """Forward hooks making the replacement model local and linear, recording in ``keep``;
+    the attention through ``paths`` (their gradient on ``scope``) when given."""
+    names = [n for n in model.hook_dict if n.endswith(".hook_scale")]
+    hooks = [(name, _detach) for name in names]
     keep["inputs"], keep["outputs"] = [None] * tc.n_layers, [None] * tc.n_layers
+    keep["checks"] = [None] * tc.n_layers
+    for layer in range(tc.n_layers):
+        if paths is not None:
+            hooks += _attention_hooks(layer, paths[layer], keep, scope or Scope())
+            continue
+        # the pattern is a function of q and k: detaching them freezes it also where the
+        # bridge ignores an edited hook_pattern (TransformerLens 4.3: GPT-J, OPT, Gemma 2)
+        for site in ("hook_q", "hook_k", "hook_pattern"):
+            name = f"blocks.{layer}.attn.{site}"
+            if name in model.hook_dict:
+                hooks.append((name, _detach))
 
     def embed(act: Tensor, hook) -> Tensor:
         keep["embed"] = act.detach().requires_grad_(True)
         return keep["embed"]
 
     def read(layer: int):
-        inside_mlp = tc.feature_input_hook == "mlp.hook_in"
-
-        def hook(act: Tensor, hook) -> Tensor | None:
+        def hook(act: Tensor, hook) -> None:
             keep["inputs"][layer] = act
-            # the MLP's own graph is never differentiated: do not build it
-            return act.detach() if inside_mlp else None
 
         return hook
 
+    def one_row(act: Tensor, hook) -> Tensor:
+        # the MLP's output is a constant, the same in every row: compute one, build no graph
+        return act[:1].detach()
+
     def write(layer: int):
         def hook(act: Tensor, hook) -> Tensor:
+            # the MLP ran on one row (every row is the same prompt); its output is a constant
+            const = act.detach().expand(len(keep["embed"]), *act.shape[1:])
+            if not tc.has_skip:  # a leaf, whose gradient is the MLP output's
+                keep["outputs"][layer] = const.contiguous().requires_grad_(True)
+                return keep["outputs"][layer]
             x = keep["inputs"][layer]
-            skip = tc.skip(x, layer) if tc.has_skip else x * 0
+            skip = tc.skip(x, layer)
             # .to: a norm's inside (ln2.hook_normalized) is float32 in a half-precision model
-            out = (skip + (act - skip).detach()).to(act.dtype)
+            out = (skip + (const - skip).detach()).to(act.dtype)
             keep["outputs"][layer] = out
             return out
 
@@ -102,6 +151,8 @@ def frozen_hooks(model, tc, keep: dict) -> list:
     hooks.append(("hook_embed", embed))
     for layer in range(tc.n_layers):
         hooks += [(tc.input_hook(layer), read(layer)), (tc.output_hook(layer), write(layer))]
+    mlps = [f"blocks.{layer}.mlp.hook_in" for layer in range(tc.n_layers)]
+    hooks += [(name, one_row) for name in mlps if name in model.hook_dict]
     hooks.append((FINAL_HOOK, final))
     return hooks
 
@@ -110,5 +161,27 @@ def frozen_pass(model, tokens: Int[Tensor, " pos"], tc, rows: int) -> FrozenPass
     """One pass of ``tokens`` repeated over ``rows`` rows through the frozen replacement model
     (module docstring); call inside :func:`no_param_grads`."""
     keep: dict = {}
+    scope = Scope()
+    paths = value_path_weights(model, tc.n_layers)
+    if paths is not None:
+        hooks = frozen_hooks(model, tc, keep, paths, scope)
+        forward(model, tokens[None].expand(rows, -1), hooks, grad=True)
+        mismatch = [
+            layer
+            for layer, seen in enumerate(keep["checks"])
+            if not (
+                "pattern" in seen and paths[layer].check(seen["x"], seen["pattern"], seen["out"])
+            )
+        ]
+        if not mismatch:
+            return FrozenPass(
+                keep["inputs"], keep["outputs"], keep["embed"], keep["final"], scope, True
+            )
+        logger.info(
+            "the attention's value path does not reproduce layers %s: differentiating the "
+            "bridge's attention instead",
+            mismatch,
+        )
+        keep = {}
     forward(model, tokens[None].expand(rows, -1), frozen_hooks(model, tc, keep), grad=True)
-    return FrozenPass(keep["inputs"], keep["outputs"], keep["embed"], keep["final"])
+    return FrozenPass(keep["inputs"], keep["outputs"], keep["embed"], keep["final"], scope)

@@ -1,0 +1,150 @@
+"""The attention's gradient in the frozen replacement model: the value path only, computed on the
+rows and positions a backward pass can reach.
+
+With its pattern frozen, an attention layer is linear in its input ``x`` (the norm's output):
+``out = sum_h pattern_h (x W_V,h + b_V,h) W_O,h + b_O``. Differentiating the bridge's own
+attention would multiply the gradient by every projection the bridge computes (GPT-2 and NeoX
+compute q, k and v with one fused matrix, three times the work of ``W_V`` alone, q and k's
+gradients being zeros). So the frozen pass detaches what enters the attention
+(``attn.hook_in``) and, at its output (``attn.hook_out``, before any post-norm), adds a zero
+whose gradient is this map's, with the pattern recorded at ``attn.hook_pattern``: the values
+are the bridge's, the gradient two matrix products per position.
+
+A backward pass's targets sit at positions ``<= p`` in its first ``b`` rows (the others carry
+no target), and the frozen model is causal, so its gradient is zero at later positions and in
+other rows: :class:`Scope` says which, and the value path computes only there.
+
+Each layer's map is checked once against the bridge's output (row 0, biases included) during
+the pass; a layer whose weights cannot be read or do not reproduce it (an architecture laid out
+otherwise) makes the caller fall back to differentiating the bridge's attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from interp.models.offload import stacked_weight
+
+__all__ = ["Scope", "ValuePath", "value_path_weights"]
+
+
+@dataclass
+class Scope:
+    """What the current backward pass can reach: its first ``rows`` rows, its first
+    ``positions`` positions (None: all)."""
+
+    rows: int | None = None
+    positions: int | None = None
+
+
+@dataclass
+class ValuePath:
+    """One layer's value path: ``W_V [kv_head d_model d_head]``, ``W_O [head d_head d_model]``
+    and their biases (None where the model has none), for checking the map."""
+
+    W_V: Tensor
+    W_O: Tensor
+    b_V: Tensor | None
+    b_O: Tensor | None
+
+    def __post_init__(self) -> None:
+        n_kv, d_model, d_head = self.W_V.shape
+        # the backward's two products as plain matrices, laid out once
+        self.V_t = self.W_V.transpose(1, 2).reshape(n_kv * d_head, d_model).contiguous()
+        self.O = self.W_O.reshape(-1, d_model).contiguous()  # [head*d_head d_model]
+
+    def check(self, x: Tensor, pattern: Tensor, out: Tensor) -> bool:
+        """Whether the map, biases included, gives the bridge's ``out`` on row 0 of ``x``."""
+        work = torch.promote_types(x.dtype, torch.float32)
+        x, pattern, want = x.to(work), pattern.to(work), out[0].to(work)
+        v = torch.einsum("pd,hde->phe", x[0], self.W_V.to(work))
+        if self.b_V is not None:
+            v = v + self.b_V.to(work)
+        v = v.repeat_interleave(pattern.shape[1] // v.shape[1], dim=1)
+        z = torch.einsum("hqk,khe->qhe", pattern[0], v)
+        mine = torch.einsum("qhe,hem->qm", z, self.W_O.to(work))
+        if self.b_O is not None:
+            mine = mine + self.b_O.to(work)
+        # rounding is ~sqrt(eps) of the largest value at most (a half-precision bridge's
+        # too); a wrong layout, a missed head or a scaled weight is off by order one
+        rel = min(0.25, 50 * torch.finfo(out.dtype).eps ** 0.5)
+        tol = rel * float(want.abs().max()) + 1e-30
+        return bool((mine - want).abs().max() <= tol)
+
+    def apply(
+        self,
+        out: Float[Tensor, "rows pos d_model"],
+        x: Float[Tensor, "rows pos d_model"],
+        recorded: dict,
+        scope: Scope,
+    ) -> Float[Tensor, "rows pos d_model"]:
+        """``out``'s value with the value path's gradient into ``x``, through the pattern
+        ``recorded["pattern"]`` ``[1 head q_pos k_pos]`` (read in the backward pass)."""
+        return _Linear.apply(out.detach(), x, self, recorded, scope)
+
+
+def _bias(model, name: str) -> Tensor | None:
+    try:
+        return stacked_weight(model, name).detach()
+    except (AttributeError, TypeError, RuntimeError):  # a bias-free projection
+        return None
+
+
+def value_path_weights(model, n_layers: int) -> list[ValuePath] | None:
+    """Each layer's :class:`ValuePath`, or None when the model's weights cannot be read so."""
+    try:
+        W_V = stacked_weight(model, "W_V").detach()
+        W_O = stacked_weight(model, "W_O").detach()
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):
+        return None
+    n_heads = int(model.cfg.n_heads)
+    if W_V.dim() != 4 or W_O.dim() != 4 or W_O.shape[1] != n_heads or n_heads % W_V.shape[1]:
+        return None
+    b_V, b_O = _bias(model, "b_V"), _bias(model, "b_O")
+    return [
+        ValuePath(
+            W_V[layer],
+            W_O[layer],
+            None if b_V is None else b_V[layer],
+            None if b_O is None else b_O[layer],
+        )
+        for layer in range(n_layers)
+    ]
+
+
+class _Linear(torch.autograd.Function):
+    """Forward: ``out`` as it is. Backward: the value path's transpose, on the scope only."""
+
+    @staticmethod
+    def forward(ctx, out, x, path: ValuePath, recorded: dict, scope: Scope):
+        ctx.path, ctx.recorded, ctx.scope = path, recorded, scope
+        return out.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        path, scope = ctx.path, ctx.scope
+        pattern = ctx.recorded["pattern"][0]
+        rows, n_pos, d_model = grad.shape
+        b, p = min(scope.rows or rows, rows), min(scope.positions or n_pos, n_pos)
+        n_kv, _, d_head = path.W_V.shape
+        n_heads = path.W_O.shape[0]
+        g = grad[:b, :p].reshape(b * p, d_model)
+        gz = (g @ path.O.to(grad.dtype).T).view(b, p, n_heads, d_head)
+        # heads as the batch of the pattern's product, (rows, d_head) as its columns: the
+        # pattern is never repeated over rows
+        gz = gz.permute(2, 1, 0, 3).reshape(n_heads, p, b * d_head)
+        pat_t = pattern[:, :p, :p].transpose(1, 2).to(grad.dtype)  # [head k_pos q_pos]
+        gv = torch.bmm(pat_t, gz)  # [head k_pos (b d_head)]
+        if n_kv != n_heads:  # grouped query heads share a key/value head
+            gv = gv.view(n_kv, n_heads // n_kv, p, b * d_head).sum(1)
+        gv = gv.view(n_kv, p, b, d_head).permute(2, 1, 0, 3).reshape(b * p, n_kv * d_head)
+        gx = gv @ path.V_t.to(grad.dtype)
+        if b == rows and p == n_pos:
+            return None, gx.view(rows, n_pos, d_model), None, None, None
+        full = grad.new_zeros(grad.shape)
+        full[:b, :p] = gx.view(b, p, d_model)
+        return None, full, None, None, None
