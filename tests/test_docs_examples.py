@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,7 @@ from tests.doc_examples import extract, to_json
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 DRIVER = Path(__file__).resolve().parent / "doc_examples.py"
+FORK_SERVER = Path(__file__).resolve().parent / "fork_server.py"
 TIMEOUT_S = 300
 
 # documents whose examples are known to fail today, with why; strict: fixing them fails here
@@ -53,9 +56,9 @@ def _name(path: Path) -> str:
 def _doc_params():
     params = []
     for path in DOCS:
-        # every document runs in a fresh interpreter: importing torch and TransformerLens alone
-        # takes 5-8 s, and each `interp` command in it as much again (measured 8-18 s a document)
-        marks = [pytest.mark.slow]
+        # whole documents, commands and all (5-50 s each); each its own group under
+        # `--dist loadgroup`, so that the documents spread over the workers
+        marks = [pytest.mark.slow, pytest.mark.xdist_group(f"docs-examples:{_name(path)}")]
         if _name(path) in KNOWN_FAILING:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_FAILING[_name(path)]))
         params.append(pytest.param(path, id=_name(path), marks=marks))
@@ -71,18 +74,55 @@ def _skipped_params():
     ]
 
 
-def _interp_shim(folder: Path) -> Path:
-    """A bin folder whose ``interp`` and ``python`` are this interpreter and this checkout."""
+def _interp_shim(folder: Path, fork_server: Path) -> Path:
+    """A bin folder whose ``interp`` and ``python`` are this interpreter and this checkout;
+    ``interp`` runs as a process forked from the fork server."""
     folder.mkdir()
-    for name, args in (("interp", '-m interp.cli "$@"'), ("python", '"$@"'), ("python3", '"$@"')):
+    interp = f'"{FORK_SERVER}" call "{fork_server}" -m interp.cli "$@"'
+    for name, args in (("interp", interp), ("python", '"$@"'), ("python3", '"$@"')):
         script = folder / name
         script.write_text(f'#!/bin/sh\nexec "{sys.executable}" {args}\n', encoding="utf-8")
         script.chmod(0o755)
     return folder
 
 
+def _env(**extra: str) -> dict[str, str]:
+    """The environment the examples run in."""
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        **extra,
+    )
+
+
+@pytest.fixture(scope="session")
+def fork_server():
+    """The socket of a warm fork server (tests/fork_server.py) started with the examples'
+    environment: every document's driver and every ``interp`` command is a process forked
+    from it, fresh but with torch, transformers, TransformerLens and interp already imported."""
+    folder = Path(tempfile.mkdtemp(prefix="interp-fork-"))  # short: a socket path has 108 bytes
+    socket_path = folder / "server.sock"
+    server = subprocess.Popen(
+        [sys.executable, str(FORK_SERVER), "serve", str(socket_path)],
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout.readline() == "ready\n", "the fork server did not start"
+        yield socket_path
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.parametrize("path", _doc_params())
-def test_examples_run_as_written(path: Path, tmp_path: Path):
+def test_examples_run_as_written(path: Path, tmp_path: Path, fork_server: Path):
     weights = _gpt2_cached()
     steps = [s for s in extract(path) if s.skip is None or (s.needs == "gpt2-weights" and weights)]
     if not steps:
@@ -93,16 +133,10 @@ def test_examples_run_as_written(path: Path, tmp_path: Path):
     spec.write_text(
         json.dumps({"doc": _name(path), "steps": json.loads(to_json(steps))}), encoding="utf-8"
     )
-    env = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-        MPLBACKEND="Agg",
-        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        PATH=os.pathsep.join([str(_interp_shim(tmp_path / "bin")), os.environ.get("PATH", "")]),
-    )
+    shims = _interp_shim(tmp_path / "bin", fork_server)
+    env = _env(PATH=os.pathsep.join([str(shims), os.environ.get("PATH", "")]))
     done = subprocess.run(
-        [sys.executable, str(DRIVER), str(spec)],
+        [sys.executable, str(FORK_SERVER), "call", str(fork_server), str(DRIVER), str(spec)],
         cwd=work,
         env=env,
         stdout=subprocess.PIPE,
