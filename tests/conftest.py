@@ -31,17 +31,6 @@ from tests.zoo import Zoo  # noqa: E402
 torch.set_num_threads(THREADS)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` (the README's command), every file is one group, as with
-    ``--dist loadfile`` (its module fixtures built once), except tests that name a group of
-    their own: each document's examples (test_docs_examples.py), so that the longest file,
-    every document, spreads over both workers instead of running on one."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-
-
 @pytest.fixture(scope="session")
 def gpt2_dir(tmp_path_factory):
     """A 2-layer, 4-head, d_model 64 GPT-2 with random LayerNorm weights and biases."""

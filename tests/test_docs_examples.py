@@ -2,12 +2,13 @@
 
 How (the rules are in ``tests/doc_examples.py``): per document, every ```python block and
 every ``interp ...`` / ``python ...`` command of a shell block (```bash, ```sh, ```console or a
-bare ```) runs in document order, in one fresh subprocess whose working directory is a new
+bare ```) runs in document order, in one fresh process whose working directory is a new
 temporary folder (files the examples write land there), with ``HF_HUB_OFFLINE=1``. The Python
 blocks of one document share one namespace, as in a notebook; where the document shows a
 block's output (a bare block right after it), the block must print exactly that. ``interp``
 and ``python`` in shell commands are this interpreter (``python -m interp.cli``) and this
-checkout's package.
+checkout's package. The document's process and each ``interp`` command's are forked from a
+warm server (``tests/fork_server.py``, docs/testing.md): fresh processes, their imports done.
 
 Marks, an HTML comment on the line before a block (invisible on the rendered page); nothing
 else leaves a block out, and every block left out is a skipped test below, with its reason:
@@ -56,9 +57,8 @@ def _name(path: Path) -> str:
 def _doc_params():
     params = []
     for path in DOCS:
-        # whole documents, commands and all (5-50 s each); each its own group under
-        # `--dist loadgroup`, so that the documents spread over the workers
-        marks = [pytest.mark.slow, pytest.mark.xdist_group(f"docs-examples:{_name(path)}")]
+        # whole documents, commands and all: 5-70 s each
+        marks = [pytest.mark.slow]
         if _name(path) in KNOWN_FAILING:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_FAILING[_name(path)]))
         params.append(pytest.param(path, id=_name(path), marks=marks))
