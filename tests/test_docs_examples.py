@@ -2,12 +2,13 @@
 
 How (the rules are in ``tests/doc_examples.py``): per document, every ```python block and
 every ``interp ...`` / ``python ...`` command of a shell block (```bash, ```sh, ```console or a
-bare ```) runs in document order, in one fresh subprocess whose working directory is a new
+bare ```) runs in document order, in one fresh process whose working directory is a new
 temporary folder (files the examples write land there), with ``HF_HUB_OFFLINE=1``. The Python
 blocks of one document share one namespace, as in a notebook; where the document shows a
 block's output (a bare block right after it), the block must print exactly that. ``interp``
 and ``python`` in shell commands are this interpreter (``python -m interp.cli``) and this
-checkout's package.
+checkout's package. The document's process and each ``interp`` command's are forked from a
+warm server (``tests/fork_server.py``, docs/testing.md): fresh processes, their imports done.
 
 Marks, an HTML comment on the line before a block (invisible on the rendered page); nothing
 else leaves a block out, and every block left out is a skipped test below, with its reason:
@@ -23,8 +24,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,10 +37,22 @@ from tests.doc_examples import extract, to_json
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 DRIVER = Path(__file__).resolve().parent / "doc_examples.py"
+FORK_SERVER = Path(__file__).resolve().parent / "fork_server.py"
 TIMEOUT_S = 300
 
 # documents whose examples are known to fail today, with why; strict: fixing them fails here
 KNOWN_FAILING: dict[str, str] = {}
+# documents whose examples run in test_docs_examples_part2.py: every document's examples, in
+# one file, took a worker for 5 minutes under `--dist loadfile`; two files take both workers
+# (measured on a loaded machine: these about 175 s, the others about 165 s)
+PART_2 = {
+    "docs/scale.md",
+    "docs/saes.md",
+    "docs/memory.md",
+    "docs/interventions.md",
+    "docs/visualisation.md",
+    "docs/path_patching.md",
+}
 
 
 def _gpt2_cached() -> bool:
@@ -50,11 +65,13 @@ def _name(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-def _doc_params():
+def doc_params(part: int):
+    """The documents of ``part`` 1 (this file) or 2 (test_docs_examples_part2.py)."""
     params = []
     for path in DOCS:
-        # every document runs in a fresh interpreter: importing torch and TransformerLens alone
-        # takes 5-8 s, and each `interp` command in it as much again (measured 8-18 s a document)
+        if (_name(path) in PART_2) != (part == 2):
+            continue
+        # whole documents, commands and all: 5-70 s each
         marks = [pytest.mark.slow]
         if _name(path) in KNOWN_FAILING:
             marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_FAILING[_name(path)]))
@@ -71,18 +88,60 @@ def _skipped_params():
     ]
 
 
-def _interp_shim(folder: Path) -> Path:
-    """A bin folder whose ``interp`` and ``python`` are this interpreter and this checkout."""
+def _interp_shim(folder: Path, fork_server: Path) -> Path:
+    """A bin folder whose ``interp`` and ``python`` are this interpreter and this checkout;
+    ``interp`` runs as a process forked from the fork server."""
     folder.mkdir()
-    for name, args in (("interp", '-m interp.cli "$@"'), ("python", '"$@"'), ("python3", '"$@"')):
+    interp = f'"{FORK_SERVER}" call "{fork_server}" -m interp.cli "$@"'
+    for name, args in (("interp", interp), ("python", '"$@"'), ("python3", '"$@"')):
         script = folder / name
         script.write_text(f'#!/bin/sh\nexec "{sys.executable}" {args}\n', encoding="utf-8")
         script.chmod(0o755)
     return folder
 
 
-@pytest.mark.parametrize("path", _doc_params())
-def test_examples_run_as_written(path: Path, tmp_path: Path):
+def _env(**extra: str) -> dict[str, str]:
+    """The environment the examples run in."""
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        **extra,
+    )
+
+
+@pytest.fixture(scope="session")
+def fork_server():
+    """The socket of a warm fork server (tests/fork_server.py) started with the examples'
+    environment: every document's driver and every ``interp`` command is a process forked
+    from it, fresh but with torch, transformers, TransformerLens and interp already imported."""
+    folder = Path(tempfile.mkdtemp(prefix="interp-fork-"))  # short: a socket path has 108 bytes
+    socket_path = folder / "server.sock"
+    server = subprocess.Popen(
+        [sys.executable, str(FORK_SERVER), "serve", str(socket_path)],
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout.readline() == "ready\n", "the fork server did not start"
+        yield socket_path
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("path", doc_params(part=1))
+def test_examples_run_as_written(path: Path, tmp_path: Path, fork_server: Path):
+    run_examples(path, tmp_path, fork_server)
+
+
+def run_examples(path: Path, tmp_path: Path, fork_server: Path) -> None:
+    """Run one document's examples as written (the module docstring says how)."""
     weights = _gpt2_cached()
     steps = [s for s in extract(path) if s.skip is None or (s.needs == "gpt2-weights" and weights)]
     if not steps:
@@ -93,16 +152,10 @@ def test_examples_run_as_written(path: Path, tmp_path: Path):
     spec.write_text(
         json.dumps({"doc": _name(path), "steps": json.loads(to_json(steps))}), encoding="utf-8"
     )
-    env = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-        MPLBACKEND="Agg",
-        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        PATH=os.pathsep.join([str(_interp_shim(tmp_path / "bin")), os.environ.get("PATH", "")]),
-    )
+    shims = _interp_shim(tmp_path / "bin", fork_server)
+    env = _env(PATH=os.pathsep.join([str(shims), os.environ.get("PATH", "")]))
     done = subprocess.run(
-        [sys.executable, str(DRIVER), str(spec)],
+        [sys.executable, str(FORK_SERVER), "call", str(fork_server), str(DRIVER), str(spec)],
         cwd=work,
         env=env,
         stdout=subprocess.PIPE,

@@ -195,8 +195,9 @@ def test_gpt2_small_notebook_rehearsal(tmp_path):
     """Without the weights, every cell of gpt2_small.ipynb still runs on a random checkpoint of
     GPT-2 small's layout (12 layers of 12 heads, so every head the notebook names exists), with
     the one check that needs the real weights (the known induction heads rank top) left out:
-    the code is right, only the findings need GPT-2 itself. d_model is 192, not 768: no cell
-    depends on the width, and at 768 its cells took a minute (the induction scan alone 30 s)."""
+    the code is right, only the findings need GPT-2 itself. d_model is 48 (d_head 4), not 768:
+    no cell depends on the width, and the IOI task's patching of every head (144 heads x 32
+    rows) costs the square of it: 93 s of CPU at d_model 192, 24 s at 48."""
     from tests.checkpoints import make_checkpoint
 
     model_dir = make_checkpoint(
@@ -204,7 +205,7 @@ def test_gpt2_small_notebook_rehearsal(tmp_path):
         arch="gpt2",
         n_layers=12,
         n_heads=12,
-        d_model=192,
+        d_model=48,
         n_ctx=128,
         vocab_size=1000,
     )

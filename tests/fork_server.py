@@ -1,0 +1,267 @@
+"""A warm fork server: a Python process that has imported torch, transformers, TransformerLens
+and interp once, and forks a child for each command it is asked to run.
+
+Importing those takes 5-9 s of a fresh interpreter's start, and the documents' examples start
+dozens of them (every ``interp ...`` command and every document's driver). A command run here
+is still its own process with fresh state, only its imports already done:
+
+- the child gets the caller's argv, working directory, environment and stdin/stdout/stderr
+  (the file descriptors themselves, passed over the Unix socket), its own process group, fresh
+  ``random`` and numpy seeds and torch's default seed, as a new interpreter would;
+- the command runs as ``python -m MODULE`` or ``python SCRIPT`` would (``runpy``, as
+  ``__main__``, ``sys.path[0]`` set the same way), and the child ends the way an interpreter
+  does: an uncaught exception prints its traceback and exits 1, ``SystemExit`` gives the
+  code, ``atexit`` handlers run;
+- the exit status goes back to the caller (128 + N for a child killed by signal N, as a shell
+  says), and a caller that dies (a timeout) takes its command's process group with it.
+
+A request whose environment differs from the server's in anything but the variables of
+``MAY_DIFFER`` runs in a fresh interpreter instead (``os.execv``), as it does when no server is
+running: settings read at import time (``HF_HUB_OFFLINE``, ``OMP_NUM_THREADS``, ``PYTHONPATH``)
+are the server's, so only a request that would have read the same ones may use it.
+
+Start: ``python tests/fork_server.py serve SOCKET [MODULE...]`` (imports the modules, by
+default ``PRELOAD``, then prints ``ready``). Run a command: ``python tests/fork_server.py call
+SOCKET -m MODULE ARGS...`` or ``... call SOCKET SCRIPT ARGS...``. This file imports only the
+standard library until it serves, so a call costs a bare interpreter's start.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+# variables a command may set differently from the server: none of them is read at import time
+MAY_DIFFER = frozenset({"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST"})
+# what the server imports before it serves: interp's every module (the commands import them
+# lazily as they run) and the libraries they need
+PRELOAD = ("torch", "transformers", "transformer_lens", "interp")
+REFUSED = -1000  # the server's answer for a request it does not take
+
+
+def _env_key(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in MAY_DIFFER}
+
+
+def _preload(names) -> None:
+    import importlib
+    import pkgutil
+
+    for name in names:
+        module = importlib.import_module(name)
+        if name != "interp":
+            continue
+        for info in pkgutil.walk_packages(module.__path__, "interp."):
+            if info.name.rsplit(".", 1)[-1] == "__main__":
+                continue  # running it is the command's job
+            try:
+                importlib.import_module(info.name)
+            except ImportError:
+                pass  # an optional dependency (ray, submitit) that is not installed
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the caller hung up")
+        data += chunk
+    return data
+
+
+def serve(path: str, preload=PRELOAD):
+    """Import ``preload`` and listen on ``path``; return only in a command's process, with the
+    command to run."""
+    _preload(preload)
+    gc.collect()
+    gc.freeze()  # the commands' collections skip what is here (and leave its pages shared)
+    env_key = _env_key(dict(os.environ))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the per-command waiters reap themselves
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        conn, _ = listener.accept()
+        try:
+            _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+            (size,) = struct.unpack("!I", _recv_exact(conn, 4))
+            request = json.loads(_recv_exact(conn, size))
+        except (ConnectionError, OSError, ValueError):
+            conn.close()
+            continue
+        differs = sorted(set(_env_key(request["env"]).items()) ^ set(env_key.items()))
+        if len(fds) != 3 or differs:
+            sys.stderr.write(
+                f"fork server: a fresh interpreter for {request['argv'][:2]}: "
+                f"its environment differs in {sorted({k for k, _ in differs})}\n"
+            )
+            conn.sendall(struct.pack("!i", REFUSED))
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            command = os.fork()
+            if command == 0:
+                conn.close()
+                return _become(request, fds)
+            _wait_and_answer(conn, command, fds)
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+
+
+def _wait_and_answer(conn: socket.socket, pid: int, fds: list[int]) -> None:
+    """The waiter: send the command's exit status to its caller, or kill the command's process
+    group when the caller goes away first. Never returns."""
+    for fd in fds:
+        os.close(fd)
+    status = None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    while status is None:
+        waiting = [conn] + ([pidfd] if pidfd is not None else [])
+        readable, _, _ = select.select(waiting, [], [], 0.05 if pidfd is None else None)
+        if conn in readable:  # the caller hung up (killed, timed out): so does the command
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = raw
+    code = os.waitstatus_to_exitcode(status)
+    try:
+        conn.sendall(struct.pack("!i", code if code >= 0 else 128 - code))
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def _become(request: dict, fds: list[int]):
+    """In the command's process: take over the caller's stdio, directory and environment."""
+    os.setpgid(0, 0)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _fresh_seeds()
+    argv = request["argv"]
+    if argv[0] == "-m":
+        module, args = argv[1], argv[2:]
+        sys.path[0] = os.getcwd()
+    else:
+        module, args = None, argv[1:]
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+
+    def run() -> None:
+        import runpy
+
+        if module is not None:
+            sys.argv = [module, *args]  # runpy puts the module's file first
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [argv[0], *args]
+            runpy.run_path(argv[0], run_name="__main__")
+
+    return run
+
+
+def _fresh_seeds() -> None:
+    """The seeds a new interpreter would start with: random and numpy from the OS, torch's
+    fixed default."""
+    import random
+
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        torch.manual_seed(torch.initial_seed())
+
+
+def call(path: str, argv: list[str]) -> int:
+    """Run ``argv`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``) in the server at ``path``; a fresh
+    interpreter instead when there is none or it refuses."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:  # no server (any more): a fresh interpreter, as without one
+        os.execv(sys.executable, [sys.executable, *argv])
+    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)})
+    socket.send_fds(conn, [b"r"], [0, 1, 2])
+    data = request.encode()
+    conn.sendall(struct.pack("!I", len(data)) + data)
+    try:
+        (code,) = struct.unpack("!i", _recv_exact(conn, 4))
+    except (ConnectionError, OSError):
+        sys.stderr.write(f"fork server at {path} went away while running {argv}\n")
+        return 1
+    if code == REFUSED:
+        os.execv(sys.executable, [sys.executable, *argv])
+    return code
+
+
+def exit_like_an_interpreter(job) -> None:
+    """Run ``job`` as a main program and exit as the interpreter does, up to its finalization:
+    the exit code from ``SystemExit`` (1 and the traceback for any other exception), then
+    non-daemon threads joined, ``atexit`` handlers run, stdout and stderr flushed. The
+    interpreter's last step, tearing down every module, is skipped (``os._exit``): it takes
+    2-3 s after torch and touches every inherited page; Python never promised that objects
+    still alive at exit are finalized."""
+    import atexit
+    import threading
+
+    try:
+        job()
+        code = 0
+    except SystemExit as stop:
+        if stop.code is None:
+            code = 0
+        elif isinstance(stop.code, int):
+            code = stop.code
+        else:
+            sys.stderr.write(f"{stop.code}\n")
+            code = 1
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()  # what the interpreter does first at exit: join non-daemon threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code & 0xFF)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        # serve returns only in a command's process
+        exit_like_an_interpreter(serve(sys.argv[2], sys.argv[3:] or PRELOAD))
+    elif sys.argv[1] == "call":
+        sys.exit(call(sys.argv[2], sys.argv[3:]))
+    else:
+        sys.exit(
+            f"usage: {sys.argv[0]} serve SOCKET [MODULE...] | "
+            "call SOCKET (-m MODULE | SCRIPT) ARGS..."
+        )

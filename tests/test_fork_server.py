@@ -1,0 +1,106 @@
+"""The fork server behind the documents' examples (tests/fork_server.py): a command run there
+behaves as in a fresh interpreter, its failures included, so the examples can still fail."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+SERVER = Path(__file__).resolve().parent / "fork_server.py"
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A server that preloads only ``json`` (quick to start; the machinery is the same)."""
+    folder = Path(tempfile.mkdtemp(prefix="interp-fork-"))
+    path = folder / "server.sock"
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), "serve", str(path), "json"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline() == "ready\n"
+    yield path, proc
+    proc.kill()
+    proc.wait()
+
+
+def _call(server, script: Path, *args: str, env=None, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SERVER), "call", str(server[0]), str(script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
+    )
+
+
+def _script(tmp_path: Path, code: str) -> Path:
+    path = tmp_path / "script.py"
+    path.write_text(code, encoding="utf-8")
+    return path
+
+
+def test_a_command_gets_its_argv_directory_output_and_a_forked_process(server, tmp_path):
+    code = (
+        "import os, sys\n"
+        "print(sys.argv[1:], os.getcwd(), sys.path[0], __name__, 'json' in sys.modules)\n"
+        "print(os.getppid() != int(sys.argv[1]))\n"
+        "sys.stderr.write('to stderr')\n"
+    )
+    script = _script(tmp_path, code)
+    done = _call(server, script, str(os.getpid()), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    # the process is the server's: json was imported there, and its parent is not the caller
+    assert done.stdout.splitlines() == [
+        f"['{os.getpid()}'] {tmp_path} {tmp_path} __main__ True",
+        "True",
+    ]
+    assert done.stderr == "to stderr"
+
+
+@pytest.mark.parametrize(
+    "code, status, stderr",
+    [
+        ("raise ValueError('wrong')", 1, "ValueError: wrong"),
+        ("import sys; sys.exit(3)", 3, ""),
+        ("import sys; sys.exit('a message')", 1, "a message"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 128 + 9, ""),
+        ("import atexit, sys; atexit.register(lambda: sys.exit(4))", 0, ""),
+    ],
+)
+def test_failures_reach_the_caller_as_from_a_fresh_interpreter(
+    server, tmp_path, code, status, stderr
+):
+    script = _script(tmp_path, code)
+    done = _call(server, script)
+    assert done.returncode == status, done.stderr
+    assert stderr in done.stderr
+    if status != 128 + 9:  # what a fresh interpreter says, word for word where it says anything
+        fresh = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+        assert (fresh.returncode, stderr in fresh.stderr) == (status, True)
+
+
+def test_a_command_runs_its_threads_and_exit_handlers(server, tmp_path):
+    code = (
+        "import atexit, threading, time\n"
+        "atexit.register(print, 'at exit')\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n"
+    )
+    done = _call(server, _script(tmp_path, code))
+    assert (done.returncode, done.stdout.splitlines()) == (0, ["thread", "at exit"])
+
+
+def test_another_environment_gets_a_fresh_interpreter(server, tmp_path):
+    script = _script(tmp_path, "import sys; print('json' in sys.modules)")
+    done = _call(server, script, env=dict(os.environ, INTERP_FORK_TEST="1"))
+    assert (done.returncode, done.stdout) == (0, "False\n")  # not the server's process
+    assert _call(server, script).stdout == "True\n"
