@@ -114,7 +114,7 @@ def run_circuit_tracer(out: Path) -> None:
     from graph_vs_circuit_tracer import _model
 
     ours = torch.load(out / "interp.pt", weights_only=False)
-    model, n_layers = _model(out, "per-layer")
+    model, n_layers = _model(out, "per-layer", "mlp.hook_in")
     attribute(torch.tensor([0, 5, 9, 11]), model, batch_size=BATCH)  # warm up
     for case in ours:
         tokens, n_pos = case["tokens"], case["n_pos"]

@@ -29,6 +29,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from interp.engine import forward
+from interp.graphs.norm_path import NormPath, norm_paths
 from interp.graphs.value_path import Scope, ValuePath, value_path_weights
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class FrozenPass:
     final: Tensor
     scope: Scope = field(default_factory=Scope)  # set before each backward pass
     value_path: bool = False  # the attention differentiated through its value path
+    norm_path: bool = False  # the norms (those no transcoder hooks) through their frozen maps
 
 
 @contextmanager
@@ -96,12 +98,22 @@ def _attention_hooks(layer: int, path: ValuePath, keep: dict, scope: Scope) -> l
 
 
 def frozen_hooks(
-    model, tc, keep: dict, paths: list[ValuePath] | None = None, scope: Scope | None = None
+    model,
+    tc,
+    keep: dict,
+    paths: list[ValuePath] | None = None,
+    scope: Scope | None = None,
+    norms: dict[str, NormPath] | None = None,
 ) -> list:
     """Forward hooks making the replacement model local and linear, recording in ``keep``;
-    the attention through ``paths`` (their gradient on ``scope``) when given."""
+    the attention through ``paths`` and the norms named in ``norms`` through their frozen maps
+    (their gradient on ``scope``) when given."""
+    norms = norms or {}
     names = [n for n in model.hook_dict if n.endswith(".hook_scale")]
-    hooks = [(name, _detach) for name in names]
+    hooks = [(name, _detach) for name in names if name[: -len(".hook_scale")] not in norms]
+    for prefix, norm in norms.items():
+        norm.recorded.clear()
+        hooks += norm.hooks(prefix, scope or Scope())
     keep["inputs"], keep["outputs"] = [None] * tc.n_layers, [None] * tc.n_layers
     keep["checks"] = [None] * tc.n_layers
     for layer in range(tc.n_layers):
@@ -157,31 +169,54 @@ def frozen_hooks(
     return hooks
 
 
+def _busy(tc) -> set[str]:
+    """The hooks a transcoder reads or writes, and the final norm's output."""
+    names = {FINAL_HOOK}
+    for layer in range(tc.n_layers):
+        names |= {tc.input_hook(layer), tc.output_hook(layer)}
+    return names
+
+
 def frozen_pass(model, tokens: Int[Tensor, " pos"], tc, rows: int) -> FrozenPass:
     """One pass of ``tokens`` repeated over ``rows`` rows through the frozen replacement model
-    (module docstring); call inside :func:`no_param_grads`."""
-    keep: dict = {}
+    (module docstring); call inside :func:`no_param_grads`. The attention's value path and the
+    norms' frozen maps are tried first, each dropped where it does not reproduce the bridge."""
+    batch = tokens[None].expand(rows, -1)
     scope = Scope()
     paths = value_path_weights(model, tc.n_layers)
-    if paths is not None:
-        hooks = frozen_hooks(model, tc, keep, paths, scope)
-        forward(model, tokens[None].expand(rows, -1), hooks, grad=True)
+    norms = norm_paths(model, _busy(tc)) if paths is not None else None
+    tries = [(paths, norms)] if norms else []
+    tries += [(paths, None)] if paths is not None else []
+    for value, norm in tries:
+        keep: dict = {}
+        forward(model, batch, frozen_hooks(model, tc, keep, value, scope, norm), grad=True)
         mismatch = [
             layer
             for layer, seen in enumerate(keep["checks"])
             if not (
-                "pattern" in seen and paths[layer].check(seen["x"], seen["pattern"], seen["out"])
+                "pattern" in seen and value[layer].check(seen["x"], seen["pattern"], seen["out"])
             )
         ]
-        if not mismatch:
+        wrong = [prefix for prefix, path in (norm or {}).items() if not path.check()]
+        if not mismatch and not wrong:
             return FrozenPass(
-                keep["inputs"], keep["outputs"], keep["embed"], keep["final"], scope, True
+                keep["inputs"],
+                keep["outputs"],
+                keep["embed"],
+                keep["final"],
+                scope,
+                True,
+                bool(norm),
             )
+        if wrong:
+            logger.info("the frozen maps of %s do not reproduce the bridge's norms", wrong)
+            continue
         logger.info(
             "the attention's value path does not reproduce layers %s: differentiating the "
             "bridge's attention instead",
             mismatch,
         )
-        keep = {}
-    forward(model, tokens[None].expand(rows, -1), frozen_hooks(model, tc, keep), grad=True)
+        break
+    keep = {}
+    forward(model, batch, frozen_hooks(model, tc, keep), grad=True)
     return FrozenPass(keep["inputs"], keep["outputs"], keep["embed"], keep["final"], scope)

@@ -1,6 +1,7 @@
-"""The attention's value path (interp.graphs.value_path) against differentiating the bridge's
-attention: every zoo architecture takes the fast path (so the identity tests check it), a
-path that does not reproduce the attention falls back, and either way the graph is the same.
+"""The attention's value path (interp.graphs.value_path) and the norms' frozen maps
+(interp.graphs.norm_path) against differentiating the bridge's: every zoo architecture takes the
+value path and most the norm path (so the identity tests check them), a path that does not
+reproduce the bridge falls back, and either way the graph is the same.
 """
 
 from __future__ import annotations
@@ -42,6 +43,42 @@ def test_a_path_that_misses_falls_back_to_the_same_graph(zoo, arch, monkeypatch)
     monkeypatch.setattr(frozen, "value_path_weights", wrong)
     with no_param_grads(model):
         assert not frozen_pass(model, TOKENS, tc, 2).value_path
+    slow = attribution_graph(model, TOKENS, tc, batch_size=64)
+    scale = fast.adjacency.abs().max()
+    torch.testing.assert_close(slow.adjacency, fast.adjacency, rtol=0, atol=RTOL * scale)
+    assert slow.nodes.equals(fast.nodes)
+
+
+# Gemma 2 scales by 1 + w, OPT flattens rows and positions before ln2: the bridge's norms there
+NORM_PATH = {"gemma2": False, "opt": False}
+
+
+@pytest.mark.parametrize("arch", ZOO_ARCHS)
+def test_the_norm_path_where_it_reproduces_the_bridge(zoo, arch):
+    model = zoo.model(arch)
+    tc = random_transcoders(model, kind="per-layer", d_tc=16, seed=1)
+    with no_param_grads(model):
+        fp = frozen_pass(model, TOKENS, tc, 2)
+    assert fp.value_path and fp.norm_path == NORM_PATH.get(arch, True)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])  # LayerNorm; RMSNorm
+def test_a_norm_path_that_misses_falls_back_to_the_same_graph(zoo, arch, monkeypatch):
+    model = zoo.model(arch)
+    tc = random_transcoders(model, kind="cross-layer", d_tc=16, seed=2)
+    fast = attribution_graph(model, TOKENS, tc, batch_size=5)
+    right = frozen.norm_paths
+
+    def wrong(model, busy):  # every weight doubled: the check sees the output missed
+        paths = right(model, busy)
+        for path in paths.values():
+            path.weight = 2 * path.weight
+        return paths
+
+    monkeypatch.setattr(frozen, "norm_paths", wrong)
+    with no_param_grads(model):
+        fp = frozen_pass(model, TOKENS, tc, 2)
+    assert fp.value_path and not fp.norm_path
     slow = attribution_graph(model, TOKENS, tc, batch_size=64)
     scale = fast.adjacency.abs().max()
     torch.testing.assert_close(slow.adjacency, fast.adjacency, rtol=0, atol=RTOL * scale)
