@@ -148,3 +148,14 @@ def ray_cluster():
     )
     yield ray
     ray.shutdown()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadfile`` (the README's command): the costliest test file first, the
+    documents' examples one by one (tests/scheduling.py)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from tests.scheduling import CostScheduling
+
+    return CostScheduling(config, log)
