@@ -22,7 +22,7 @@ from xdist.scheduler import LoadFileScheduling
 DEFAULT_S = 0.3  # a test not in COSTS_S (most take 0.05-1 s)
 
 # files whose tests share no module fixture: each test is a unit of its own
-ONE_BY_ONE = ("tests/test_docs_examples.py", "tests/test_docs_examples_part2.py")
+ONE_BY_ONE = ("tests/test_docs_examples.py",)
 # files that share an expensive session fixture: one unit, so one worker builds it (a local Ray
 # cluster takes 7-8 s of CPU to start and about 4% of a core while it waits)
 TOGETHER = {
@@ -32,14 +32,13 @@ TOGETHER = {
 }
 
 _DOC = "tests/test_docs_examples.py::test_examples_run_as_written"
-_DOC2 = "tests/test_docs_examples_part2.py::test_examples_run_as_written"
 
 # seconds, measured (set-up and call) on the quiet 2-core machine in a whole run
 COSTS_S: dict[str, float] = {
     "tests/test_model_zoo.py::test_every_analysis_as_documented[gpt2]": 106,
     f"{_DOC}[docs/tasks.md]": 92,
     "tests/engine/test_memory.py::test_measured_peaks_match_the_estimates_and_the_budget": 92,
-    f"{_DOC2}[docs/scale.md]": 67,
+    f"{_DOC}[docs/scale.md]": 67,
     f"{_DOC}[docs/commands.md]": 57,
     f"{_DOC}[docs/discovery.md]": 54,
     "tests/cli/test_cli_executors.py::test_attribute_on_local_processes_and_patch_on_submitit"
@@ -48,20 +47,20 @@ COSTS_S: dict[str, float] = {
     "tests/test_bench_discovery.py::test_quick_benchmark_runs_and_its_scores_agree": 44,
     "tests/engine/test_memory_budgets.py::test_measured_grid_peak_stays_within_its_budget": 39,
     "tests/stores/test_stores.py::test_train_sae_from_its_own_draws_is_the_same_sae": 37,
-    f"{_DOC2}[docs/saes.md]": 32,
+    f"{_DOC}[docs/saes.md]": 32,
     "tests/models/test_bundled_model.py::test_training_script_smoke": 30,
     "tests/discovery/test_discovery_acdc.py::test_budgets_change_nothing": 30,
     f"{_DOC}[docs/graphs.md]": 27,
     "tests/cli/test_cli_executors.py::test_discover_on_ray_with_8_shards_writes_the_whole_runs"
     "_files_despite_a_killed_worker": 27,
     "tests/test_notebooks.py::test_tour_runs_in_a_clean_kernel": 26,
-    f"{_DOC2}[docs/interventions.md]": 25,
+    f"{_DOC}[docs/interventions.md]": 25,
     f"{_DOC}[README.md]": 20,
     "tests/executors/test_executors.py::test_a_killed_worker_is_retried[slurm]": 18,
-    f"{_DOC2}[docs/memory.md]": 17,
+    f"{_DOC}[docs/memory.md]": 17,
     "tests/executors/test_executors_tasks.py::test_patch_activations_on_local_processes_equals"
     "_the_whole_run": 17,
-    f"{_DOC2}[docs/visualisation.md]": 15,
+    f"{_DOC}[docs/visualisation.md]": 15,
     f"{_DOC}[docs/induction.md]": 15,
     f"{_DOC}[docs/attribution.md]": 15,
     "tests/saes/test_sae_bundled.py::test_the_training_script_smoke": 15,

@@ -42,17 +42,6 @@ TIMEOUT_S = 300
 
 # documents whose examples are known to fail today, with why; strict: fixing them fails here
 KNOWN_FAILING: dict[str, str] = {}
-# documents whose examples run in test_docs_examples_part2.py: every document's examples, in
-# one file, took a worker for 5 minutes under `--dist loadfile`; two files take both workers
-# (measured on a loaded machine: these about 175 s, the others about 165 s)
-PART_2 = {
-    "docs/scale.md",
-    "docs/saes.md",
-    "docs/memory.md",
-    "docs/interventions.md",
-    "docs/visualisation.md",
-    "docs/path_patching.md",
-}
 
 
 def _gpt2_cached() -> bool:
@@ -65,12 +54,10 @@ def _name(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-def doc_params(part: int):
-    """The documents of ``part`` 1 (this file) or 2 (test_docs_examples_part2.py)."""
+def doc_params():
+    """Every document, a test each (tests/scheduling.py spreads them over the workers)."""
     params = []
     for path in DOCS:
-        if (_name(path) in PART_2) != (part == 2):
-            continue
         # whole documents, commands and all: 5-70 s each
         marks = [pytest.mark.slow]
         if _name(path) in KNOWN_FAILING:
@@ -135,7 +122,7 @@ def fork_server():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.mark.parametrize("path", doc_params(part=1))
+@pytest.mark.parametrize("path", doc_params())
 def test_examples_run_as_written(path: Path, tmp_path: Path, fork_server: Path):
     run_examples(path, tmp_path, fork_server)
 
