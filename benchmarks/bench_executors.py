@@ -1,8 +1,8 @@
 """Executors: the same edge scores in 1 and 2 shards on a local Ray cluster, local processes
 against the whole run in this process, and the overhead a shard adds.
 
-On a GPT-2-width model of 4 layers (12 heads, d_model 768, a vocabulary of 1,000; the
-tests' ``gpt2_small_width``) and an induction task of ``--rows`` rows, ``eap-ig`` with 5 steps:
+On a GPT-2-width model of 4 layers (12 heads, d_model 768, a vocabulary of 1,000) and an
+induction task of ``--rows`` rows, ``eap-ig`` with 5 steps:
 
 - ``whole``: ``discover_circuit(model, task, "eap-ig", top_n=20)`` here;
 - ``ray N``: the same with ``executor=Sharding("ray", shards=N)`` on a local Ray cluster of

@@ -488,18 +488,28 @@ def _child_peak(
     not __import__("os").path.exists("/proc/self/clear_refs"),
     reason="needs Linux's /proc peak-RSS counter",
 )
-def test_measured_peaks_match_the_estimates_and_the_budget(gpt2_small_shaped_dir):
-    scan = _child_peak(gpt2_small_shaped_dir, "scan", 8, None)  # one chunk
+def test_measured_peaks_match_the_estimates_and_the_budget(
+    gpt2_small_shaped_dir, gpt2_small_width_dir
+):
+    """The scans run at GPT-2 small's width in 2 layers: a scan keeps a few numbers per layer
+    and head, its peak is one pass's working memory whatever the layers (139 MB measured with
+    12 layers, 137 MB with 2; estimate / peak 1.05 in both), at a sixth of the time. run_cached
+    keeps every layer's patterns and residuals: its points keep GPT-2 small's 12 layers, where
+    the cache is most of the peak (with 4 layers the run's working memory, estimated ~20% high,
+    is most of it: 1.13), in 12 rows rather than 24: the cache and the working memory both
+    scale with the rows, so their ratios do not move (estimate / peak 1.07 and 1.08, cache
+    estimate / resident 0.99 and 0.99 measured) and a run costs half as much."""
+    scan = _child_peak(gpt2_small_width_dir, "scan", 8, None)  # one chunk
     assert scan["chunks"] == 1
     assert 0.9 <= scan["estimate"] / scan["peak"] <= 1.1
-    cached = _child_peak(gpt2_small_shaped_dir, "cached", 8, "fit")
+    cached = _child_peak(gpt2_small_shaped_dir, "cached", 4, "fit")
     assert cached["cache_estimate"] == cached["cache_measured"]
     assert 0.9 <= cached["estimate"] / cached["peak"] <= 1.1
     assert 0.9 <= cached["cache_estimate"] / cached["cache_resident"] <= 1.1
     # no budget: glibc's default allocator, and what the cache holds once run_cached returns
-    plain = _child_peak(gpt2_small_shaped_dir, "cached", 8, None, freed=False)
+    plain = _child_peak(gpt2_small_shaped_dir, "cached", 4, None, freed=False)
     assert 0.9 <= plain["cache_estimate"] / plain["cache_resident"] <= 1.1
     budget = scan["peak"] // 3
-    held = _child_peak(gpt2_small_shaped_dir, "scan", 8, str(budget))
+    held = _child_peak(gpt2_small_width_dir, "scan", 8, str(budget))
     assert held["chunks"] >= 3 and held["peak"] <= 1.1 * budget
     assert held["induction"] == pytest.approx(scan["induction"], abs=CHUNK_ATOL)
