@@ -40,8 +40,16 @@ import sys
 # variables a command may set differently from the server: none of them is read at import time
 MAY_DIFFER = frozenset({"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST"})
 # what the server imports before it serves: interp's every module (the commands import them
-# lazily as they run) and the libraries they need
-PRELOAD = ("torch", "transformers", "transformer_lens", "interp")
+# lazily as they run) and the libraries they need, with the parts that loading a model imports
+# lazily (TransformerLens's bridge and transformers' models: about 5 s of each command)
+PRELOAD = (
+    "torch",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformer_lens",
+    "transformer_lens.model_bridge",
+    "interp",
+)
 REFUSED = -1000  # the server's answer for a request it does not take
 
 
@@ -79,10 +87,14 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
 def serve(path: str, preload=PRELOAD):
     """Import ``preload`` and listen on ``path``; return only in a command's process, with the
     command to run."""
+    started_with = dict(os.environ)
     _preload(preload)
+    # what the imports set (torch's inductor sets TORCHINDUCTOR_CACHE_DIR): a command's process
+    # gets it as a fresh interpreter would once it imported the same, unless its caller set it
+    set_by_imports = {k: v for k, v in os.environ.items() if k not in started_with}
     gc.collect()
     gc.freeze()  # the commands' collections skip what is here (and leave its pages shared)
-    env_key = _env_key(dict(os.environ))
+    env_key = _env_key(started_with)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -117,7 +129,7 @@ def serve(path: str, preload=PRELOAD):
             command = os.fork()
             if command == 0:
                 conn.close()
-                return _become(request, fds)
+                return _become(request, fds, set_by_imports)
             _wait_and_answer(conn, command, fds)
         conn.close()
         for fd in fds:
@@ -153,7 +165,7 @@ def _wait_and_answer(conn: socket.socket, pid: int, fds: list[int]) -> None:
     os._exit(0)
 
 
-def _become(request: dict, fds: list[int]):
+def _become(request: dict, fds: list[int], set_by_imports: dict[str, str]):
     """In the command's process: take over the caller's stdio, directory and environment."""
     os.setpgid(0, 0)
     for target, fd in enumerate(fds):
@@ -162,7 +174,7 @@ def _become(request: dict, fds: list[int]):
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(request["cwd"])
     os.environ.clear()
-    os.environ.update(request["env"])
+    os.environ.update({**set_by_imports, **request["env"]})
     _fresh_seeds()
     argv = request["argv"]
     if argv[0] == "-m":
