@@ -104,3 +104,33 @@ def test_another_environment_gets_a_fresh_interpreter(server, tmp_path):
     done = _call(server, script, env=dict(os.environ, INTERP_FORK_TEST="1"))
     assert (done.returncode, done.stdout) == (0, "False\n")  # not the server's process
     assert _call(server, script).stdout == "True\n"
+
+
+def test_what_the_imports_set_in_the_environment_is_the_commands_too(tmp_path):
+    """A module that sets a variable when imported (torch's inductor sets its cache folder):
+    a fresh interpreter would have it once it imported the same, so the command has it, and
+    the server does not count it as a difference from the caller's environment."""
+    (tmp_path / "sets_env.py").write_text("import os\nos.environ['SET_BY_IMPORT'] = 'yes'\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("SET_BY_IMPORT", None)
+    path = tmp_path / "server.sock"
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), "serve", str(path), "sets_env"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        script = _script(tmp_path, "import os, sys\nprint(os.environ.get('SET_BY_IMPORT'))\n")
+        done = _call((path, proc), script, env=env)
+        assert (done.returncode, done.stdout) == (0, "yes\n"), done.stderr
+        done = _call((path, proc), script, env={**env, "SET_BY_IMPORT": "mine"})
+        assert done.stdout == "mine\n"  # the caller's own value wins (a fresh interpreter, here)
+    finally:
+        proc.kill()
+        proc.wait()
+    # the first call was forked: only the second, whose variable differs, was refused
+    assert proc.stderr.read().count("a fresh interpreter") == 1
