@@ -105,7 +105,7 @@ class TrainConfig:
 
 
 SMOKE = dict(
-    steps=60, tie_until=30, vocab_size=512, max_text_chars=300_000, eval_every=20, eval_batch=8
+    steps=30, tie_until=15, vocab_size=512, max_text_chars=300_000, eval_every=10, eval_batch=8
 )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import sysconfig
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,6 +82,35 @@ def repeated_random_tokens(
     return torch.cat(parts, dim=1)
 
 
+# the standard library's stream for texts=None, per tokenizer: tokenising its 3M characters
+# takes seconds, and every train_sae call (a sweep makes many) would repeat the same work
+_STDLIB_STREAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _stream(tokenizer, texts: Sequence[str], sep: int | None) -> Tensor:
+    """The documents' ids joined into one stream, ``sep`` after each."""
+    ids: list[int] = []
+    for encoded in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        ids.extend(encoded)
+        if sep is not None:
+            ids.append(sep)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _stdlib_stream(tokenizer, sep: int | None) -> Tensor:
+    """:func:`_stream` of the default texts, kept per tokenizer (and its vocabulary's size,
+    which grows if tokens are added to it)."""
+    key = (BUNDLED_CHARS, len(tokenizer), sep)
+    try:
+        kept = _STDLIB_STREAMS.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that cannot be weakly referenced: no cache
+        kept = {}
+    if key not in kept:
+        texts = [t for t in stdlib_sources(BUNDLED_CHARS, seed=0) if t]  # as user texts
+        kept[key] = _stream(tokenizer, texts, sep)
+    return kept[key].clone()
+
+
 def _separator(tokenizer) -> int | None:
     """The id put between documents: EOS, else BOS, else none."""
     for token_id in (tokenizer.eos_token_id, tokenizer.bos_token_id):
@@ -111,22 +141,18 @@ class TokenRows:
         if tokenizer is None:
             raise ValueError("the model has no tokenizer; load it with one to train an SAE")
         self.synthetic = texts is None
-        if texts is None:
-            texts = stdlib_sources(BUNDLED_CHARS, seed=0)
-        elif isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise ValueError("texts must be a list of strings (documents), not one string")
-        texts = [t for t in texts if t]
-        if not texts:
-            raise ValueError("texts is empty: pass some documents, or None for the default")
         sep = _separator(tokenizer)
-        ids: list[int] = []
-        for encoded in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-            ids.extend(encoded)
-            if sep is not None:
-                ids.append(sep)
+        if texts is None:
+            stream = _stdlib_stream(tokenizer, sep)
+        else:
+            if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+                raise ValueError("texts must be a list of strings (documents), not one string")
+            texts = [t for t in texts if t]
+            if not texts:
+                raise ValueError("texts is empty: pass some documents, or None for the default")
+            stream = _stream(tokenizer, texts, sep)
         n_ctx = int(model.cfg.n_ctx)
         self.window = min(WINDOW, n_ctx)
-        stream = torch.tensor(ids, dtype=torch.long)
         n_held = max(self.window, int(len(stream) * holdout))
         if len(stream) < n_held + 2 * self.window:
             raise ValueError(

@@ -42,16 +42,18 @@ def test_the_recorded_figures_equal_a_recomputation(bundled_model):
     assert meta["eval_tokens"] == EVAL_TOKENS
     gen = torch.Generator().manual_seed(meta["config"]["seed"])
     rows = TokenRows(model, None, gen).held_out(EVAL_TOKENS, EVAL_SEED)
+    layers = range(len(meta["figures"]))
+    names = [f"blocks.{layer}.mlp.{hook}" for layer in layers for hook in ("hook_in", "hook_out")]
+    read = {name: [] for name in names}
+    for tokens in rows:  # run_with_cache, not the engine; BOS at position 0 left out
+        _, cache = model.run_with_cache(tokens, names_filter=names)  # every layer in one pass
+        keep = torch.ones(tokens.shape, dtype=torch.bool)
+        keep[:, 0] = tokens[:, 0] != model.tokenizer.bos_token_id
+        for name in names:
+            read[name].append(cache[name][keep])
     for layer, recorded in enumerate(meta["figures"]):
-        xs, ys = [], []
-        for tokens in rows:  # run_with_cache, not the engine; BOS at position 0 left out
-            names = [f"blocks.{layer}.mlp.hook_in", f"blocks.{layer}.mlp.hook_out"]
-            _, cache = model.run_with_cache(tokens, names_filter=names)
-            keep = torch.ones(tokens.shape, dtype=torch.bool)
-            keep[:, 0] = tokens[:, 0] != model.tokenizer.bos_token_id
-            xs.append(cache[names[0]][keep])
-            ys.append(cache[names[1]][keep])
-        x, y = torch.cat(xs).double(), torch.cat(ys).double()
+        x = torch.cat(read[f"blocks.{layer}.mlp.hook_in"]).double()
+        y = torch.cat(read[f"blocks.{layer}.mlp.hook_out"]).double()
         pre = x @ tc.W_enc(layer).double().T + tc.b_enc(layer).double()
         top = pre.topk(tc.k, dim=-1).indices
         acts = torch.zeros_like(pre).scatter(-1, top, pre.gather(-1, top))
