@@ -30,14 +30,17 @@ KEY = {"task": "sums of VALUES"}
         pytest.param("slurm", marks=pytest.mark.slow),
     ]
 )
-def executor(request):
+def executor(request, monkeypatch):
     """A fresh executor of each kind (Ray: on the session's cluster, left running)."""
     if request.param == "local":
         return lambda: LocalExecutor(workers=2)
     if request.param == "ray":
         request.getfixturevalue("ray_cluster")
         return RayExecutor
-    pytest.importorskip("submitit")
+    submitit = pytest.importorskip("submitit")
+    # a job that died without a result: submitit waits 15 s for its result file to appear (a
+    # cluster's shared file system may lag); here the file system is local, nothing lags
+    monkeypatch.setattr(submitit.core.core.Job, "_results_timeout_s", 1)
     return lambda: SlurmExecutor(cluster="local")
 
 
