@@ -38,7 +38,10 @@ import struct
 import sys
 
 # variables a command may set differently from the server: none of them is read at import time
-MAY_DIFFER = frozenset({"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST"})
+# (a shell sets PS1, PS2, PS4 and OPTIND in what it runs, interactive or not)
+MAY_DIFFER = frozenset(
+    {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "PS1", "PS2", "PS4", "OPTIND"}
+)
 # what the server imports before it serves: interp's every module (the commands import them
 # lazily as they run) and the libraries they need, with the parts that loading a model imports
 # lazily (TransformerLens's bridge and transformers' models: about 5 s of each command)

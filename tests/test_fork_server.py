@@ -134,3 +134,13 @@ def test_what_the_imports_set_in_the_environment_is_the_commands_too(tmp_path):
         proc.wait()
     # the first call was forked: only the second, whose variable differs, was refused
     assert proc.stderr.read().count("a fresh interpreter") == 1
+
+
+def test_a_command_run_by_a_shell_is_forked(server, tmp_path):
+    """The documents' commands run in a shell, which sets variables of its own (PS1 and the
+    like): they are no difference, or every command would start a fresh interpreter."""
+    script = _script(tmp_path, "import sys\nprint('json' in sys.modules)\n")
+    line = f'"{sys.executable}" "{SERVER}" call "{server[0]}" "{script}"'
+    for shell in ("sh", "bash"):
+        done = subprocess.run([shell, "-c", line], capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout) == (0, "True\n"), (shell, done.stderr)
