@@ -151,6 +151,37 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def fork_server():
+    """The socket of a warm fork server (tests/fork_server.py, tests/forked.py) started with
+    ``served_env()``: the documents' drivers and commands, and the tests' own ``python``
+    processes, are forked from it, fresh but with torch, transformers, TransformerLens and
+    interp already imported."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from tests.forked import FORK_SERVER, served_env
+
+    folder = Path(tempfile.mkdtemp(prefix="interp-fork-"))  # short: a socket path has 108 bytes
+    socket_path = folder / "server.sock"
+    server = subprocess.Popen(
+        [sys.executable, str(FORK_SERVER), "serve", str(socket_path)],
+        env=served_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout.readline() == "ready\n", "the fork server did not start"
+        yield socket_path
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under ``--dist loadfile`` (the README's command): the costliest test file first, the

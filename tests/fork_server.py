@@ -13,7 +13,8 @@ is still its own process with fresh state, only its imports already done:
   does: an uncaught exception prints its traceback and exits 1, ``SystemExit`` gives the
   code, ``atexit`` handlers run;
 - the exit status goes back to the caller (128 + N for a child killed by signal N, as a shell
-  says), and a caller that dies (a timeout) takes its command's process group with it.
+  says); SIGINT or SIGTERM sent to the caller (Ctrl-C, a test's signal) reaches the command's
+  process group, and a caller that dies (a timeout) takes that group with it.
 
 A request whose environment differs from the server's in anything but the variables of
 ``MAY_DIFFER`` runs in a fresh interpreter instead (``os.execv``), as it does when no server is
@@ -28,6 +29,7 @@ standard library until it serves, so a call costs a bare interpreter's start.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -38,9 +40,11 @@ import struct
 import sys
 
 # variables a command may set differently from the server: none of them is read at import time
-# (a shell sets PS1, PS2, PS4 and OPTIND in what it runs, interactive or not)
+# (a shell sets PS1, PS2, PS4 and OPTIND in what it runs, interactive or not; jupyter_client
+# tells a kernel its parent and session in JPY_*)
 MAY_DIFFER = frozenset(
     {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "PS1", "PS2", "PS4", "OPTIND"}
+    | {"JPY_PARENT_PID", "JPY_SESSION_NAME"}
 )
 # what the server imports before it serves: interp's every module (the commands import them
 # lazily as they run) and the libraries they need, with the parts that loading a model imports
@@ -152,9 +156,14 @@ def _wait_and_answer(conn: socket.socket, pid: int, fds: list[int]) -> None:
     while status is None:
         waiting = [conn] + ([pidfd] if pidfd is not None else [])
         readable, _, _ = select.select(waiting, [], [], 0.05 if pidfd is None else None)
-        if conn in readable:  # the caller hung up (killed, timed out): so does the command
+        if conn in readable:
             try:
-                os.killpg(pid, signal.SIGKILL)
+                signals = conn.recv(16)
+            except OSError:
+                signals = b""
+            try:  # a signal the caller got, forwarded; or the caller hung up (killed, timed out)
+                for signum in signals or [signal.SIGKILL]:
+                    os.killpg(pid, signum)
             except ProcessLookupError:
                 pass
         done, raw = os.waitpid(pid, os.WNOHANG)
@@ -225,6 +234,13 @@ def call(path: str, argv: list[str]) -> int:
     socket.send_fds(conn, [b"r"], [0, 1, 2])
     data = request.encode()
     conn.sendall(struct.pack("!I", len(data)) + data)
+
+    def forward(signum, frame) -> None:  # to the command, as if it had been sent to it
+        with contextlib.suppress(OSError):
+            conn.send(bytes([signum]))
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, forward)
     try:
         (code,) = struct.unpack("!i", _recv_exact(conn, 4))
     except (ConnectionError, OSError):

@@ -9,6 +9,7 @@ Strip the committed notebooks after editing them in Jupyter::
 from __future__ import annotations
 
 import html
+import json
 import os
 import sys
 from pathlib import Path
@@ -52,26 +53,48 @@ def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-def execute(path: Path, *, timeout_s: int = 300) -> nbformat.NotebookNode:
+def execute(
+    path: Path, *, timeout_s: int = 300, server: Path | None = None
+) -> nbformat.NotebookNode:
     """Run the notebook at ``path`` top to bottom in a fresh ``python3`` kernel (ipykernel,
     started with this interpreter), its working directory the notebook's folder, this
-    checkout's ``interp`` first on the path. A failing cell raises
-    ``nbclient.exceptions.CellExecutionError`` naming the cell."""
+    checkout's ``interp`` first on the path. With ``server`` (the ``fork_server`` fixture's
+    socket), the kernel is a process forked from that warm server (tests/forked.py): fresh,
+    its imports done. A failing cell raises ``nbclient.exceptions.CellExecutionError`` naming
+    the cell."""
+    import tempfile
+
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
+
+    from tests.forked import python, served_env
 
     nb = nbformat.read(path, as_version=4)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
-    client = NotebookClient(
-        nb,
-        timeout=timeout_s,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-    )
-    # the kernel inherits the environment given here (and jupyter_client starts "python" in
-    # the kernel spec as sys.executable, this interpreter)
-    client.execute(env=env)
+    with tempfile.TemporaryDirectory() as specs:
+        manager = None
+        if server is not None:  # a "python3" kernel spec whose kernel is forked from the server
+            env = served_env()
+            spec = Path(specs) / "python3"
+            spec.mkdir()
+            argv = python(server, "-m", "ipykernel_launcher", "-f", "{connection_file}")
+            kernel = {"argv": argv, "display_name": "Python 3", "language": "python"}
+            (spec / "kernel.json").write_text(json.dumps(kernel), encoding="utf-8")
+            kernels = KernelSpecManager(kernel_dirs=[specs], ensure_native_kernel=False)
+            manager = KernelManager(kernel_name="python3", kernel_spec_manager=kernels)
+        client = NotebookClient(
+            nb,
+            km=manager,
+            timeout=timeout_s,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
+        )
+        # the kernel inherits the environment given here (and jupyter_client starts "python"
+        # in the kernel spec as sys.executable, this interpreter)
+        client.execute(env=env)
     return nb
 
 

@@ -4,17 +4,23 @@ its checks of numbers (EAP against TransformerLens, rows split) pass; speed is n
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 
 @pytest.mark.slow
-def test_quick_benchmark_runs_and_its_scores_agree():
+def test_quick_benchmark_runs_and_its_scores_agree(fork_server):
+    """The script as a process of its own (forked from the warm server: tests/forked.py)."""
+    from tests.forked import python, served_env
+
     script = Path(__file__).parents[1] / "benchmarks" / "bench_discovery.py"
     done = subprocess.run(
-        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=600
+        python(fork_server, str(script), "--quick"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=served_env(),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout

@@ -24,20 +24,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.doc_examples import extract, to_json
+from tests.forked import FORK_SERVER, served_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 DRIVER = Path(__file__).resolve().parent / "doc_examples.py"
-FORK_SERVER = Path(__file__).resolve().parent / "fork_server.py"
 TIMEOUT_S = 300
 
 # documents whose examples are known to fail today, with why; strict: fixing them fails here
@@ -87,41 +85,6 @@ def _interp_shim(folder: Path, fork_server: Path) -> Path:
     return folder
 
 
-def _env(**extra: str) -> dict[str, str]:
-    """The environment the examples run in."""
-    return dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-        MPLBACKEND="Agg",
-        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        **extra,
-    )
-
-
-@pytest.fixture(scope="session")
-def fork_server():
-    """The socket of a warm fork server (tests/fork_server.py) started with the examples'
-    environment: every document's driver and every ``interp`` command is a process forked
-    from it, fresh but with torch, transformers, TransformerLens and interp already imported."""
-    folder = Path(tempfile.mkdtemp(prefix="interp-fork-"))  # short: a socket path has 108 bytes
-    socket_path = folder / "server.sock"
-    server = subprocess.Popen(
-        [sys.executable, str(FORK_SERVER), "serve", str(socket_path)],
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout.readline() == "ready\n", "the fork server did not start"
-        yield socket_path
-    finally:
-        server.kill()
-        server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 @pytest.mark.parametrize("path", doc_params())
 def test_examples_run_as_written(path: Path, tmp_path: Path, fork_server: Path):
     run_examples(path, tmp_path, fork_server)
@@ -140,7 +103,7 @@ def run_examples(path: Path, tmp_path: Path, fork_server: Path) -> None:
         json.dumps({"doc": _name(path), "steps": json.loads(to_json(steps))}), encoding="utf-8"
     )
     shims = _interp_shim(tmp_path / "bin", fork_server)
-    env = _env(PATH=os.pathsep.join([str(shims), os.environ.get("PATH", "")]))
+    env = served_env(PATH=os.pathsep.join([str(shims), os.environ.get("PATH", "")]))
     done = subprocess.run(
         [sys.executable, str(FORK_SERVER), "call", str(fork_server), str(DRIVER), str(spec)],
         cwd=work,

@@ -144,3 +144,35 @@ def test_a_command_run_by_a_shell_is_forked(server, tmp_path):
     for shell in ("sh", "bash"):
         done = subprocess.run([shell, "-c", line], capture_output=True, text=True, timeout=60)
         assert (done.returncode, done.stdout) == (0, "True\n"), (shell, done.stderr)
+
+
+def test_a_signal_to_the_caller_reaches_the_command(server, tmp_path):
+    """Ctrl-C (SIGINT) or SIGTERM sent to the caller is the command's, as it would be for a
+    fresh interpreter: a KeyboardInterrupt there, the default action here."""
+    import signal
+    import time
+
+    code = (
+        "import pathlib, sys, time\n"
+        "pathlib.Path(sys.argv[1]).write_text('started')\n"
+        "try:\n"
+        "    time.sleep(60)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+        "    sys.exit(130)\n"
+    )
+    script = _script(tmp_path, code)
+    for signum, status, out in ((signal.SIGINT, 130, "interrupted\n"), (signal.SIGTERM, 143, "")):
+        marker = tmp_path / f"started-{signum}"
+        caller = subprocess.Popen(
+            [sys.executable, str(SERVER), "call", str(server[0]), str(script), str(marker)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        caller.send_signal(signum)
+        stdout, stderr = caller.communicate(timeout=30)
+        assert (caller.returncode, stdout) == (status, out), stderr

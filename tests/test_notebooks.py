@@ -82,9 +82,9 @@ def test_committed_notebooks_have_no_outputs(path):
 
 
 @pytest.fixture(scope="module")
-def tour(tmp_path_factory):
-    """The tour, executed once; the path of its HTML page."""
-    nb = execute(NOTEBOOKS / "tour.ipynb")
+def tour(tmp_path_factory, fork_server):
+    """The tour, executed once (its kernel forked from the warm server); its HTML page."""
+    nb = execute(NOTEBOOKS / "tour.ipynb", server=fork_server)
     out = tmp_path_factory.mktemp("tour")
     nbformat.write(nb, out / "tour.ipynb")
     page = out / "tour.html"
@@ -191,7 +191,7 @@ def test_gpt2_small_notebook_runs():
 
 
 @pytest.mark.slow
-def test_gpt2_small_notebook_rehearsal(tmp_path):
+def test_gpt2_small_notebook_rehearsal(tmp_path, fork_server):
     """Without the weights, every cell of gpt2_small.ipynb still runs on a random checkpoint of
     GPT-2 small's layout (12 layers of 12 heads, so every head the notebook names exists), with
     the one check that needs the real weights (the known induction heads rank top) left out:
@@ -226,7 +226,7 @@ def test_gpt2_small_notebook_rehearsal(tmp_path):
             cell.source = cell.source.replace(old, new)
     path = tmp_path / "gpt2_small.ipynb"
     nbformat.write(nb, path)
-    done = execute(path, timeout_s=600)
+    done = execute(path, timeout_s=600, server=fork_server)
     code = [c for c in done.cells if c.cell_type == "code"]
     assert [c.execution_count for c in code] == list(range(1, len(code) + 1))
     assert len(_page_sources(done)) == 4

@@ -382,24 +382,25 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-@pytest.mark.slow  # a fresh interpreter: ~10 s of imports on a busy machine
 @pytest.mark.parametrize("fresh", [True, False], ids=["new-folder", "old-folder"])
-def test_sigint_mid_write_exits_130_and_changes_nothing(fresh, gpt2_dir, tmp_path):
-    import os
+def test_sigint_mid_write_exits_130_and_changes_nothing(fresh, gpt2_dir, tmp_path, fork_server):
+    """A command of its own (forked from the warm server, tests/forked.py: its imports done),
+    sent a real SIGINT while it writes its last file."""
     import signal
     import subprocess
-    import sys
     import time
-    from pathlib import Path
+
+    from tests.forked import ROOT, python, served_env
 
     out, marker = tmp_path / "out", tmp_path / "marker"
     names = FOLDER_COMMANDS["circuits"][1]
     before = {} if fresh else old_state(out, names)
-    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "slow_writer.py"
+    script.write_text(SLOW_WRITER, encoding="utf-8")
     process = subprocess.Popen(
-        [sys.executable, "-c", SLOW_WRITER, str(marker), *argv_for("circuits", gpt2_dir, out)],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
+        python(fork_server, str(script), str(marker), *argv_for("circuits", gpt2_dir, out)),
+        cwd=ROOT,
+        env=served_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -8,7 +8,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -164,15 +163,17 @@ def test_rotary_matrix_reproduces_attention_scores(bridge):
 
 
 @pytest.mark.slow
-def test_training_script_smoke(tmp_path):
+def test_training_script_smoke(tmp_path, fork_server):
+    """The script as a process of its own (forked from the warm server: tests/forked.py)."""
+    from tests.forked import python, served_env
+
     out = tmp_path / "tiny"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     script = REPO / "experiments" / "train_bundled_model.py"
     proc = subprocess.run(
-        [sys.executable, str(script), "--smoke", "--out", str(out)],
+        python(fork_server, str(script), "--smoke", "--out", str(out)),
         capture_output=True,
         text=True,
-        env=env,
+        env=served_env(),
         timeout=600,  # the smoke run takes well under a minute on an idle machine
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -106,14 +106,18 @@ def test_interp_models_lists_the_saes_without_torch():
 
 
 @pytest.mark.slow
-def test_the_training_script_smoke(tmp_path):
-    """experiments/train_bundled_sae.py --smoke writes a folder that lists and loads."""
+def test_the_training_script_smoke(tmp_path, fork_server):
+    """experiments/train_bundled_sae.py --smoke writes a folder that lists and loads (the
+    script as a process of its own, forked from the warm server: tests/forked.py)."""
+    from tests.forked import python, served_env
+
     out = tmp_path / "sae"
     script = ROOT / "experiments" / "train_bundled_sae.py"
     proc = subprocess.run(
-        [sys.executable, str(script), "--smoke", "--out", str(out)],
+        python(fork_server, str(script), "--smoke", "--out", str(out)),
         capture_output=True,
         text=True,
+        env=served_env(),
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
