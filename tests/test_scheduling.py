@@ -55,7 +55,7 @@ def test_costliest_unit_goes_first_and_documents_go_one_by_one():
     nodeids = [
         "tests/a.py::one",
         "tests/a.py::two",
-        f"{doc}[docs/induction.md]",
+        f"{doc}[docs/graphs.md]",
         f"{doc}[docs/tasks.md]",
         zoo,
         "tests/test_model_zoo.py::test_toy_properties",
@@ -65,7 +65,7 @@ def test_costliest_unit_goes_first_and_documents_go_one_by_one():
     sched, node = _scheduler(nodeids)
     assert list(sched.workqueue) == [
         "tests/a.py",
-        f"{doc}[docs/induction.md]",
+        f"{doc}[docs/graphs.md]",
         f"{doc}[docs/tasks.md]",
         "tests/test_model_zoo.py",
         "ray_cluster",
@@ -77,7 +77,7 @@ def test_costliest_unit_goes_first_and_documents_go_one_by_one():
     assert order == [
         [zoo, "tests/test_model_zoo.py::test_toy_properties"],
         [f"{doc}[docs/tasks.md]"],
-        [f"{doc}[docs/induction.md]"],
+        [f"{doc}[docs/graphs.md]"],
         ["tests/a.py::one", "tests/a.py::two"],  # a tie (0.6 s): collection order
         ["tests/executors/test_executors.py::one", "tests/cli/test_cli_executors.py::two"],
     ]
