@@ -3,6 +3,7 @@ behaves as in a fresh interpreter, its failures included, so the examples can st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -14,22 +15,31 @@ import pytest
 SERVER = Path(__file__).resolve().parent / "fork_server.py"
 
 
-@pytest.fixture(scope="module")
-def server():
-    """A server that preloads only ``json`` (quick to start; the machinery is the same)."""
-    folder = Path(tempfile.mkdtemp(prefix="interp-fork-"))
-    path = folder / "server.sock"
+@contextlib.contextmanager
+def _serving(preload: str, env=None):
+    """A server preloading ``preload``, as ``(socket path, process)``; killed on leaving."""
+    path = Path(tempfile.mkdtemp(prefix="interp-fork-")) / "server.sock"
     proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "serve", str(path), "json"],
+        [sys.executable, str(SERVER), "serve", str(path), preload],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
-    assert proc.stdout.readline() == "ready\n"
-    yield path, proc
-    proc.kill()
-    proc.wait()
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        yield path, proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A server that preloads only ``json`` (quick to start; the machinery is the same)."""
+    with _serving("json") as serving:
+        yield serving
 
 
 def _call(server, script: Path, *args: str, env=None, cwd=None) -> subprocess.CompletedProcess:
@@ -113,25 +123,13 @@ def test_what_the_imports_set_in_the_environment_is_the_commands_too(tmp_path):
     (tmp_path / "sets_env.py").write_text("import os\nos.environ['SET_BY_IMPORT'] = 'yes'\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     env.pop("SET_BY_IMPORT", None)
-    path = tmp_path / "server.sock"
-    proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "serve", str(path), "sets_env"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        assert proc.stdout.readline() == "ready\n"
+    with _serving("sets_env", env=env) as serving:
         script = _script(tmp_path, "import os, sys\nprint(os.environ.get('SET_BY_IMPORT'))\n")
-        done = _call((path, proc), script, env=env)
+        done = _call(serving, script, env=env)
         assert (done.returncode, done.stdout) == (0, "yes\n"), done.stderr
-        done = _call((path, proc), script, env={**env, "SET_BY_IMPORT": "mine"})
+        done = _call(serving, script, env={**env, "SET_BY_IMPORT": "mine"})
         assert done.stdout == "mine\n"  # the caller's own value wins (a fresh interpreter, here)
-    finally:
-        proc.kill()
-        proc.wait()
+    proc = serving[1]
     # the first call was forked: only the second, whose variable differs, was refused
     assert proc.stderr.read().count("a fresh interpreter") == 1
 
