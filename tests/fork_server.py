@@ -12,9 +12,16 @@ is still its own process with fresh state, only its imports already done:
   ``__main__``, ``sys.path[0]`` set the same way), and the child ends the way an interpreter
   does: an uncaught exception prints its traceback and exits 1, ``SystemExit`` gives the
   code, ``atexit`` handlers run;
-- the exit status goes back to the caller (128 + N for a child killed by signal N, as a shell
-  says); SIGINT or SIGTERM sent to the caller (Ctrl-C, a test's signal) reaches the command's
-  process group, and a caller that dies (a timeout) takes that group with it.
+- the exit status goes back to the caller, which exits with it, or dies of the same signal
+  when the command was killed by one (so its parent sees what a fresh interpreter's would:
+  ``returncode`` -N, a shell 128 + N); SIGINT or SIGTERM sent to the caller (Ctrl-C, a test's
+  signal) reaches the command's process group, and a caller that dies (a timeout) takes that
+  group with it;
+- ``sys.executable`` in the command is ``python`` beside the socket, a shim that runs
+  ``python ARGS...`` through the server too: the processes a command starts with
+  ``sys.executable`` (the local executors' workers) are forked as well. ``-u`` is served
+  (the server runs unbuffered); a call with any other interpreter option (``-c``, ``-X``...)
+  runs in a fresh interpreter.
 
 A request whose environment differs from the server's in anything but the variables of
 ``MAY_DIFFER`` runs in a fresh interpreter instead (``os.execv``), as it does when no server is
@@ -41,10 +48,11 @@ import sys
 
 # variables a command may set differently from the server: none of them is read at import time
 # (a shell sets PS1, PS2, PS4 and OPTIND in what it runs, interactive or not; jupyter_client
-# tells a kernel its parent and session in JPY_*)
+# tells a kernel its parent and session in JPY_*; COLUMNS and LINES, the terminal's size, are
+# read when output is laid out, and a test process gets them set once pytest has started)
 MAY_DIFFER = frozenset(
     {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "PS1", "PS2", "PS4", "OPTIND"}
-    | {"JPY_PARENT_PID", "JPY_SESSION_NAME"}
+    | {"JPY_PARENT_PID", "JPY_SESSION_NAME", "COLUMNS", "LINES"}
 )
 # what the server imports before it serves: interp's every module (the commands import them
 # lazily as they run) and the libraries they need, with the parts that loading a model imports
@@ -91,10 +99,39 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return data
 
 
+def shim_path(path: str) -> str:
+    """The ``python`` shim of the server at socket ``path``: ``python ARGS...`` through it."""
+    return os.path.join(os.path.dirname(os.path.abspath(path)), "python")
+
+
+def _write_shim(path: str) -> str:
+    import shlex
+
+    shim = shim_path(path)
+    this = os.path.abspath(__file__)
+    line = " ".join(shlex.quote(part) for part in (sys.executable, this, "call", path))
+    with open(shim, "w", encoding="utf-8") as f:
+        f.write(f'#!/bin/sh\nexec {line} "$@"\n')
+    os.chmod(shim, 0o755)
+    return shim
+
+
+def _runnable(argv: list[str], unbuffered: bool) -> list[str] | None:
+    """``argv`` as the server runs it (``-m MODULE ARGS`` or ``SCRIPT ARGS``), or None when
+    only a fresh interpreter can (an interpreter option other than ``-u`` in an unbuffered
+    server, or no module or script)."""
+    while argv and argv[0] == "-u" and unbuffered:
+        argv = argv[1:]
+    if not argv or argv == ["-m"] or (argv[0].startswith("-") and argv[0] != "-m"):
+        return None
+    return argv
+
+
 def serve(path: str, preload=PRELOAD):
     """Import ``preload`` and listen on ``path``; return only in a command's process, with the
     command to run."""
     started_with = dict(os.environ)
+    shim = _write_shim(path)
     _preload(preload)
     # what the imports set (torch's inductor sets TORCHINDUCTOR_CACHE_DIR): a command's process
     # gets it as a fresh interpreter would once it imported the same, unless its caller set it
@@ -118,10 +155,12 @@ def serve(path: str, preload=PRELOAD):
             conn.close()
             continue
         differs = sorted(set(_env_key(request["env"]).items()) ^ set(env_key.items()))
-        if len(fds) != 3 or differs:
+        argv = _runnable(request["argv"], bool(started_with.get("PYTHONUNBUFFERED")))
+        if len(fds) != 3 or differs or argv is None:
+            why = "its options" if argv is None else "its environment differs in"
             sys.stderr.write(
                 f"fork server: a fresh interpreter for {request['argv'][:2]}: "
-                f"its environment differs in {sorted({k for k, _ in differs})}\n"
+                f"{why} {sorted({k for k, _ in differs})}\n"
             )
             conn.sendall(struct.pack("!i", REFUSED))
             conn.close()
@@ -136,7 +175,8 @@ def serve(path: str, preload=PRELOAD):
             command = os.fork()
             if command == 0:
                 conn.close()
-                return _become(request, fds, set_by_imports)
+                sys.executable = shim
+                return _become({**request, "argv": argv}, fds, set_by_imports)
             _wait_and_answer(conn, command, fds)
         conn.close()
         for fd in fds:
@@ -169,9 +209,8 @@ def _wait_and_answer(conn: socket.socket, pid: int, fds: list[int]) -> None:
         done, raw = os.waitpid(pid, os.WNOHANG)
         if done:
             status = raw
-    code = os.waitstatus_to_exitcode(status)
-    try:
-        conn.sendall(struct.pack("!i", code if code >= 0 else 128 - code))
+    try:  # -N for a command killed by signal N
+        conn.sendall(struct.pack("!i", os.waitstatus_to_exitcode(status)))
     except OSError:
         pass
     os._exit(0)
@@ -248,7 +287,20 @@ def call(path: str, argv: list[str]) -> int:
         return 1
     if code == REFUSED:
         os.execv(sys.executable, [sys.executable, *argv])
+    if code < 0:  # killed by a signal: die of it too, as the command's process did
+        die_of(-code)
     return code
+
+
+def die_of(signum: int) -> None:
+    """End this process by signal ``signum``, its default action, no core file."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+        signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # a signal whose default action is not to end the process
 
 
 def exit_like_an_interpreter(job) -> None:
@@ -272,6 +324,9 @@ def exit_like_an_interpreter(job) -> None:
         else:
             sys.stderr.write(f"{stop.code}\n")
             code = 1
+    except KeyboardInterrupt:  # the interpreter prints it, then dies of SIGINT
+        sys.excepthook(*sys.exc_info())
+        code = -signal.SIGINT
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1
@@ -282,6 +337,8 @@ def exit_like_an_interpreter(job) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if code < 0:
+        die_of(-code)
     os._exit(code & 0xFF)
 
 

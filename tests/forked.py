@@ -30,3 +30,16 @@ def python(server: Path, *args: str) -> list[str]:
     """The argv that runs ``python ARGS...`` (``-m MODULE ...`` or ``SCRIPT ...``) forked from
     the server at ``server``; run it with :func:`served_env`."""
     return [sys.executable, str(FORK_SERVER), "call", str(server), *args]
+
+
+def forked_workers(monkeypatch, server: Path) -> None:
+    """Have the worker processes this test's executors start (``sys.executable -m ...``, the
+    local executor's and submitit's) forked from the warm server at ``server``: its environment
+    and its ``python`` shim (tests/fork_server.py). Each worker is still a process of its own
+    that unpickles its job and loads the model from disk, with only the imports done (8-9 s of
+    a fresh interpreter's 10); tests/executors/test_executors.py starts fresh ones."""
+    from tests.fork_server import shim_path
+
+    for key, value in served_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "executable", shim_path(str(server)))

@@ -83,20 +83,39 @@ def test_a_command_gets_its_argv_directory_output_and_a_forked_process(server, t
         ("raise ValueError('wrong')", 1, "ValueError: wrong"),
         ("import sys; sys.exit(3)", 3, ""),
         ("import sys; sys.exit('a message')", 1, "a message"),
-        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 128 + 9, ""),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -9, ""),
+        ("raise KeyboardInterrupt", -2, "KeyboardInterrupt"),
         ("import atexit, sys; atexit.register(lambda: sys.exit(4))", 0, ""),
     ],
 )
 def test_failures_reach_the_caller_as_from_a_fresh_interpreter(
     server, tmp_path, code, status, stderr
 ):
+    """The caller ends as a fresh interpreter would: the same exit code, or killed by the same
+    signal (``returncode`` -N; a shell says 128 + N), which is how an executor tells a killed
+    worker from a failed one."""
     script = _script(tmp_path, code)
     done = _call(server, script)
     assert done.returncode == status, done.stderr
     assert stderr in done.stderr
-    if status != 128 + 9:  # what a fresh interpreter says, word for word where it says anything
-        fresh = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
-        assert (fresh.returncode, stderr in fresh.stderr) == (status, True)
+    fresh = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert (fresh.returncode, stderr in fresh.stderr) == (status, True)
+
+
+def test_the_commands_python_is_served_too(server, tmp_path):
+    """``sys.executable`` in a command runs ``python -m MODULE`` / ``python SCRIPT`` forked from
+    the server as well (the local executors' workers); an option the server cannot honour
+    (``-c`` here) gets a fresh interpreter."""
+    (tmp_path / "inner.py").write_text("import sys\nprint('json' in sys.modules)\n")
+    code = (
+        "import subprocess, sys\n"
+        "for args in (['-m', 'inner'], ['inner.py'], ['-c', 'import sys; print(\"json\" in "
+        "sys.modules)']):\n"
+        "    done = subprocess.run([sys.executable, *args], capture_output=True, text=True)\n"
+        "    print(done.returncode, done.stdout.strip())\n"
+    )
+    done = _call(server, _script(tmp_path, code), cwd=tmp_path)
+    assert done.stdout.splitlines() == ["0 True", "0 True", "0 False"], done.stderr
 
 
 def test_a_command_runs_its_threads_and_exit_handlers(server, tmp_path):
@@ -160,7 +179,7 @@ def test_a_signal_to_the_caller_reaches_the_command(server, tmp_path):
         "    sys.exit(130)\n"
     )
     script = _script(tmp_path, code)
-    for signum, status, out in ((signal.SIGINT, 130, "interrupted\n"), (signal.SIGTERM, 143, "")):
+    for signum, status, out in ((signal.SIGINT, 130, "interrupted\n"), (signal.SIGTERM, -15, "")):
         marker = tmp_path / f"started-{signum}"
         caller = subprocess.Popen(
             [sys.executable, str(SERVER), "call", str(server[0]), str(script), str(marker)],

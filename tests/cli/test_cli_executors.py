@@ -20,6 +20,7 @@ import interp.models.loading
 from interp import Task
 from interp.cli import main
 from interp.tasks import induction
+from tests.forked import forked_workers
 
 ATOL = 1e-6  # float32 metrics summed per shard in float64, then divided: rounding of the order
 
@@ -84,12 +85,13 @@ def test_discover_on_ray_with_8_shards_writes_the_whole_runs_files_despite_a_kil
 
 @pytest.mark.slow
 def test_attribute_on_local_processes_and_patch_on_submitit_equal_their_whole_runs(
-    task_file, tmp_path, monkeypatch
+    task_file, tmp_path, monkeypatch, fork_server
 ):
+    forked_workers(monkeypatch, fork_server)  # the workers: processes forked from a warm server
     argv = ["attribute", "--task", str(task_file)]
     assert main([*argv, "--out", str(tmp_path / "a1")]) == 0
-    # two shards (rows 5 + 4): each is a fresh interpreter that imports torch and loads the
-    # model, and two already make a merge of unequal parts to compare with the whole run
+    # two shards (rows 5 + 4): each is a process that loads the model, and two already make a
+    # merge of unequal parts to compare with the whole run
     assert main([*argv, "--executor", "local", "--shards", "2", "--out", str(tmp_path / "a2")]) == 0
     one, two = (pd.read_csv(tmp_path / d / "attribution.csv") for d in ("a1", "a2"))
     assert np.allclose(one["contribution"], two["contribution"], atol=ATOL, rtol=0)

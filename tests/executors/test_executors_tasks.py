@@ -15,6 +15,7 @@ from interp.foundation.executors import Sharding
 from interp.interventions.shards import merge_partial_sums, task_partial_sums
 from interp.tasks import induction
 from interp.tasks.sharded import model_source
+from tests.forked import forked_workers
 
 # float32 metrics summed over <= 9 rows in float64, divided by C - K ~ 1: rounding of the order
 ATOL = 1e-6
@@ -46,7 +47,10 @@ def test_discover_circuit_on_ray_equals_the_shards_and_the_whole_run(
 
 
 @pytest.mark.slow
-def test_patch_activations_on_local_processes_equals_the_whole_run(bundled_model, task):
+def test_patch_activations_on_local_processes_equals_the_whole_run(
+    bundled_model, task, fork_server, monkeypatch
+):
+    forked_workers(monkeypatch, fork_server)  # two worker processes, forked from a warm server
     frame = patch_activations(
         bundled_model, task, sites=["resid_pre"], executor=Sharding("local", 2, progress=False)
     )

@@ -15,6 +15,7 @@ from interp.saes.data import activations_at
 from interp.saes.train import train_sae
 from interp.stores import ActivationStore, fill_store
 from interp.stores.training import fill_training_store
+from tests.forked import forked_workers
 
 HOOK = "blocks.1.hook_resid_pre"  # the bundled SAE's
 # the bundled SAE's settings (interp/bundled/tiny-induction-sae/TRAINING.json), fewer steps
@@ -55,8 +56,12 @@ def test_an_epoch_of_batches_is_a_permutation_within_max_bytes(small_store):
 
 
 @pytest.mark.slow
-def test_train_sae_from_its_own_draws_is_the_same_sae(tmp_path, bundled_model):
-    # filled by two worker processes, each loading the model and replaying the draws
+def test_train_sae_from_its_own_draws_is_the_same_sae(
+    tmp_path, bundled_model, fork_server, monkeypatch
+):
+    # filled by two worker processes (forked from a warm server), each loading the model and
+    # replaying the draws
+    forked_workers(monkeypatch, fork_server)
     store = fill_training_store(tmp_path / "draws", bundled_model, HOOK, shards=2,
                                 executor=LocalExecutor(2), progress=False, **FILL)  # fmt: skip
     assert len(store.parts) == 2  # 40 steps x 128 tokens from buffers of 32 x 128
