@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.pages.plot_style import TEMPLATE, _require, _title, plotly_text
+from interp.pages.plot_style import _require, _title, plotly_text, theme
 
 __all__ = ["circuit_graph", "faithfulness_curve", "READER_COLOURS", "MAX_DRAWN"]
 
@@ -131,7 +131,7 @@ def circuit_graph(
     fig.add_trace(_nodes(layout))
     fig.add_trace(_ports(layout))
     fig.update_layout(
-        template=TEMPLATE,
+        template=theme(),
         title=_title(title, f"circuit: {len(chosen)} edges (width: |score|; dotted: negative)"),
         xaxis={"tickvals": _ticks(layout)[0], "ticktext": _ticks(layout)[1], "zeroline": False},
         yaxis={"visible": False, "autorange": "reversed"},
@@ -202,7 +202,7 @@ def faithfulness_curve(curve: pd.DataFrame, *, title: str | None = None) -> go.F
     for level in (0.0, 1.0):
         fig.add_hline(y=level, line={"color": "#999999", "dash": "dash", "width": 1})
     fig.update_layout(
-        template=TEMPLATE,
+        template=theme(),
         title=_title(title, "faithfulness of the top edges by |score|"),
         xaxis={"type": "log", "title": "fraction of edges kept"},
         yaxis={"title": "faithfulness"},

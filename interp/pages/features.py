@@ -7,7 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from interp.pages.html import Report
-from interp.pages.plot_style import TEMPLATE
+from interp.pages.plot_style import theme
 
 __all__ = ["features_report"]
 
@@ -16,7 +16,7 @@ def _histogram(counts, edges, feature: int) -> go.Figure:
     centres = (edges[:-1] + edges[1:]) / 2
     fig = go.Figure(go.Bar(x=centres.tolist(), y=counts.tolist(), marker_color="#d97706"))
     fig.update_layout(
-        template=TEMPLATE,
+        template=theme(),
         height=220,
         margin=dict(l=50, r=20, t=40, b=40),
         title=dict(text=f"feature {feature}: nonzero activations"),

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.pages.plotting import TEMPLATE, head_heatmap, head_label, plotly_text, token_label
+from interp.pages.plotting import head_heatmap, head_label, plotly_text, theme, token_label
 
 __all__ = ["patching_heatmap", "patching_errorbars"]
 
@@ -109,7 +109,7 @@ def patching_heatmap(
         )
     )
     fig.update_layout(
-        template=TEMPLATE,
+        template=theme(),
         title={"text": plotly_text(title or what)},
         xaxis=x_axis,
         yaxis={
@@ -147,7 +147,7 @@ def patching_errorbars(
         )
     )
     fig.update_layout(
-        template=TEMPLATE,
+        template=theme(),
         title={"text": plotly_text(title or "recovered (mean over rows, ± standard error)")},
         yaxis={"title": {"text": "recovered"}},
         height=420,

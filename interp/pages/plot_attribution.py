@@ -12,13 +12,13 @@ import plotly.graph_objects as go
 from interp.pages.plot_style import (
     NEGATIVE,
     POSITIVE,
-    TEMPLATE,
     _finite_or_none,
     _missing,
     _require,
     _title,
     head_label,
     plotly_text,
+    theme,
     token_label,
 )
 
@@ -119,7 +119,7 @@ def attribution_bars(
         )
     )
     fig.update_layout(
-        template=TEMPLATE,
+        template=theme(),
         title=_title(title, f"{value} by component"),
         xaxis={"title": {"text": plotly_text(value)}, "zeroline": True},
         yaxis={
@@ -224,7 +224,7 @@ def logit_lens_lines(
             ticktext=[plotly_text(s) for s in stages],
         )
     fig.update_layout(
-        template=TEMPLATE,
+        template=theme(),
         title=_title(title, f"{value} by {x}"),
         xaxis=xaxis,
         yaxis={"title": {"text": plotly_text(value)}},

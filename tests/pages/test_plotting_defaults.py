@@ -4,6 +4,8 @@ the analysis's own numbers: checked on a tiny GPT-2 and on the bundled model."""
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,3 +185,30 @@ def test_head_heatmap_takes_a_heads_patching_frame(case):
     mixed = patch_activations(model, clean, corrupted, metric, sites=("heads", "q"))
     with pytest.raises(ValueError, match="patching_heatmap"):
         head_heatmap(mixed)
+
+
+def test_the_theme_is_plotly_white_for_every_trace_drawn(gpt2_model):
+    """theme() keeps plotly_white's layout and its defaults for the traces interp draws (so the
+    figures look the same), and every figure gets its own copy."""
+    import plotly.io as pio
+
+    from interp.pages.plot_style import TEMPLATE, TRACE_TYPES, theme
+
+    full = pio.templates[TEMPLATE]
+    figures = [
+        head_heatmap(copying_scores(gpt2_model), "copying_score"),
+        attribution_bars(logit_attribution(gpt2_model, "a b c", 5)),
+    ]
+    drawn = {trace.type for fig in figures for trace in fig.data}
+    assert drawn <= set(TRACE_TYPES)
+    pages = Path(interp.__file__).parent / "pages"  # every trace the pages can draw
+    sources = " ".join(f.read_text(encoding="utf-8") for f in pages.glob("*.py"))
+    used = {name.lower() for name in re.findall(r"go\.(\w+)\(", sources)}
+    assert used - {"figure"} == set(TRACE_TYPES)
+    for fig in figures:
+        template = fig.layout.template
+        assert template is not theme()
+        assert template.layout.to_plotly_json() == full.layout.to_plotly_json()
+        for kind in TRACE_TYPES:
+            ours = [t.to_plotly_json() for t in getattr(template.data, kind)]
+            assert ours == [t.to_plotly_json() for t in getattr(full.data, kind)], kind
