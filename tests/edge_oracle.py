@@ -13,7 +13,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-__all__ = ["all_edges", "patch_edges", "replace_edges", "attribution_edge", "head_output"]
+__all__ = [
+    "all_edges",
+    "patch_edges",
+    "replace_edges",
+    "attribution_edge",
+    "run_caches",
+    "head_output",
+]
 
 
 def all_edges(model) -> list[str]:
@@ -108,17 +115,25 @@ def replace_edges(
         return model(base)
 
 
-def attribution_edge(model, batch, edge: str, *, at: str = "corrupted", ig_steps: int = 0) -> float:
+def run_caches(model, batch) -> tuple:
+    """The clean and the corrupted run's caches, for :func:`attribution_edge` over many edges."""
+    with torch.no_grad():
+        return model.run_with_cache(batch.clean)[1], model.run_with_cache(batch.corrupted)[1]
+
+
+def attribution_edge(
+    model, batch, edge: str, *, at: str = "corrupted", ig_steps: int = 0, caches=None
+) -> float:
     """Attribution patching of one edge in metric units (divide by clean - corrupted for
     recovered): the gradient of the mean ``batch.logit_diff`` with respect to the reader's
     input on the ``at`` run (``"clean"`` or ``"corrupted"``), dotted with the sender's clean -
     corrupted output, summed over positions. ``ig_steps=m > 0``: integrated gradients along
     the input path instead (EAP-IG-inputs), the gradient averaged over the runs whose token
-    embeddings are ``corrupted + k/m (clean - corrupted)``, ``k = 1 .. m``."""
+    embeddings are ``corrupted + k/m (clean - corrupted)``, ``k = 1 .. m``. ``caches``:
+    :func:`run_caches` of the same model and batch, computed once for many edges."""
     sender, reader = edge.split("->")
+    clean_cache, corrupt_cache = caches if caches is not None else run_caches(model, batch)
     with torch.no_grad():
-        _, clean_cache = model.run_with_cache(batch.clean)
-        _, corrupt_cache = model.run_with_cache(batch.corrupted)
         delta = _writer(model, clean_cache, sender) - _writer(model, corrupt_cache, sender)
     reader_input = torch.zeros_like(delta, requires_grad=True)
     if reader == "logits":
