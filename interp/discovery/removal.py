@@ -131,10 +131,14 @@ def _masks(runs, groups, fill, n_writers: int) -> list[Tensor | None]:
     index = {w: i for i, w in enumerate(w for _, _, _, ws in groups for w in ws)}
     slot = {r: (g, j) for g, readers in enumerate(fill) for j, r in enumerate(readers)}
     masks = [torch.zeros(len(runs), n_writers, len(f)) if f else None for f in fill]
+    where: list[list[tuple[int, int, int]]] = [[] for _ in fill]  # (run, writer, slot) ones
     for p, edges in enumerate(runs):
         for writer, reader in edges:
             g, j = slot[reader]
-            masks[g][p, index[writer], j] = 1.0
+            where[g].append((p, index[writer], j))
+    for mask, ones in zip(masks, where, strict=True):
+        if ones:  # one indexed assignment, not one per edge
+            mask[tuple(torch.tensor(ones).T)] = 1.0
     return masks
 
 
