@@ -104,8 +104,16 @@ class TrainConfig:
             )
 
 
+# every stage once, at a quarter of the batch: the script's end-to-end check, not a model
 SMOKE = dict(
-    steps=30, tie_until=15, vocab_size=512, max_text_chars=300_000, eval_every=10, eval_batch=8
+    steps=30,
+    tie_until=15,
+    vocab_size=512,
+    max_text_chars=300_000,
+    eval_every=10,
+    eval_batch=8,
+    text_batch=4,
+    synth_tokens=512,
 )
 
 

@@ -82,6 +82,7 @@ class Case:
     hf: object | None  # transformers model (eager attention), None without a checkpoint
     # copying_scores_dense(model), computed once: four checks compare against it
     dense_copying: pd.DataFrame | None = field(default=None, repr=False)
+    cli_loaded: bool = False  # a command has loaded the checkpoint itself (see _cli)
 
 
 @dataclass(frozen=True)
@@ -327,11 +328,52 @@ def _cli(case: Case, argv: list[str]) -> None:
         )
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main(argv)
+        with _loaded_once(case):
+            code = main(argv)
     if code == 0:
         return
     lines = [line for line in err.getvalue().splitlines() if line.startswith("interp ")]
     raise ValueError(lines[-1].split("error: ", 1)[-1] if lines else f"exit code {code}")
+
+
+@contextlib.contextmanager
+def _loaded_once(case: Case):
+    """A case's first command loads the checkpoint as the command line does. The later ones
+    get ``case.model`` from the same call (``load_model(directory, device="cpu")``, checked
+    against transformers by ``check_load``) instead of loading it again, 0.3 s each and some
+    eighty times; each must then leave it as it found it (no tensor written in place, no hook
+    left, the config unchanged), or the check fails."""
+    import interp.models.loading as loading
+
+    if not case.cli_loaded or torch.cuda.is_available():  # a command's default device: cpu
+        case.cli_loaded = True
+        yield
+        return
+    real = loading.load_model
+
+    def load(name, **given):
+        if Path(name) == case.directory and given.get("device", "cpu") == "cpu" and len(given) <= 1:
+            return case.model
+        return real(name, **given)
+
+    before = _state(case.model)
+    loading.load_model = load
+    try:
+        yield
+    finally:
+        loading.load_model = real
+    after = _state(case.model)
+    same = before[1:] == after[1:] and before[0].keys() == after[0].keys()
+    if not (same and all(torch.equal(t, after[0][n]) for n, t in before[0].items())):
+        raise AssertionError("the command changed the model it was handed")
+
+
+def _state(model) -> tuple:
+    """What a command could change in a model it was handed: its tensors (copies: the models
+    are tiny), hooks left on its hook points, its config."""
+    tensors = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    hooks = sum(len(h._forward_hooks) + len(h._backward_hooks) for h in model.hook_dict.values())
+    return tensors, hooks, repr(sorted(vars(model.cfg).items(), key=lambda kv: kv[0]))
 
 
 def check_cli_induction(case: Case) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support import ANALYSES, CASES, build_case, check_all, render_table, run_check
+from tests.support import ANALYSES, CASES, Outcome, build_case, check_all, render_table, run_check
 from tests.zoo import ZOO_ARCHS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "support.md"
@@ -156,3 +156,27 @@ def test_resid_mid_refused_with_the_reason(name, cases):
         run_cached(cases[name].model, [1, 2, 3], resid=("mid",))
     assert "\n" not in str(info.value)
     assert re.search("pre' or 'post", str(info.value))
+
+
+def test_a_command_that_changes_the_model_it_was_handed_fails(cases, monkeypatch):
+    """After a case's first command, the commands get the loaded model instead of loading it
+    again (tests/support.py, _loaded_once): one that leaves it changed fails its check."""
+    import interp.cli
+    import interp.models.loading as loading
+    from tests.support import _cli
+
+    case = cases["gpt2"]
+    monkeypatch.setattr(case, "cli_loaded", True)
+
+    def leaves_a_hook(argv):
+        model = loading.load_model(str(case.directory))
+        assert model is case.model  # handed over, not loaded again
+        model.add_hook("blocks.0.hook_resid_pre", lambda x, hook: x)
+        return 0
+
+    monkeypatch.setattr(interp.cli, "main", leaves_a_hook)
+    try:
+        outcome = run_check(lambda c: _cli(c, ["induction"]), case)
+    finally:
+        case.model.reset_hooks()
+    assert outcome == Outcome("FAILS", "the command changed the model it was handed")
