@@ -94,8 +94,36 @@ def execute(
         )
         # the kernel inherits the environment given here (and jupyter_client starts "python"
         # in the kernel spec as sys.executable, this interpreter)
-        client.execute(env=env)
+        try:
+            client.execute(env=env)
+        finally:  # nbclient shuts down only a kernel it started itself
+            if manager is not None and manager.has_kernel:
+                manager.shutdown_kernel(now=True)
+                _gone(manager.connection_file, path.parent)
     return nb
+
+
+def _gone(connection_file: str, folder: Path, wait_s: float = 10.0) -> None:
+    """Wait until neither the kernel's caller (``connection_file`` in its command line) nor a
+    process forked from the server in the notebook's ``folder`` (the kernel) runs; fail if one
+    stays, as a leaked kernel would."""
+    import time
+
+    def ours(pid: Path) -> bool:
+        try:
+            cmdline = (pid / "cmdline").read_bytes()
+            if connection_file.encode() in cmdline:
+                return True
+            return b"fork_server.py" in cmdline and (pid / "cwd").resolve() == folder.resolve()
+        except OSError:
+            return False  # ended while we looked
+
+    deadline = time.monotonic() + wait_s
+    while (left := [p.name for p in Path("/proc").glob("[0-9]*") if ours(p)]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    assert not left, f"kernel processes {left} outlived the notebook's run"
 
 
 def to_html(nb: nbformat.NotebookNode, title: str) -> str:
