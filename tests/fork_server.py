@@ -157,11 +157,11 @@ def serve(path: str, preload=PRELOAD):
         differs = sorted(set(_env_key(request["env"]).items()) ^ set(env_key.items()))
         argv = _runnable(request["argv"], bool(started_with.get("PYTHONUNBUFFERED")))
         if len(fds) != 3 or differs or argv is None:
-            why = "its options" if argv is None else "its environment differs in"
-            sys.stderr.write(
-                f"fork server: a fresh interpreter for {request['argv'][:2]}: "
-                f"{why} {sorted({k for k, _ in differs})}\n"
-            )
+            why = "an interpreter option it does not serve" if argv is None else ""
+            if differs:
+                why += f"{'; ' if why else ''}its environment differs in "
+                why += str(sorted({k for k, _ in differs}))
+            sys.stderr.write(f"fork server: a fresh interpreter for {request['argv'][:2]}: {why}\n")
             conn.sendall(struct.pack("!i", REFUSED))
             conn.close()
             for fd in fds:
