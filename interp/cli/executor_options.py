@@ -69,11 +69,29 @@ def check_executor(args: argparse.Namespace, n_rows: int, *, scored: bool = True
         raise UsageError("--slurm-partition is for --executor slurm")
     if name == "local" and args.gpus_per_shard:
         raise UsageError("--gpus-per-shard is for --executor ray or slurm")
+    _check_gpus(name, str(getattr(args, "device", "cpu")), args.gpus_per_shard)
     from interp.foundation.executors.backends import missing_extra
 
     line = missing_extra(name)
     if line is not None:
         raise UsageError(line)
+
+
+def _check_gpus(name: str, device: str, gpus: int) -> None:
+    """Each ray or slurm shard loads the model on its own device: a GPU it asked for, or none
+    (interp.foundation.executors.devices.check_gpus, said with the flags)."""
+    if name == "local":
+        return  # the local executor gives each process one of the GPUs seen here
+    if device.startswith("cuda") and not gpus:
+        raise UsageError(
+            f"--device {device} with --executor {name}: each shard loads the model on a GPU of "
+            "its own; pass --gpus-per-shard 1 (or --device cpu)"
+        )
+    if not device.startswith("cuda") and gpus:
+        raise UsageError(
+            f"--gpus-per-shard {gpus} with --device {device}: the shards would hold GPUs they "
+            "never use; pass --device cuda, or leave out --gpus-per-shard"
+        )
 
 
 def _given(args: argparse.Namespace, option: str) -> bool:

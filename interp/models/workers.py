@@ -1,15 +1,20 @@
 """The model a worker runs: loaded from the driver's checkpoint once per worker process, and
 checked against the driver's fingerprint (a model changed in memory after loading is refused,
-never silently replaced by its checkpoint)."""
+never silently replaced by its checkpoint). A worker its executor gave a GPU of its own
+(:mod:`interp.foundation.executors.devices`) loads a CUDA model onto that GPU, ``"cuda"``: its
+first visible device, whatever index the driver's model had."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from interp.foundation.executors.call import WORKER_GPU
 from interp.models.fingerprint import model_fingerprint
 from interp.models.loading import load_model
 
-__all__ = ["model_source", "model_spec", "worker_model"]
+__all__ = ["model_source", "model_spec", "worker_device", "worker_model"]
 
 _MODELS: dict[tuple, tuple] = {}  # (source, device, dtype) -> (model, fingerprint)
 
@@ -37,8 +42,17 @@ def model_spec(model, source: str | None = None) -> dict:
     }
 
 
+def worker_device(device: str) -> str:
+    """Where this worker loads a model the driver has on ``device`` (module docstring)."""
+    if device.startswith("cuda") and os.environ.get(WORKER_GPU) == "1":
+        return "cuda"
+    return device
+
+
 def worker_model(source: str, device: str, dtype: str, fingerprint: str | None = None):
-    """The model of ``source`` in this process (loaded once), checked against ``fingerprint``."""
+    """The model of ``source`` in this process (loaded once, on :func:`worker_device`),
+    checked against ``fingerprint``."""
+    device = worker_device(device)
     wanted = (source, device, dtype)
     if wanted not in _MODELS:
         model = load_model(source, device=device, dtype=getattr(torch, dtype))

@@ -125,6 +125,10 @@ def test_attribute_on_local_processes_and_patch_on_submitit_equal_their_whole_ru
             ["--executor", "local", "--shards", "2", "--ray-address", "auto"],
             "is for --executor ray",
         ),
+        (
+            ["--executor", "slurm", "--shards", "2", "--gpus-per-shard", "1"],
+            "--gpus-per-shard 1 with --device cpu: the shards would hold GPUs they never use",
+        ),
     ],
 )
 def test_refusals_before_loading(extra, message, task_file, tmp_path, capsys, monkeypatch):
@@ -152,3 +156,21 @@ def test_a_missing_extra_is_refused_with_its_install_line(task_file, tmp_path, c
     code = main([*argv, "--executor", "local", "--shards", "2", "--out", str(tmp_path / "never")])
     assert code == 2 and "acdc has no shards" in capsys.readouterr().err
     assert Task.from_jsonl(task_file)  # the file itself is fine
+
+
+def test_a_cuda_model_on_ray_without_gpus_per_shard_is_refused_before_loading(
+    task_file, tmp_path, capsys, monkeypatch
+):
+    import interp.cli.options
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(interp.models.loading, "load_model", refuse)
+    # a machine with a GPU, as --device sees it (this test never starts CUDA)
+    monkeypatch.setattr(interp.cli.options, "_available_devices", lambda: (["cpu", "cuda"], ""))
+    argv = ["discover", "--task", str(task_file), "--method", "eap", "--top-n", "3"]
+    argv += ["--device", "cuda", "--executor", "ray", "--shards", "2"]
+    assert main([*argv, "--out", str(tmp_path / "never")]) == 2
+    assert "pass --gpus-per-shard 1" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()

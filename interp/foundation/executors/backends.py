@@ -1,13 +1,14 @@
 """Where shards run: processes on this machine, Ray tasks, or SLURM jobs through submitit.
 
-Each executor has the same four methods, which :func:`interp.foundation.executors.run_shards` calls:
-``start(work_dir)``, ``submit(job, index, count)``, ``wait()`` (blocks until at least one
-submitted shard ends; returns ``(index, result, error)`` for each, ``error`` a one-line text or
-None) and ``close()`` (cancels what still runs). Local processes (and the
-in-process :class:`InlineExecutor`) are in :mod:`interp.foundation.executors.local`. Every worker
-runs
-:func:`interp.foundation.executors.call.call_shard`, which turns an exception into its one line, so
-a
+Each executor has the same five methods, which :func:`interp.foundation.executors.run_shards`
+calls: ``check(job, count)`` (refuses, before anything starts, a job its workers cannot run:
+a CUDA model whose shards get no GPU), ``start(work_dir)``, ``submit(job, index, count)``,
+``wait()`` (blocks until at least one submitted shard ends; returns ``(index, result, error,
+transient)`` for each, ``error`` a one-line text or None, ``transient`` whether another try may
+help) and ``close()`` (cancels what still runs). Local processes (and the in-process
+:class:`InlineExecutor`) are in :mod:`interp.foundation.executors.local`. Every worker runs
+:func:`interp.foundation.executors.call.call_shard`, which sets the worker up (threads, its own
+GPU: :mod:`interp.foundation.executors.devices`) and turns an exception into its one line, so a
 failure reads the same on every executor. Ray and submitit are optional: imported when an
 executor is made, refused with the install line when missing (:func:`require`).
 """
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from interp.foundation.executors.call import call_shard
+from interp.foundation.executors.devices import check_gpus, job_device
 from interp.foundation.executors.local import LocalExecutor
 
 __all__ = [
@@ -61,7 +63,8 @@ def require(name: str):
 class RayExecutor:
     """Shards as Ray tasks: on the cluster at ``address`` (``"auto"``, ``"ray://host:10001"``),
     or on a local one started here (and stopped by :meth:`close`) when None and none runs.
-    Ray places them; each asks for ``cpus_per_shard`` CPUs and ``gpus_per_shard`` GPUs."""
+    Ray places them; each asks for ``cpus_per_shard`` CPUs (its threads) and ``gpus_per_shard``
+    GPUs (Ray sets its ``CUDA_VISIBLE_DEVICES``; at least 1 for a CUDA model)."""
 
     def __init__(
         self, address: str | None = None, *, cpus_per_shard: float = 1, gpus_per_shard: float = 0
@@ -69,9 +72,15 @@ class RayExecutor:
         self.ray = require("ray")
         self.address = address
         self.resources = {"num_cpus": cpus_per_shard, "num_gpus": gpus_per_shard}
+        self.setup = {"threads": max(1, int(cpus_per_shard))}
         self._started = False
         self._refs: dict = {}  # object ref -> shard index
         self._jobs: dict[int, object] = {}  # id(job) -> its ref in the object store
+
+    def check(self, job, count: int) -> None:
+        check_gpus(job, self.resources["num_gpus"], "ray")
+        if job_device(job).startswith("cuda"):
+            self.setup["own_gpu"] = True
 
     def start(self, work_dir: Path) -> None:
         ray = self.ray
@@ -83,9 +92,10 @@ class RayExecutor:
     def submit(self, job, index: int, count: int) -> None:
         if id(job) not in self._jobs:
             self._jobs[id(job)] = self.ray.put(job)
-        self._refs[self._remote.remote(self._jobs[id(job)], index, count)] = index
+        ref = self._remote.remote(self._jobs[id(job)], index, count, self.setup)
+        self._refs[ref] = index
 
-    def wait(self) -> list[tuple[int, dict | None, str | None]]:
+    def wait(self) -> list[tuple[int, dict | None, str | None, bool]]:
         ready, _ = self.ray.wait(list(self._refs), num_returns=1)
         done = []
         for ref in ready:
@@ -94,9 +104,11 @@ class RayExecutor:
                 answer = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:
                 first = (str(exc).strip().splitlines() or ["no message"])[0]
-                done.append((index, None, f"the Ray worker died ({type(exc).__name__}: {first})"))
+                error = f"the Ray worker died ({type(exc).__name__}: {first})"
+                done.append((index, None, error, True))
                 continue
-            done.append((index, answer.get("result"), answer.get("error")))
+            error = answer.get("error")
+            done.append((index, answer.get("result"), error, answer.get("transient", True)))
         return done
 
     def close(self) -> None:
@@ -112,9 +124,11 @@ class RayExecutor:
 
 class SlurmExecutor:
     """Shards as SLURM jobs through submitit, each in ``partition`` for at most ``time_min``
-    minutes with ``gpus_per_shard`` GPUs; their logs go under ``work_dir/slurm``, which must be
-    on a file system the nodes share. ``cluster="local"``: submitit's local executor (the same
-    code path, processes on this machine; what the tests run)."""
+    minutes with ``gpus_per_shard`` GPUs (SLURM sets their ``CUDA_VISIBLE_DEVICES``; at least 1
+    for a CUDA model) and ``cpus_per_shard`` CPUs (their threads); their logs go under
+    ``work_dir/slurm``, which must be on a file system the nodes share. ``cluster="local"``:
+    submitit's local executor (the same code path, processes on this machine; what the tests
+    run)."""
 
     def __init__(
         self,
@@ -134,8 +148,14 @@ class SlurmExecutor:
         }
         if partition is not None:
             self.params["slurm_partition"] = partition
+        self.setup = {"threads": max(1, int(cpus_per_shard))}
         self.cluster = cluster or "slurm"  # never submitit's silent fallback to local
         self._jobs: dict = {}  # submitit job -> shard index
+
+    def check(self, job, count: int) -> None:
+        check_gpus(job, self.params["gpus_per_node"], "slurm")
+        if job_device(job).startswith("cuda"):
+            self.setup["own_gpu"] = True
 
     def start(self, work_dir: Path) -> None:
         if self.cluster in (None, "slurm") and shutil.which("sbatch") is None:
@@ -147,9 +167,9 @@ class SlurmExecutor:
         self._ex.update_parameters(**self.params)
 
     def submit(self, job, index: int, count: int) -> None:
-        self._jobs[self._ex.submit(call_shard, job, index, count)] = index
+        self._jobs[self._ex.submit(call_shard, job, index, count, self.setup)] = index
 
-    def wait(self) -> list[tuple[int, dict | None, str | None]]:
+    def wait(self) -> list[tuple[int, dict | None, str | None, bool]]:
         while True:
             ended = [j for j in self._jobs if j.done()]
             if ended:
@@ -162,11 +182,11 @@ class SlurmExecutor:
                 answer = job.result()
             except Exception as exc:  # submitit's UncompletedJobError, FailedJobError
                 first = (str(exc).strip().splitlines() or ["no message"])[0]
-                done.append(
-                    (index, None, f"SLURM job {job.job_id} ended without a result ({first})")
-                )
+                error = f"SLURM job {job.job_id} ended without a result ({first})"
+                done.append((index, None, error, True))  # timed out, preempted, node lost
                 continue
-            done.append((index, answer.get("result"), answer.get("error")))
+            error = answer.get("error")
+            done.append((index, answer.get("result"), error, answer.get("transient", True)))
         return done
 
     def close(self) -> None:

@@ -4,15 +4,19 @@ A job is a picklable callable ``job(index, count) -> dict``: shard ``index`` of 
 result a JSON-ready dict (a partial of :mod:`interp.interventions.shards`,
 :mod:`interp.attribution.shards` or :mod:`interp.discovery.shards`). :func:`run_shards`
 
+- asks the executor to check the job first (a CUDA model whose shards would get no GPU is
+  refused before anything starts or is written);
 - writes ``run.json`` (the run's ``key``: what makes two runs the same) into ``work_dir``, or
   refuses a ``work_dir`` that holds the shards of another run;
 - skips the shards whose ``shard-I-of-N.json`` is already there (a re-run resumes);
-- submits the others to the executor (:mod:`interp.foundation.executors.backends`: local processes,
-Ray
-  tasks, SLURM jobs), shows one bar over all shards, and writes each finished shard's result
-  to disk the moment it arrives;
-- resubmits a failed shard (an exception, or a worker that died) up to ``retries`` times; past
-  that, lets the shards still running finish (their results are kept) and raises
+- submits the others to the executor (:mod:`interp.foundation.executors.backends`: local
+  processes, Ray tasks, SLURM jobs), each as ``job.for_shard(index, count)`` where the job has
+  that method (so a worker receives only its shard's data), shows one bar over all shards, and
+  writes each finished shard's result to disk the moment it arrives;
+- resubmits a shard that failed for a transient reason (a worker killed or out of memory, a
+  job preempted: :mod:`interp.foundation.executors.call`) up to ``retries`` times; an exception
+  of the analysis itself (a ValueError, a TypeError...) fails the same way each time and is not
+  retried. Past that, lets the shards still running finish (their results are kept) and raises
   :class:`ShardError`, one line naming the shard and what went wrong.
 
 Scheduling (where and when a shard runs) is the executor's: Ray's or SLURM's, or the operating
@@ -86,12 +90,15 @@ def run_shards(
         work_dir: where each finished shard's result is kept (created if missing).
         key: JSON-ready settings that make two runs the same; a ``work_dir`` holding another
             key is refused (its shards would mix two runs).
-        retries: how many times a failed shard is submitted again before giving up.
+        retries: how many times a shard that failed for a transient reason is submitted
+            again before giving up.
     """
     from tqdm.auto import tqdm
 
     if count < 1 or retries < 0:
         raise ValueError(f"count must be >= 1 and retries >= 0, got {count} and {retries}")
+    if hasattr(executor, "check"):
+        executor.check(job, count)
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     _check_run(work_dir, {**key, "shards": count})
@@ -102,11 +109,12 @@ def run_shards(
         missing = [i for i in range(count) if i not in done]
         if missing:
             executor.start(work_dir)
+        jobs = {i: job.for_shard(i, count) if hasattr(job, "for_shard") else job for i in missing}
         for index in missing:
-            executor.submit(job, index, count)
+            executor.submit(jobs[index], index, count)
         running, failed = len(missing), None
         while running:
-            for index, result, error in executor.wait():
+            for index, result, error, again in executor.wait():
                 running -= 1
                 if error is None:
                     text = json.dumps(result) + "\n"
@@ -115,14 +123,15 @@ def run_shards(
                     continue
                 failures[index] += 1
                 tries = failures[index]
-                if tries > retries:  # the others still running finish and are kept
+                if tries > retries or not again:  # the others still running finish, are kept
                     failed = failed or (
                         f"shard {index}/{count} failed ({tries} tr{'y' if tries == 1 else 'ies'}"
+                        f"{'' if again else ', not retried: it would fail the same way'}"
                         f"): {error}"
                     )
                     continue
                 logger.warning("shard %d/%d failed (%s); retrying", index, count, error)
-                executor.submit(job, index, count)
+                executor.submit(jobs[index], index, count)
                 running += 1
         if failed is not None:
             raise ShardError(failed)
