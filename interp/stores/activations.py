@@ -4,29 +4,29 @@ A store is a folder::
 
     store.json                 format, model (source, fingerprint), hooks, d per hook, dtype,
                                parts in order with their token counts, how it was filled
-    part-00000/HOOK.npy        [tokens d] activations at HOOK (memory-mapped numpy, float32)
+    part-00000/HOOK.npy        [tokens d] activations at HOOK (numpy, float32)
     part-00000/tokens.npy      [tokens] the token id each activation vector is of
     run.json, shard-I-of-N.json   the executor's record of finished shards (a re-run resumes)
 
 :func:`fill_store` runs a token stream (rows of token ids) through the model in shards on any
-executor (:mod:`interp.foundation.executors`); each shard writes its part, whole or not at all, and
-the
-driver writes ``store.json`` last, so a store that has one is complete. A BOS token at position
-0 is left out (as :func:`interp.saes.data.activations_at`, which computes them).
+executor (:mod:`interp.foundation.executors`). Each shard's job carries only its own rows;
+it runs :data:`ROWS_PER_PASS` rows at a time, one forward pass for every hook, and appends
+each pass's activations to its part on disk as they come (:class:`interp.stores.parts.PartWriter`:
+a shard holds one pass, whatever its size); its part appears whole or not at all, and the
+driver writes ``store.json`` last, so a store that has one is complete. A BOS token at
+position 0 is left out (as :func:`interp.saes.data.activations_at`, which computes them).
 
-:meth:`ActivationStore.batches` reads it back shuffled without loading it: the parts are cut in
-blocks of :data:`BLOCK` tokens, the blocks are shuffled, as many as fit ``max_bytes`` are read
-into a buffer, and the buffer is shuffled again; so every token is read once per epoch and the
-memory held is at most ``max_bytes`` (:attr:`ActivationStore.peak_bytes` records it).
+:meth:`ActivationStore.batches` reads it back shuffled without loading it, holding at most
+``max_bytes`` (:mod:`interp.stores.reading` says what is counted).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,68 +37,66 @@ from torch import Tensor
 from interp.foundation.executors.local import InlineExecutor
 from interp.foundation.executors.runner import run_shards
 from interp.foundation.files import write_text_atomic
-from interp.foundation.sizes import parse_size
 from interp.models.fingerprint import model_fingerprint
 from interp.models.workers import model_spec, worker_model
-from interp.saes.data import activations_at
+from interp.stores.parts import (
+    PartWriter,
+    file_name,
+    kept,
+    npy_layout,
+    pass_activations,
+    read_rows,
+    write_part,
+)
+from interp.stores.reading import BLOCK, reading_plan, shuffled_batches
 
-__all__ = ["ActivationStore", "fill_store", "write_part", "FORMAT", "BLOCK"]
+__all__ = ["ActivationStore", "fill_store", "write_part", "FORMAT", "BLOCK", "ROWS_PER_PASS"]
 
 FORMAT = "interp-activations/1"  # store.json's format: other stores are refused
-BLOCK = 1024  # tokens read together: the unit of the shuffle across the whole store
 ROWS_PER_PASS = 64  # token rows per forward pass while filling
 
 
-def _name(hook: str) -> str:
-    return f"{hook}.npy"
-
-
-def write_part(folder: Path, acts: dict[str, Tensor], tokens: Tensor) -> dict:
-    """Write one part (each hook's ``[n d]`` activations and the ``[n]`` token ids) into
-    ``folder``, whole or not at all: into a temporary folder beside it, then one rename."""
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    for hook, value in acts.items():
-        np.save(tmp / _name(hook), value.detach().to("cpu", torch.float32).numpy())
-    np.save(tmp / "tokens.npy", tokens.to("cpu", torch.int64).numpy())
-    if folder.exists():  # a shard that died after its rename and before its record
-        for old in folder.iterdir():
-            old.unlink()
-        folder.rmdir()
-    os.replace(tmp, folder)
-    return {"part": folder.name, "tokens": int(len(tokens))}
+def shard_rows(n_rows: int, index: int, count: int) -> slice:
+    """The rows of shard ``index`` of ``count``: consecutive, the last ones shorter."""
+    per = -(-n_rows // count)
+    return slice(index * per, min(n_rows, (index + 1) * per))
 
 
 @dataclass(frozen=True)
 class _FillShard:
-    """Shard ``i`` of ``n`` of a token stream: rows ``i*per .. (i+1)*per`` into part ``i``."""
+    """A token stream's activations, shard by shard: ``for_shard(i, n)`` is the job of shard
+    ``i`` alone, holding only its rows (what an executor sends to its worker)."""
 
     spec: dict  # interp.models.workers.model_spec
     hooks: tuple[str, ...]
-    rows: np.ndarray  # [rows pos] token ids
+    rows: np.ndarray  # [rows pos] token ids: every row, or shard `shard`'s only
     path: str
+    shard: tuple[int, int] | None = None  # (index, count) when rows are that shard's
+
+    @property
+    def device(self) -> str:  # where the workers' model runs (interp.foundation.executors)
+        return self.spec["device"]
+
+    def for_shard(self, index: int, count: int) -> _FillShard:
+        return replace(self, rows=self.rows[shard_rows(len(self.rows), index, count)].copy(),
+                       shard=(index, count))  # fmt: skip
 
     def __call__(self, index: int, count: int) -> dict:
+        mine = self if self.shard == (index, count) else self.for_shard(index, count)
         model = worker_model(**self.spec)
-        per = -(-len(self.rows) // count)
-        mine = torch.as_tensor(self.rows[index * per : (index + 1) * per])
-        acts = {h: [] for h in self.hooks}
-        kept = []
+        tokens = torch.as_tensor(mine.rows)
         bos = getattr(model.tokenizer, "bos_token_id", None)
-        for batch in mine.split(ROWS_PER_PASS):
-            for hook in self.hooks:
-                acts[hook].append(activations_at(model, hook, [batch]))
-            keep = torch.ones(batch.shape, dtype=torch.bool)
-            if bos is not None:
-                keep[:, 0] = batch[:, 0] != bos
-            kept.append(batch[keep])
-        joined = {h: torch.cat(v) for h, v in acts.items()}
-        folder = Path(self.path) / f"part-{index:05d}"
-        return {
-            **write_part(folder, joined, torch.cat(kept)),
-            "d": {h: int(v.shape[1]) for h, v in joined.items()},
-        }
+        writer = PartWriter(Path(self.path) / f"part-{index:05d}", int(kept(tokens, bos).sum()))
+        d = {}
+        try:
+            for batch in tokens.split(ROWS_PER_PASS):
+                acts = pass_activations(model, self.hooks, batch)
+                writer.write(acts, batch[kept(batch, bos)])
+                d = {h: int(v.shape[1]) for h, v in acts.items()}
+            return {**writer.close(), "d": d}
+        except BaseException:
+            writer.abort()
+            raise
 
 
 def write_meta(path: Path, model, hooks: Sequence[str], parts: list[dict], filled: dict) -> None:
@@ -139,7 +137,7 @@ def fill_store(
         )
     spec = model_spec(model)
     rows = tokens.to(torch.int64).numpy()
-    job = _FillShard(spec, tuple(hooks), rows, str(path))
+    job = _FillShard(spec, tuple(hooks), rows, str(path))  # each shard is sent its rows only
     digest = _digest(rows)
     key = {"store": FORMAT, "model": spec["fingerprint"], "hooks": list(hooks), "tokens": digest}
     parts = run_shards(
@@ -151,8 +149,6 @@ def fill_store(
 
 
 def _digest(rows: np.ndarray) -> str:
-    import hashlib
-
     return hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()[:16]
 
 
@@ -173,7 +169,7 @@ class ActivationStore:
         self.hooks: list[str] = self.meta["hooks"]
         self.fingerprint: str = self.meta["model"]["fingerprint"]
         self.parts: list[dict] = self.meta["parts"]
-        self.peak_bytes = 0  # the largest buffer batches() has held
+        self.peak_bytes = 0  # the most a reading planned to hold (reading.py), not a measurement
 
     def __len__(self) -> int:
         """Activation vectors (tokens) in the store."""
@@ -195,8 +191,17 @@ class ActivationStore:
             )
 
     def part(self, index: int, hook: str) -> np.ndarray:
-        """Part ``index``'s ``[tokens d]`` activations at ``hook``, memory-mapped (not read)."""
-        return np.load(self.path / self.parts[index]["part"] / _name(hook), mmap_mode="r")
+        """Part ``index``'s ``[tokens d]`` activations at ``hook``, memory-mapped (not read; for
+        looking at a part: :meth:`batches` reads without maps)."""
+        return np.load(self.path / self.parts[index]["part"] / file_name(hook), mmap_mode="r")
+
+    def read(self, index: int, hook: str) -> Float[Tensor, "tokens d"]:
+        """Part ``index``'s activations at ``hook``, read whole (a plain read, no map)."""
+        offset, shape = npy_layout(self.path / self.parts[index]["part"] / file_name(hook))
+        out = np.empty(shape, dtype=np.float32)
+        with open(self.path / self.parts[index]["part"] / file_name(hook), "rb") as f:
+            read_rows(f, offset, out[0].nbytes if len(out) else 0, 0, out)
+        return torch.from_numpy(out)
 
     def tokens(self, index: int) -> np.ndarray:
         """Part ``index``'s token ids."""
@@ -204,45 +209,29 @@ class ActivationStore:
 
     def batches(
         self,
-        hook: str,
+        hook: str | Sequence[str],
         batch_tokens: int,
         *,
         generator: torch.Generator,
         max_bytes: int | str | None = None,
-    ) -> Iterator[Float[Tensor, "batch_tokens d"]]:
+    ) -> Iterator[Float[Tensor, "batch_tokens d"] | Float[Tensor, "batch_tokens hook d"]]:
         """Shuffled batches of ``batch_tokens`` activations at ``hook``, epoch after epoch
-        (every token once per epoch), holding at most ``max_bytes`` (default: 32 batches)."""
-        d = int(self.meta["d"][hook])
-        limit = parse_size(max_bytes) if max_bytes is not None else 33 * batch_tokens * d * 4
-        capacity = limit // (d * 4) - batch_tokens  # the buffer, and the batch handed out
-        if capacity < batch_tokens:
-            raise ValueError(
-                f"max_bytes {limit} holds {limit // (d * 4)} vectors of {d} float32; it must "
-                f"hold two batches ({2 * batch_tokens * d * 4} bytes)"
-            )
+        (every token once per epoch), holding at most ``max_bytes`` (default: a buffer of 32
+        batches). Several hooks (a list; all of one width): ``[batch_tokens hook d]``, the
+        same tokens at each. The arguments are checked here, before anything is read."""
+        hooks = [hook] if isinstance(hook, str) else list(hook)
+        missing = [h for h in hooks if h not in self.hooks]
+        if missing or not hooks:
+            raise ValueError(f"{self.path} holds {', '.join(self.hooks)}, not {missing or hooks}")
+        widths = {int(self.meta["d"][h]) for h in hooks}
+        if len(widths) != 1:
+            raise ValueError(f"hooks {hooks} are of widths {sorted(widths)}; read them apart")
         if not len(self):
             raise ValueError(f"{self.path} holds no activations")
-        block = max(1, min(BLOCK, capacity // 4))
-        maps = {k: self.part(k, hook) for k in range(len(self.parts))}  # opened once
-        blocks = [
-            (k, start, min(start + block, part["tokens"]))
-            for k, part in enumerate(self.parts)
-            for start in range(0, part["tokens"], block)
-        ]
-        buffer = torch.empty(capacity, d)  # the one buffer: read into, batches indexed out
-        self.peak_bytes = max(self.peak_bytes, buffer.numel() * 4 + batch_tokens * d * 4)
-        held = 0  # rows of the buffer in use (the carry of the last fill first)
-        while True:
-            order = torch.randperm(len(blocks), generator=generator).tolist()
-            while order:
-                while order and held + blocks[order[0]][2] - blocks[order[0]][1] <= capacity:
-                    k, start, stop = blocks[order.pop(0)]
-                    buffer[held : held + stop - start].numpy()[:] = maps[k][start:stop]
-                    held += stop - start
-                perm = torch.randperm(held, generator=generator)
-                n = held // batch_tokens * batch_tokens
-                for i in range(0, n, batch_tokens):
-                    yield buffer[perm[i : i + batch_tokens]]
-                rest = perm[n:]
-                buffer[: len(rest)] = buffer[rest]
-                held = len(rest)
+        d = widths.pop()
+        plan = reading_plan(len(self), len(hooks) * d * 4, batch_tokens, max_bytes)
+        self.peak_bytes = max(self.peak_bytes, plan.planned_bytes)
+        stream = shuffled_batches(self.path, self.parts, hooks, d, plan, batch_tokens, generator)
+        if isinstance(hook, str):
+            return (batch[:, 0] for batch in stream)
+        return stream

@@ -11,39 +11,67 @@ consumes them):
   weights the memory source gives (tests/stores/test_stores.py);
 - any other store (:func:`interp.stores.fill_store`): one shuffled batch at a time from
   :meth:`ActivationStore.batches`, holding at most ``max_bytes``: data many times memory.
+
+``max_bytes`` is checked before training starts, for both kinds of store: a replayed draw is
+read whole (it is the buffer the memory source would hold), so a budget that does not hold
+what replaying holds (:func:`replay_bytes`) is refused, naming the least that would do.
+A training store's run is keyed by its settings and a SHA-256 of its texts (:func:`texts_digest`):
+a re-run with other texts is refused, never resumed into the same folder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from interp.foundation.executors.local import InlineExecutor
 from interp.foundation.executors.runner import run_shards
+from interp.foundation.sizes import parse_size
 from interp.models.workers import model_spec, worker_model
 from interp.saes.data import TokenRows, activations_at
-from interp.stores.activations import ActivationStore, write_meta, write_part
+from interp.stores.activations import ActivationStore, write_meta
+from interp.stores.parts import PartWriter, kept, pass_activations
 
-__all__ = ["BUFFER_BATCHES", "activation_source", "fill_training_store", "training_draws"]
+__all__ = [
+    "BUFFER_BATCHES",
+    "activation_source",
+    "fill_training_store",
+    "replay_bytes",
+    "texts_digest",
+    "training_draws",
+]
 
 BUFFER_BATCHES = 32  # activations are drawn this many batches at a time, then shuffled
 
 
 def _kept(batches: Sequence[Tensor], bos: int | None) -> Tensor:
     """The token ids activations_at keeps (all but a BOS at position 0), flattened."""
-    out = []
-    for tokens in batches:
-        keep = torch.ones(tokens.shape, dtype=torch.bool)
-        if bos is not None:
-            keep[:, 0] = tokens[:, 0] != bos
-        out.append(tokens[keep])
-    return torch.cat(out)
+    return torch.cat([tokens[kept(tokens, bos)] for tokens in batches])
+
+
+def texts_digest(texts: Sequence[str] | None) -> str | None:
+    """A SHA-256 of ``texts`` (each one's length, then its UTF-8 bytes: no two lists of texts
+    give the same bytes), or None for the bundled training mix."""
+    if texts is None:
+        return None
+    digest = hashlib.sha256()
+    for text in texts:
+        data = text.encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
+def replay_bytes(store: ActivationStore, hook: str) -> int:
+    """What replaying ``store`` holds at once: the draw read, its shuffled copy and the draw
+    before it that training still holds (float32), and the shuffle's order (int64)."""
+    tokens = max(int(p["tokens"]) for p in store.parts)
+    return tokens * (3 * int(store.meta["d"][hook]) * 4 + 8)
 
 
 def training_draws(model, texts, *, seed, steps, batch_tokens, d_sae, d_in) -> list[list[Tensor]]:
@@ -78,6 +106,15 @@ class _Source:
         self.size = BUFFER_BATCHES * batch_tokens
         self.store, self.drawn = store, 0
         self.replay = store is not None and store.meta["filled"]["kind"] == "training"
+        if self.replay and max_bytes is not None:
+            need, limit = replay_bytes(store, hook), parse_size(max_bytes)
+            if need > limit:
+                raise ValueError(
+                    f"max_bytes {limit:,} is too small for {store.path}: it was filled with "
+                    f"fill_training_store, whose draws are replayed whole ({need:,} bytes at "
+                    "once); raise max_bytes to that, or train from a store filled with "
+                    "fill_store, read in batches within any budget"
+                )
         if store is not None and not self.replay:
             self.batches = store.batches(hook, batch_tokens, generator=gen, max_bytes=max_bytes)
 
@@ -100,7 +137,7 @@ class _Source:
                     f"{self.store.path}'s draw {self.drawn} is of other tokens than this run's: "
                     "it was filled with another seed, texts, steps, batch_tokens or d_sae"
                 )
-            acts = torch.from_numpy(np.array(self.store.part(self.drawn, self.hook)))
+            acts = self.store.read(self.drawn, self.hook)
             self.drawn += 1
         return acts[torch.randperm(len(acts), generator=self.gen)]
 
@@ -126,16 +163,26 @@ class _TrainingShard:
     settings: dict  # seed, steps, batch_tokens, d_sae
     path: str
 
+    @property
+    def device(self) -> str:  # where the workers' model runs (interp.foundation.executors)
+        return self.spec["device"]
+
     def __call__(self, index: int, count: int) -> dict:
         model = worker_model(**self.spec)
         d_in = activations_at(model, self.hook, [torch.tensor([[1, 2]])]).shape[1]
         draws = training_draws(model, self.texts, d_in=d_in, **self.settings)
         bos = getattr(model.tokenizer, "bos_token_id", None)
         parts = []
-        for k in range(index, len(draws), count):
-            acts = activations_at(model, self.hook, draws[k])
-            folder = Path(self.path) / f"part-{k:05d}"
-            parts.append({**write_part(folder, {self.hook: acts}, _kept(draws[k], bos)), "k": k})
+        for k in range(index, len(draws), count):  # each batch written as it comes
+            writer = PartWriter(Path(self.path) / f"part-{k:05d}", len(_kept(draws[k], bos)))
+            try:
+                for tokens in draws[k]:
+                    acts = pass_activations(model, [self.hook], tokens)
+                    writer.write(acts, tokens[kept(tokens, bos)])
+                parts.append({**writer.close(), "k": k})
+            except BaseException:
+                writer.abort()
+                raise
         return {"parts": parts, "d": {self.hook: int(d_in)}, "draws": len(draws)}
 
 
@@ -161,7 +208,7 @@ def fill_training_store(
     job = _TrainingShard(spec, hook, None if texts is None else tuple(texts), settings, str(path))
     key = {"store": "training", "model": spec["fingerprint"], "hook": hook, **settings}
     if texts is not None:
-        key["texts"] = len(texts), sum(len(t) for t in texts)
+        key["texts"] = texts_digest(texts)  # two lists of equal count and length differ here
     results = run_shards(
         job, shards, executor or InlineExecutor(), path, key=key, progress=progress,
         desc="activation shards",
