@@ -10,9 +10,21 @@ What a reading holds at once, all counted against ``max_bytes``::
 
     buffer       capacity x hooks x d x 4    the rows read, not yet handed out
     its order    capacity x 8                the buffer's permutation (int64)
+    the carry    batch_tokens x hooks x d x 4   the rows left over from a fill, kept for the next
     two batches  2 x batch_tokens x hooks x d x 4   the one the caller still holds while the
-                                                    next is made (and the carry of a refill)
+                                                    next is made
     the blocks   blocks x 32                 each block's part, start and stop, and the order
+    a margin     4 x batch_tokens x hooks x d x 4   batches freed that the C allocator keeps
+                 + 256 KiB                  the small objects of each read and batch (Python's,
+                                            torch's) and the pages they leave touched
+
+The buffer, its order and the carry are allocated once and reused, so that the only memory
+taken and given back batch after batch is the batches' own. glibc's heap still keeps some of
+those freed batches resident (the resident size rose 130 kB, four 32 kB batches, above the
+rest in benchmarks/bench_store_memory.py; 25% above before the buffers were reused), hence
+the margin :data:`ALLOCATOR_BATCHES`; and with small batches the interpreter's own small
+objects and the allocator's rounding showed up to 220 kB above everything else (a 4 MiB
+budget, four hooks, batches of 256 tokens), hence :data:`SMALL_OBJECTS`.
 
 :func:`reading_plan` sizes the buffer so that they fit, or refuses (before any read) a budget
 that does not hold a buffer of one batch. tests/stores/test_stores_streaming.py and
@@ -31,11 +43,21 @@ from torch import Tensor
 from interp.foundation.sizes import parse_size
 from interp.stores.parts import file_name, npy_layout, read_rows
 
-__all__ = ["BLOCK", "DEFAULT_BATCHES", "ReadingPlan", "reading_plan", "shuffled_batches"]
+__all__ = [
+    "ALLOCATOR_BATCHES",
+    "BLOCK",
+    "DEFAULT_BATCHES",
+    "ReadingPlan",
+    "reading_plan",
+    "shuffled_batches",
+]
 
 BLOCK = 1024  # tokens read together: the unit of the shuffle across the whole store
 DEFAULT_BATCHES = 32  # without max_bytes: a buffer of this many batches
 BLOCK_BYTES = 32  # per block: part, start, stop (int64 each) and its place in the order
+ALLOCATOR_BATCHES = 4  # batches freed that glibc's heap was measured to keep resident
+HELD_BATCHES = 3 + ALLOCATOR_BATCHES  # the caller's, the next, the carry, the margin
+SMALL_OBJECTS = 256 * 1024  # bytes: Python's and torch's small objects while reading (measured)
 
 
 @dataclass(frozen=True)
@@ -59,19 +81,21 @@ def reading_plan(
     def plan(capacity: int) -> ReadingPlan:
         block = max(1, min(BLOCK, capacity // 4, capacity - batch_tokens + 1))
         blocks = -(-tokens // block)  # at most; parts end blocks early
-        held = capacity * (row_bytes + 8) + 2 * batch + blocks * BLOCK_BYTES
+        fixed = HELD_BATCHES * batch + blocks * BLOCK_BYTES + SMALL_OBJECTS
+        held = capacity * (row_bytes + 8) + fixed
         return ReadingPlan(capacity, block, blocks, row_bytes, held)
 
     if max_bytes is None:
         return plan(DEFAULT_BATCHES * batch_tokens)
     limit = parse_size(max_bytes)
-    capacity = (limit - 2 * batch) // (row_bytes + 8)
+    capacity = (limit - HELD_BATCHES * batch - SMALL_OBJECTS) // (row_bytes + 8)
     while capacity >= batch_tokens and (over := plan(capacity).planned_bytes - limit) > 0:
         capacity -= -(-over // (row_bytes + 8))  # smaller blocks: more of them to keep
     if capacity < batch_tokens:
         raise ValueError(
             f"max_bytes {limit:,} is too small: it must hold two batches (the one handed out and "
-            f"the one being read) and a buffer of at least one more with its order; with a "
+            f"the one being read), the carry of a fill, a margin for the allocator and a buffer "
+            f"of at least one more batch with its order; with a "
             f"buffer of two batches {plan(2 * batch_tokens).planned_bytes:,} bytes would do "
             f"(batch_tokens {batch_tokens} of {row_bytes:,} bytes per token); raise max_bytes "
             "or lower batch_tokens"
@@ -92,10 +116,14 @@ def shuffled_batches(
             if shape != (part["tokens"], d):
                 raise ValueError(f"{path} holds {shape}, the store says {(part['tokens'], d)}")
             layouts[k, j] = (path, offset)
-    starts = [(k, s) for k, p in enumerate(parts) for s in range(0, p["tokens"], plan.block)]
-    where = np.array([[k, s, min(s + plan.block, parts[k]["tokens"])] for k, s in starts])
+    where = np.concatenate([  # [blocks 3]: part, start, stop (no Python object per block)
+        np.stack([np.full_like(s, k), s, np.minimum(s + plan.block, p["tokens"])], 1)
+        for k, p in enumerate(parts) for s in [np.arange(0, p["tokens"], plan.block)]
+    ])  # fmt: skip
     buffer = np.empty((len(hooks), plan.capacity, d), dtype=np.float32)
     rows = torch.from_numpy(buffer)
+    order_of_rows = torch.empty(plan.capacity, dtype=torch.int64)
+    carry = torch.empty(len(hooks), batch_tokens, d)
     hook_row = d * 4
     held = 0  # rows of the buffer in use (the carry of the last fill first)
     while True:
@@ -112,10 +140,12 @@ def shuffled_batches(
                         read_rows(f, offset, hook_row, start, buffer[j, held : held + stop - start])
                 held += stop - start
                 next_block += 1
-            perm = torch.randperm(held, generator=generator)
+            perm = torch.randperm(held, generator=generator, out=order_of_rows[:held])
             n = held // batch_tokens * batch_tokens
             for i in range(0, n, batch_tokens):
                 yield rows.index_select(1, perm[i : i + batch_tokens]).transpose(0, 1)
             rest = perm[n:]
-            rows[:, : len(rest)] = rows[:, rest]
+            for j in range(len(hooks)):
+                torch.index_select(rows[j], 0, rest, out=carry[j, : len(rest)])
+                rows[j, : len(rest)] = carry[j, : len(rest)]
             held = len(rest)

@@ -11,6 +11,10 @@ The result is a :class:`~interp.transcoders.TranscoderSet` in the model's units,
     FVU = Σ_tokens ||y - ŷ||² / Σ_tokens ||y - mean_tokens(y)||²   (y: the MLP's output)
     L0 = mean_tokens #{f: act_f != 0}
     dead features: never active on any held-out token
+
+With ``store=`` (a store of every layer's MLP input and output, :func:`interp.stores.fill_store`)
+the pairs are read from disk in shuffled batches instead, holding at most ``max_bytes``
+(:mod:`interp.stores.pairs`); the held-out figures still come from the model.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from torch import Tensor
 from interp.engine import run_cached
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows
+from interp.stores.pairs import store_pairs
 from interp.transcoders import fit as fitting
 from interp.transcoders.transcoder import TranscoderSet
 
@@ -170,6 +175,8 @@ def train_transcoder(
     name: str | None = None,
     progress: bool = True,
     device: str | torch.device | None = None,
+    store=None,
+    max_bytes: int | str | None = None,
 ) -> tuple[TranscoderSet, TranscoderTrainingReport]:
     """Train transcoders on every MLP of ``model``.
 
@@ -187,6 +194,10 @@ def train_transcoder(
         seed: seeds the data, the initialisation and the shuffles: the same seed gives the
             same weights.
         out: a folder to save the set into, in circuit-tracer's format.
+        store: an :class:`interp.ActivationStore` (or its folder) holding every layer's
+            ``blocks.L.mlp.hook_in`` and ``blocks.L.mlp.hook_out``, to train on instead of
+            running the model.
+        max_bytes: with a store: the most its reading holds at once (bytes or ``"1GB"``).
 
     Returns:
         ``(transcoders, report)``: the set in the model's units, and its figures per layer.
@@ -202,16 +213,31 @@ def train_transcoder(
         x, y = _pairs(model, batches, layers)
         return x.to(device), y.to(device)
 
-    x0, y0 = pairs(rows.draw(BUFFER_BATCHES * batch_tokens))
+    if store is None and max_bytes is not None:
+        raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
+    stored = None
+    if store is not None:  # shuffled batches from disk, checked before any read
+        hooks = (INPUT_HOOK, OUTPUT_HOOK)
+        stored = store_pairs(model, store, layers, hooks, batch_tokens, gen, max_bytes)
+
+    def fresh() -> tuple[Tensor, Tensor]:  # a buffer of pairs; from a store, one shuffled batch
+        if stored is None:
+            return pairs(rows.draw(BUFFER_BATCHES * batch_tokens))
+        x, y = next(stored)
+        return x.to(device), y.to(device)
+
+    x0, y0 = fresh()
     # one scale per layer and side: mean norm sqrt(d_model) (fit's module docstring)
     c_in = d_model**0.5 / x0.norm(dim=-1).mean(0).clamp_min(1e-12)
     c_out = d_model**0.5 / y0.norm(dim=-1).mean(0).clamp_min(1e-12)
     first = [(x0, y0)]
 
     def draw() -> tuple[Tensor, Tensor]:
-        x, y = first.pop() if first else pairs(rows.draw(BUFFER_BATCHES * batch_tokens))
-        order = torch.randperm(len(x), generator=gen).to(device)
-        return x[order] * c_in[:, None], y[order] * c_out[:, None]
+        x, y = first.pop() if first else fresh()
+        if stored is None:
+            order = torch.randperm(len(x), generator=gen).to(device)
+            x, y = x[order], y[order]
+        return x * c_in[:, None], y * c_out[:, None]
 
     cross = kind == "cross-layer"
     p = fitting.init_params(

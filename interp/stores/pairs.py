@@ -1,0 +1,53 @@
+"""A store's MLP inputs and outputs, read as the pairs :func:`interp.train_transcoder` trains on.
+
+A store filled by :func:`interp.stores.fill_store` with every layer's ``blocks.L.mlp.hook_in``
+and ``blocks.L.mlp.hook_out`` is read in shuffled batches of those hooks together (the same
+tokens at each), within ``max_bytes`` (:mod:`interp.stores.reading`), and split into ``x`` and
+``y``, ``[batch_tokens layer d_model]`` each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from interp.stores.activations import ActivationStore
+
+__all__ = ["store_pairs"]
+
+
+def store_pairs(
+    model,
+    store,
+    layers: Sequence[int],
+    hooks: tuple[str, str],
+    batch_tokens: int,
+    generator: torch.Generator,
+    max_bytes: int | str | None,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Shuffled ``(x, y)`` batches of ``store`` (module docstring), checked before any read:
+    the store is of ``model``, holds every layer's ``hooks`` (input, output) and was not filled
+    for an SAE's replay."""
+    store = store if isinstance(store, ActivationStore) else ActivationStore(store)
+    names_in = [f"blocks.{layer}.{hooks[0]}" for layer in layers]
+    names_out = [f"blocks.{layer}.{hooks[1]}" for layer in layers]
+    missing = [h for h in names_in + names_out if h not in store.hooks]
+    if missing:
+        raise ValueError(
+            f"{store.path} holds {', '.join(store.hooks)}; a transcoder set trains on every "
+            f"layer's {hooks[0]} and {hooks[1]}, and {', '.join(missing)} are missing: fill a "
+            "store with those hooks (interp.stores.fill_store)"
+        )
+    if store.meta["filled"]["kind"] != "tokens":
+        raise ValueError(
+            f"{store.path} was filled with fill_training_store for an SAE; fill one for "
+            "transcoders with interp.stores.fill_store"
+        )
+    store.check(model, names_in[0])
+    n = len(layers)
+    batches = store.batches(
+        names_in + names_out, batch_tokens, generator=generator, max_bytes=max_bytes
+    )
+    return ((batch[:, :n], batch[:, n:]) for batch in batches)
