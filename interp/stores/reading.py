@@ -15,7 +15,7 @@ What a reading holds at once, all counted against ``max_bytes``::
                                                     next is made
     the blocks   blocks x 32                 each block's part, start and stop, and the order
     a margin     4 x batch_tokens x hooks x d x 4   batches freed that the C allocator keeps
-                 + 256 KiB                  the small objects of each read and batch (Python's,
+                 + 192 KiB                  the small objects of each read and batch (Python's,
                                             torch's) and the pages they leave touched
 
 The buffer, its order and the carry are allocated once and reused, so that the only memory
@@ -23,8 +23,8 @@ taken and given back batch after batch is the batches' own. glibc's heap still k
 those freed batches resident (the resident size rose 130 kB, four 32 kB batches, above the
 rest in benchmarks/bench_store_memory.py; 25% above before the buffers were reused), hence
 the margin :data:`ALLOCATOR_BATCHES`; and with small batches the interpreter's own small
-objects and the allocator's rounding showed up to 220 kB above everything else (a 4 MiB
-budget, four hooks, batches of 256 tokens), hence :data:`SMALL_OBJECTS`.
+objects and the allocator's rounding showed up to 140 kB above everything else (a 4 MiB
+budget, four hooks, batches of 64 tokens), hence :data:`SMALL_OBJECTS`.
 
 :func:`reading_plan` sizes the buffer so that they fit, or refuses (before any read) a budget
 that does not hold a buffer of one batch. tests/stores/test_stores_streaming.py and
@@ -57,7 +57,7 @@ DEFAULT_BATCHES = 32  # without max_bytes: a buffer of this many batches
 BLOCK_BYTES = 32  # per block: part, start, stop (int64 each) and its place in the order
 ALLOCATOR_BATCHES = 4  # batches freed that glibc's heap was measured to keep resident
 HELD_BATCHES = 3 + ALLOCATOR_BATCHES  # the caller's, the next, the carry, the margin
-SMALL_OBJECTS = 256 * 1024  # bytes: Python's and torch's small objects while reading (measured)
+SMALL_OBJECTS = 192 * 1024  # bytes: Python's and torch's small objects while reading (measured)
 
 
 @dataclass(frozen=True)
