@@ -31,6 +31,11 @@ def store_pairs(
     the store is of ``model``, holds every layer's ``hooks`` (input, output) and was not filled
     for an SAE's replay."""
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
+    if store.meta["filled"]["kind"] != "tokens":
+        raise ValueError(
+            f"{store.path} was filled with fill_training_store for an SAE; fill one for "
+            "transcoders with interp.stores.fill_store"
+        )
     names_in = [f"blocks.{layer}.{hooks[0]}" for layer in layers]
     names_out = [f"blocks.{layer}.{hooks[1]}" for layer in layers]
     missing = [h for h in names_in + names_out if h not in store.hooks]
@@ -39,11 +44,6 @@ def store_pairs(
             f"{store.path} holds {', '.join(store.hooks)}; a transcoder set trains on every "
             f"layer's {hooks[0]} and {hooks[1]}, and {', '.join(missing)} are missing: fill a "
             "store with those hooks (interp.stores.fill_store)"
-        )
-    if store.meta["filled"]["kind"] != "tokens":
-        raise ValueError(
-            f"{store.path} was filled with fill_training_store for an SAE; fill one for "
-            "transcoders with interp.stores.fill_store"
         )
     store.check(model, names_in[0])
     n = len(layers)

@@ -92,6 +92,8 @@ class PartWriter:
         for hook, value in acts.items():
             self._append(file_name(hook), value.detach().to("cpu", torch.float32).numpy())
         self._append("tokens.npy", tokens.to("cpu", torch.int64).numpy().astype(TOKEN))
+        for f in self.files.values():
+            f.flush()  # on disk pass by pass, nothing of a pass kept in a buffer
 
     def close(self) -> dict:
         """Check every file holds ``n`` tokens, then put the part in place in one rename."""
