@@ -15,7 +15,7 @@ What a reading holds at once, all counted against ``max_bytes``::
                                                     next is made
     the blocks   blocks x 32                 each block's part, start and stop, and the order
     a margin     4 x batch_tokens x hooks x d x 4   batches freed that the C allocator keeps
-                 + 192 KiB                  the small objects of each read and batch (Python's,
+                 + 256 KiB                  the small objects of each read and batch (Python's,
                                             torch's) and the pages they leave touched
 
 The buffer, its order and the carry are allocated once and reused, so that the only memory
@@ -57,7 +57,7 @@ DEFAULT_BATCHES = 32  # without max_bytes: a buffer of this many batches
 BLOCK_BYTES = 32  # per block: part, start, stop (int64 each) and its place in the order
 ALLOCATOR_BATCHES = 4  # batches freed that glibc's heap was measured to keep resident
 HELD_BATCHES = 3 + ALLOCATOR_BATCHES  # the caller's, the next, the carry, the margin
-SMALL_OBJECTS = 192 * 1024  # bytes: Python's and torch's small objects while reading (measured)
+SMALL_OBJECTS = 256 * 1024  # bytes: Python's and torch's small objects while reading (measured)
 
 
 @dataclass(frozen=True)
