@@ -1,0 +1,146 @@
+"""Issue 40's bad inputs, each as a user meets it: the work done, or one line on stderr with
+exit code 2 before any model loads, naming the file, key or flag (docs/commands.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from interp.cli import main
+from tests.cli.test_cli_contract import no_loading  # noqa: F401
+from tests.transcoder_folders import make_transcoder_folder
+
+
+@pytest.fixture(scope="module")
+def tc_dir(gpt2_model, tmp_path_factory):
+    return make_transcoder_folder(tmp_path_factory.mktemp("tc") / "tc", gpt2_model, d_tc=32)
+
+
+def _copy(folder, to):
+    import shutil
+
+    return shutil.copytree(folder, to)
+
+
+def _graph(model, transcoders, out, *extra) -> list[str]:
+    return ["graph", "--model", str(model), "--transcoders", str(transcoders), "--out", str(out),
+            "--prompt", "a b c a b", *extra]  # fmt: skip
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+# -- 1: a greater-than task (answers as lists of text) through interp discover ----------------
+
+
+@pytest.mark.slow
+def test_discover_takes_a_task_whose_answers_are_lists_of_text(tmp_path, capsys):
+    task = tmp_path / "gt.jsonl"
+    rows = [{"clean": "a b c d", "corrupted": "a b c a", "answer": [" a", " b"],
+             "wrong": [" c", " d"]}] * 3  # fmt: skip
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "gt"
+    argv = ["discover", "--task", str(task), "--method", "eap", "--top-n", "5", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    example = json.loads((out / "summary.json").read_text())["examples"][0]
+    assert example["answer"] == " a |  b" and example["wrong"] == " c |  d"
+
+
+@pytest.mark.slow
+def test_discover_generates_greater_than(tmp_path, capsys):
+    out = tmp_path / "gt"
+    argv = ["discover", "--task", "greater-than", "--n", "4", "--method", "eap", "--top-n", "5",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"]["generated"] == {"n": 4, "seed": 0}
+    assert "greater-than" in summary["task"]["source"]
+
+
+def test_discover_help_names_greater_than(capsys):
+    with pytest.raises(SystemExit):
+        main(["discover", "--help"])
+    assert "greater-than" in capsys.readouterr().out
+
+
+# -- 2, 3, 4: transcoder folders that cannot be used, refused before the model loads -----------
+
+
+@pytest.mark.usefixtures("no_loading")
+@pytest.mark.parametrize("key", ["activaton", "input_hook", "output_hooks"])
+def test_an_unknown_config_key_is_refused_naming_it(key, tc_dir, tmp_path, capsys):
+    folder = _copy(tc_dir, tmp_path / "tc")
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    (folder / "config.yaml").write_text(yaml.safe_dump({**config, key: "topk"}))
+    assert main(_graph("tiny-induction", folder, tmp_path / "o")) == 2
+    err = _one_line(capsys)
+    assert f"unknown key {key!r}" in err and str(folder / "config.yaml") in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_loader_suggests_the_key_meant(tc_dir, tmp_path):
+    from interp.transcoders.loading import TranscoderLoadError, load_transcoders
+
+    folder = _copy(tc_dir, tmp_path / "tc")
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    (folder / "config.yaml").write_text(yaml.safe_dump({**config, "activaton": "topk", "k": 4}))
+    with pytest.raises(TranscoderLoadError, match="did you mean 'activation'"):
+        load_transcoders(folder)
+
+
+@pytest.mark.usefixtures("no_loading")
+@pytest.mark.parametrize(
+    ("damage", "file", "message"),
+    [
+        ("truncate", "layer_0.safetensors", "cut short"),
+        ("garbage", "config.yaml", "is not readable YAML"),
+        ("list", "config.yaml", "is not a mapping"),
+    ],
+)
+def test_a_damaged_transcoder_file_is_refused_naming_it(
+    damage, file, message, tc_dir, tmp_path, capsys
+):
+    folder = _copy(tc_dir, tmp_path / "tc")
+    path = folder / file
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-100])
+    else:
+        path.write_text("{model_kind: [" if damage == "garbage" else "- a\n- b\n")
+    assert main(_graph("tiny-induction", folder, tmp_path / "o")) == 2
+    err = _one_line(capsys)
+    assert str(path) in err and message in err and err.startswith("interp graph: error: ")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_a_truncated_model_folder_is_refused_naming_the_file(gpt2_dir, tc_dir, tmp_path, capsys):
+    model = _copy(gpt2_dir, tmp_path / "model")
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert main(_graph(model, tc_dir, tmp_path / "o")) == 1  # as every unloadable --model
+    err = _one_line(capsys)
+    assert str(weights) in err and "cut short" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_layer_file_names_the_folder_given(gpt2_dir, tc_dir, tmp_path, capsys):
+    folder = _copy(tc_dir, tmp_path / "tc")
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    (folder / "config.yaml").write_text(yaml.safe_dump({**config, "scan": "some-hub/scan"}))
+    (folder / "layer_1.safetensors").unlink()
+    assert main(_graph(gpt2_dir, folder, tmp_path / "o")) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after "loading ...": the model is needed
+    assert f"--transcoders {folder}:" in err and "file missing" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_graph_tokens_too_few_is_refused_before_loading(tc_dir, tmp_path, capsys):
+    argv = ["graph", "--transcoders", str(tc_dir), "--tokens", "5", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "at least 2 tokens" in _one_line(capsys)
