@@ -7,9 +7,10 @@ the files are in place."""
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
-from interp.cli.executor_options import WORK_DIR, sharding_of
+from interp.cli.executor_options import WORK_DIR, command_key, finished, sharding_of
 
 __all__ = ["run_patch", "run_attribute", "run_discover"]
 
@@ -23,11 +24,34 @@ def _shards(kind: str, args, out: Path, model, task, say, **settings) -> list[di
     job = task_shard(kind, model, task, source=source, **settings)
     sharding = sharding_of(args, out)
     say(f"{kind}: {args.shards} shards on {args.executor} (kept in {sharding.work_dir}) ...")
-    key = {"task": task_fingerprint(task), **settings}
+    key = {"task": task_fingerprint(task), **settings, "command": command_key(args)}
+    created = not Path(out).exists()
     try:
         return run_task_shards(job, len(task), sharding, key)
     except ShardError as exc:  # one line; the finished shards stay for the re-run
+        _tidy(out, created)
         raise RuntimeError(f"{exc}; run the same command again to redo only that shard") from None
+    except BaseException:  # Ctrl-C, a missing sbatch...: keep finished shards, nothing else
+        if _tidy(out, created):
+            print(
+                f"interp: the finished shards are kept in {Path(out) / WORK_DIR}; run the same "
+                "command again to resume",
+                file=sys.stderr,
+            )
+        raise
+
+
+def _tidy(out: Path, created: bool) -> bool:
+    """After a run that stopped: remove the kept-shards folder if no shard finished (and
+    ``--out`` if this run made it and it is empty), so that a run that did nothing leaves
+    nothing. Returns whether finished shards are kept."""
+    work_dir = Path(out) / WORK_DIR
+    if finished(work_dir):
+        return True
+    shutil.rmtree(work_dir, ignore_errors=True)
+    if created and Path(out).is_dir() and not any(Path(out).iterdir()):
+        Path(out).rmdir()
+    return False
 
 
 def _done(out: Path) -> None:

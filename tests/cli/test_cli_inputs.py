@@ -144,3 +144,80 @@ def test_graph_tokens_too_few_is_refused_before_loading(tc_dir, tmp_path, capsys
     argv = ["graph", "--transcoders", str(tc_dir), "--tokens", "5", "--out", str(tmp_path / "o")]
     assert main(argv) == 2
     assert "at least 2 tokens" in _one_line(capsys)
+
+
+# -- 5: executor runs that did nothing leave nothing; kept shards of another run ---------------
+
+
+@pytest.fixture(scope="module")
+def task_file(tmp_path_factory, bundled_model):
+    from interp.tasks import induction
+
+    path = tmp_path_factory.mktemp("task") / "induction.jsonl"
+    induction(bundled_model, 4, seed=1, seq_len=5).to_jsonl(path)
+    return path
+
+
+def _discover(task_file, out, *extra) -> list[str]:
+    return ["discover", "--task", str(task_file), "--method", "eap", "--top-n", "3",
+            "--out", str(out), *extra]  # fmt: skip
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_slurm_without_sbatch_is_refused_before_loading(task_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("interp.cli.executor_options.sbatch_found", lambda: False, raising=False)
+    monkeypatch.setattr("shutil.which", lambda name, *a, **k: None)
+    out = tmp_path / "o"
+    assert main(_discover(task_file, out, "--executor", "slurm", "--shards", "2")) == 2
+    err = _one_line(capsys)
+    assert "--executor slurm needs SLURM's sbatch" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_before_any_shard_finished_leaves_no_folder(task_file, tmp_path, monkeypatch):
+    from interp.foundation.executors.sharding import Sharding
+
+    class Interrupted:
+        def start(self, work_dir):
+            assert (work_dir / "run.json").is_file()  # the runner wrote the run's key
+            raise KeyboardInterrupt
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(Sharding, "make", lambda self: Interrupted())
+    out = tmp_path / "o"
+    assert main(_discover(task_file, out, "--executor", "local", "--shards", "2")) == 130
+    assert list(tmp_path.iterdir()) == []  # neither --out nor its .interp-shards/run.json
+
+
+def _kept(out, command: dict | None, shards: int) -> None:
+    work = out / ".interp-shards"
+    work.mkdir(parents=True)
+    key = {"kind": "discover", "model": "x", "task": "y", "shards": 2}
+    (work / "run.json").write_text(json.dumps(key | ({"command": command} if command else {})))
+    for i in range(shards):
+        (work / f"shard-{i}-of-2.json").write_text("{}")
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_kept_shards_of_another_run_are_refused_before_loading(task_file, tmp_path, capsys):
+    out = tmp_path / "o"
+    _kept(out, None, 1)
+    assert main(_discover(task_file, out, "--executor", "local", "--shards", "2")) == 2
+    err = _one_line(capsys)
+    assert f"{out / '.interp-shards'} keeps 1 finished shard(s)" in err and "--restart" in err
+    assert (out / ".interp-shards" / "shard-0-of-2.json").is_file()  # nothing discarded
+
+
+@pytest.mark.usefixtures("no_loading")
+@pytest.mark.parametrize("shards", [0, 1])
+def test_restart_or_no_finished_shard_clears_the_stale_run_before_loading(
+    shards, task_file, tmp_path, capsys
+):
+    out = tmp_path / "o"
+    _kept(out, {"method": "exact"}, shards)
+    extra = ["--restart"] if shards else []
+    code = main(_discover(task_file, out, "--executor", "local", "--shards", "2", *extra))
+    assert code == 1 and "a model was loaded" in capsys.readouterr().err  # got past the checks
+    assert not (out / ".interp-shards").exists()
