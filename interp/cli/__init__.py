@@ -56,14 +56,21 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    from interp.cli.output import UsageError
+    from interp.cli.output import UsageError, committed
 
+    committed(reset=True)
     try:
         return int(args.run(args) or 0)
     except UsageError as exc:  # argparse's format and code: the command line is wrong
         print(f"interp {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        written = committed()
+        if written:  # the Ctrl-C came after the outputs were in place: the work is done
+            for path in written:
+                print(f"wrote {path}")
+            print("interp: interrupted after every file was written", file=sys.stderr)
+            return 0
         print("interp: interrupted; nothing was written", file=sys.stderr)
         return 130
     except Exception as exc:  # one clear line for the user; --verbose shows the traceback

@@ -221,3 +221,39 @@ def test_restart_or_no_finished_shard_clears_the_stale_run_before_loading(
     code = main(_discover(task_file, out, "--executor", "local", "--shards", "2", *extra))
     assert code == 1 and "a model was loaded" in capsys.readouterr().err  # got past the checks
     assert not (out / ".interp-shards").exists()
+
+
+# -- 6: a Ctrl-C once the files are in place: exit 0 and the "wrote" lines, never 130 ----------
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["new-folder", "old-folder"])
+def test_ctrl_c_after_the_files_are_in_place_exits_0(fresh, tmp_path, capsys, monkeypatch):
+    import interp.cli.induction as induction
+
+    def interrupted(*args, **kwargs):  # SIGINT's handler raises here, after the commit
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(induction, "terminal_table", interrupted)
+    out = tmp_path / "out"
+    if not fresh:
+        out.mkdir()
+        (out / "report.html").write_text("old")
+    argv = ["induction", "--out", str(out), "--seq-lens", "4", "--no-ablation"]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert f"wrote {out / 'report.html'}" in printed.out
+    assert "nothing was written" not in printed.err
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def test_ctrl_c_before_the_commit_still_exits_130(tmp_path, monkeypatch, capsys):
+    import interp.pages.induction as pages
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pages, "render_outputs", interrupted)
+    out = tmp_path / "out"
+    assert main(["induction", "--out", str(out), "--seq-lens", "4", "--no-ablation"]) == 130
+    assert "nothing was written" in capsys.readouterr().err and not out.exists()
