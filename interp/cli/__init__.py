@@ -48,10 +48,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# options that name files or folders: any bytes the file system takes are fine there
+PATH_OPTIONS = {"out", "model", "task", "transcoders", "sae", "text", "shards", "prompts"}
+
+
+def _not_utf8(args: argparse.Namespace) -> str | None:
+    """The first text option the shell handed over as bytes that are not UTF-8 (Python keeps
+    them as lone surrogates), as the user typed it, or None."""
+    for name, value in vars(args).items():
+        if name in PATH_OPTIONS:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and any("\udc80" <= ch <= "\udcff" for ch in item):
+                return f"--{name.replace('_', '-')}" if name != "kind" else name
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from interp.cli.options import attach_values
 
-    args = build_parser().parse_args(attach_values(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    args = parser.parse_args(attach_values(sys.argv[1:] if argv is None else argv))
+    bad = _not_utf8(args)
+    if bad is not None:  # the tokenizer would fail later with a type error naming nothing
+        print(
+            f"interp {args.command}: error: {bad} is not valid UTF-8 text; pass it in UTF-8 "
+            "(check the terminal's or the script's encoding)",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

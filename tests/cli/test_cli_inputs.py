@@ -257,3 +257,34 @@ def test_ctrl_c_before_the_commit_still_exits_130(tmp_path, monkeypatch, capsys)
     out = tmp_path / "out"
     assert main(["induction", "--out", str(out), "--seq-lens", "4", "--no-ablation"]) == 130
     assert "nothing was written" in capsys.readouterr().err and not out.exists()
+
+
+# -- 7: text that is not UTF-8 on the command line ---------------------------------------------
+
+
+@pytest.mark.usefixtures("no_loading")
+@pytest.mark.parametrize("command", ["attention", "graph", "attribute"])
+def test_a_prompt_that_is_not_utf8_exits_2_before_loading(command, tmp_path, capsys):
+    import os
+
+    prompt = os.fsdecode(b"a \xff\xfe b a")  # what Python makes of such argv bytes
+    out = tmp_path / ("o.html" if command == "attention" else "o")
+    extra = ["--answer", " a"] if command == "attribute" else []
+    assert main([command, "--prompt", prompt, "--out", str(out), *extra]) == 2
+    err = _one_line(capsys)
+    assert err.startswith(f"interp {command}: error: --prompt is not valid UTF-8")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_real_command_line_with_such_bytes(tmp_path):
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "interp.cli", "attention", "--prompt", b"a \xff b",
+            "--out", str(tmp_path / "o.html")]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        b"interp attention: error: --prompt is not valid UTF-8 text; pass it in UTF-8 (check the "
+        b"terminal's or the script's encoding)"
+    ]
