@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 
 # command name -> module implementing it; all are imported to build the parser, so they import
@@ -64,6 +65,30 @@ def _not_utf8(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """``dest -> --option`` of ``command``'s options (``max_bytes -> --max-bytes``)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        action.dest: max(action.option_strings, key=len)
+        for action in sub.choices[command]._actions
+        if action.option_strings and action.dest != "help"
+    }
+
+
+def as_flags(message: str, flags: dict[str, str]) -> str:
+    """A library message as the command line's user reads it: the Python parameters it names
+    written as the options they typed (``raise max_bytes to 2 MiB`` -> ``raise --max-bytes to
+    2 MiB``; ``max_bytes=1000 B`` -> ``--max-bytes 1000 B``; ``pass other names=`` -> ``pass
+    other --names``). Only parameters the command has as options, and plain words only with
+    an underscore (``max_feature_nodes``), so that prose stays prose."""
+    for dest, flag in flags.items():
+        message = re.sub(rf"(?<![\w-]){dest}=(?=[\s,;.)]|$)", flag, message)
+        message = re.sub(rf"(?<![\w-]){dest}=", f"{flag} ", message)
+        if "_" in dest:
+            message = re.sub(rf"(?<![\w-]){dest}\b", flag, message)
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     from interp.cli.options import attach_values
 
@@ -84,10 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     from interp.cli.output import UsageError, committed
 
     committed(reset=True)
+    flags = _flags(parser, args.command)
     try:
         return int(args.run(args) or 0)
     except UsageError as exc:  # argparse's format and code: the command line is wrong
-        print(f"interp {args.command}: error: {exc}", file=sys.stderr)
+        print(f"interp {args.command}: error: {as_flags(str(exc), flags)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         written = committed()
@@ -101,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one clear line for the user; --verbose shows the traceback
         if args.verbose:
             raise
-        print(f"interp {args.command}: error: {exc}", file=sys.stderr)
+        print(f"interp {args.command}: error: {as_flags(str(exc), flags)}", file=sys.stderr)
         return 1
 
 

@@ -288,3 +288,38 @@ def test_a_real_command_line_with_such_bytes(tmp_path):
         b"interp attention: error: --prompt is not valid UTF-8 text; pass it in UTF-8 (check the "
         b"terminal's or the script's encoding)"
     ]
+
+
+# -- 9: errors name the options typed, not the library's parameters ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "flags"),
+    [
+        (["induction", "--seq-lens", "4", "--max-bytes", "1000"], ["--max-bytes 1000 B"]),
+        (
+            ["graph", "--prompt", "a b c", "--max-bytes", "1000"],
+            ["raise --max-bytes to", "lower --max-feature-nodes"],
+        ),
+    ],  # fmt: skip
+)
+def test_a_budget_error_names_the_flag(argv, flags, tmp_path, capsys):
+    code = main([*argv, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code in (1, 2) and err.startswith(f"interp {argv[0]}: error: ")
+    assert all(flag in err for flag in flags), err
+    assert "max_bytes" not in err and "max_feature_nodes" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_parameters_become_the_options_typed():
+    from interp.cli import as_flags
+
+    flags = {"names": "--names", "max_bytes": "--max-bytes", "n": "--n"}
+    assert as_flags("pass other names=", flags) == "pass other --names"
+    assert (
+        as_flags("more than max_bytes=1000 B allows", flags)
+        == "more than --max-bytes 1000 B allows"
+    )
+    assert as_flags("raise max_bytes to 2 MiB", flags) == "raise --max-bytes to 2 MiB"
+    assert as_flags("n rows; --max-bytes given", flags) == "n rows; --max-bytes given"  # prose
