@@ -323,3 +323,27 @@ def test_parameters_become_the_options_typed():
     )
     assert as_flags("raise max_bytes to 2 MiB", flags) == "raise --max-bytes to 2 MiB"
     assert as_flags("n rows; --max-bytes given", flags) == "n rows; --max-bytes given"  # prose
+
+
+# -- 10: interp features shows whitespace tokens as the contexts do ----------------------------
+
+
+@pytest.mark.slow
+def test_features_draws_whitespace_in_promotes_as_in_the_contexts(tmp_path, capsys):
+    import re
+
+    import pandas as pd
+
+    out = tmp_path / "f"
+    assert (
+        main(["features", "--sae", "tiny-induction-sae", "--tokens", "1024", "--out", str(out)])
+        == 0
+    )
+    table = pd.read_csv(out / "features.csv", keep_default_na=False)
+    cells = table["top_promoted"].tolist() + table["top_suppressed"].tolist()
+    tokens = [t for cell in cells for t in cell.split(" | ")]
+    assert any("⏎" in t or "·" in t for t in tokens)  # there are whitespace tokens to draw
+    assert not [t for t in tokens if re.search(r"\s", t)], "raw whitespace in a token"
+    page = (out / "report.html").read_text(encoding="utf-8")
+    shown = re.findall(r"promotes: ([^\n]*)\nsuppresses: ([^\n<]*)", page)
+    assert len(shown) == len(table)  # each on one line of the page
