@@ -39,14 +39,58 @@ def build_parser() -> argparse.ArgumentParser:
         description="Mechanistic interpretability of transformers: induction "
         "heads, logit attribution, QK/OV circuits and attention views.",
     )
+    from interp import __version__  # a constant: importing interp imports nothing heavy
+
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    parser.add_argument("--version", action="version", version=f"interp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
+        # -v after the command too; SUPPRESS: when left out here, the one before it stands
+        command.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="log what happens",
+        )
+        for action in command._actions:
+            _describe(action)
         command.set_defaults(run=module.run)
     return parser
+
+
+def _shown_default(value) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _describe(action: argparse.Action) -> None:
+    """Add to an option's help the default and the range it lacks (``(default 5; from 1 to
+    100)``), from the option itself: --help never leaves them to be guessed."""
+    if not action.option_strings or action.help in (None, argparse.SUPPRESS):
+        return
+    if isinstance(action, argparse._StoreTrueAction | argparse._HelpAction):
+        return
+    text, parts = action.help, []
+    default = action.default
+    if default not in (None, argparse.SUPPRESS) and _shown_default(default) not in text:
+        parts.append(f"default {_shown_default(default)}")
+    bounds = getattr(action.type, "bounds", None)
+    if bounds and bounds.removeprefix("each ").removeprefix("from ") not in text:
+        parts.append(bounds)
+    if (
+        action.choices is not None
+        and default is None
+        and not action.required
+        and ("default" not in text)
+    ):
+        parts.append("default: none")
+    if parts:
+        action.help = f"{text} ({'; '.join(parts)})"
 
 
 # options that name files or folders: any bytes the file system takes are fine there

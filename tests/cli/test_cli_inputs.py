@@ -3,6 +3,7 @@ exit code 2 before any model loads, naming the file, key or flag (docs/commands.
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -347,3 +348,68 @@ def test_features_draws_whitespace_in_promotes_as_in_the_contexts(tmp_path, caps
     page = (out / "report.html").read_text(encoding="utf-8")
     shown = re.findall(r"promotes: ([^\n]*)\nsuppresses: ([^\n<]*)", page)
     assert len(shown) == len(table)  # each on one line of the page
+
+
+# -- 11: attention --layers 0,1, one --device default, -v anywhere, --version, --help ----------
+
+
+@pytest.mark.parametrize("layers", [["0,1"], ["0", "1"], ["1,0", "0"]])
+def test_attention_takes_layers_comma_or_space_separated(layers, tmp_path, monkeypatch):
+    import interp.cli.attention as attention
+
+    seen = {}
+    monkeypatch.setattr(attention, "write_attention_page", lambda **kw: seen.update(kw) or "x")
+    argv = ["attention", "--prompt", "a b", "--out", str(tmp_path / "a.html"), "--layers"]
+    assert main([*argv, *layers]) == 0
+    assert sorted(set(seen["layers"])) == [0, 1]
+
+
+@pytest.mark.slow
+def test_attention_with_comma_separated_layers_writes_the_page(tmp_path, capsys):
+    out = tmp_path / "a.html"
+    assert main(["attention", "--prompt", "a b c a b", "--layers", "0,1", "--out", str(out)]) == 0
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_every_command_defaults_to_the_cpu_and_takes_v_after_it():
+    from interp.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    for name in COMMANDS:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        device = [a for a in sub.choices[name]._actions if a.dest == "device"]
+        assert not device or device[0].default == "cpu", name
+    argv = ["attention", "--prompt", "a", "--out", "a.html"]
+    assert parser.parse_args([*argv, "-v"]).verbose is True
+    assert parser.parse_args(["-v", *argv]).verbose is True
+    assert parser.parse_args(argv).verbose is False
+
+
+def test_version(capsys):
+    from interp import __version__
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"interp {__version__}"
+
+
+def test_help_shows_every_default_and_range():
+    from interp.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name in COMMANDS:
+        for action in sub.choices[name]._actions:
+            if not action.option_strings or action.nargs == 0:
+                continue  # flags: present or not
+            text = action.help or ""
+            default = action.default
+            shown = ",".join(map(str, default)) if isinstance(default, list) else str(default)
+            if default is not None and shown not in text:
+                missing.append(f"{name} {action.option_strings[-1]}: default {shown}")
+            bounds = getattr(action.type, "bounds", None)
+            if bounds and bounds.removeprefix("each ").removeprefix("from ") not in text:
+                missing.append(f"{name} {action.option_strings[-1]}: {bounds}")
+    assert missing == []
+    assert sub.choices["discover"].format_help().count("(from 1 to 1000)") == 1  # --ig-steps
