@@ -59,6 +59,21 @@ def _done(out: Path) -> None:
     shutil.rmtree(Path(out) / WORK_DIR, ignore_errors=True)
 
 
+def _written(out: Path, write) -> int:
+    """``write()`` the merged files, then remove the kept partials; a Ctrl-C once the files
+    are in place (the command then ends with exit code 0) removes them too."""
+    from interp.cli.output import committed
+
+    try:
+        code = write()
+        _done(out)
+    except KeyboardInterrupt:
+        if committed():
+            _done(out)
+        raise
+    return code
+
+
 def run_patch(args, out: Path, model, task, batch, settings: dict, strings, write, say) -> int:
     """``interp patch --task --executor``: patching.csv, summary.json, report.html, written by
     ``write`` (``interp.cli.patch_files.write_results``, passed in: a command module is above
@@ -71,9 +86,7 @@ def run_patch(args, out: Path, model, task, batch, settings: dict, strings, writ
         part["tokens"] = strings(model, first.clean[0])
         part["corrupted_tokens"] = strings(model, first.corrupted[0])
         part["source"] = {"model": str(args.model), "task": str(args.task)}
-    code = write(out, parts, merge_partial_sums(parts))
-    _done(out)
-    return code
+    return _written(out, lambda: write(out, parts, merge_partial_sums(parts)))
 
 
 def run_attribute(args, out: Path, model, task, write, say) -> int:
@@ -83,9 +96,7 @@ def run_attribute(args, out: Path, model, task, write, say) -> int:
     parts = _shards("attribute", args, out, model, task, say, per_row=args.per_row)
     for part in parts:
         part["source"] = {"model": str(args.model), "task": str(args.task)}
-    code = write(out, parts, merge_attribution_sums(parts))
-    _done(out)
-    return code
+    return _written(out, lambda: write(out, parts, merge_attribution_sums(parts)))
 
 
 def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, write, say) -> int:
@@ -116,6 +127,7 @@ def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, writ
         },
         "examples": source["examples"],
     }
-    code = write(out, info, circuit.method, circuit.params, circuit.scores, result, args.ablation)
-    _done(out)
-    return code
+    scores = circuit.scores
+    return _written(
+        out, lambda: write(out, info, circuit.method, circuit.params, scores, result, args.ablation)
+    )

@@ -413,3 +413,63 @@ def test_help_shows_every_default_and_range():
                 missing.append(f"{name} {action.option_strings[-1]}: {bounds}")
     assert missing == []
     assert sub.choices["discover"].format_help().count("(from 1 to 1000)") == 1  # --ig-steps
+
+
+SLOW_AFTER_COMMIT = """
+import pathlib, sys, time
+import interp.cli.induction as induction
+def slow(*args, **kwargs):  # the files are in place; the command still prints its table
+    pathlib.Path(sys.argv[1]).write_text("committed")
+    time.sleep(120)
+induction.terminal_table = slow
+from interp.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_real_sigint_after_the_commit_exits_0(tmp_path, fork_server):
+    """A command of its own, sent a real SIGINT once its files are in place (the issue's
+    "0.4-1.0 s after writing the report")."""
+    import signal
+    import subprocess
+    import time
+
+    from tests.forked import ROOT, python, served_env
+
+    out, marker, script = tmp_path / "out", tmp_path / "marker", tmp_path / "slow.py"
+    script.write_text(SLOW_AFTER_COMMIT, encoding="utf-8")
+    argv = ["induction", "--out", str(out), "--seq-lens", "4", "--no-ablation"]
+    process = subprocess.Popen(
+        python(fork_server, str(script), str(marker), *argv), cwd=ROOT, env=served_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), process.communicate()
+    process.send_signal(signal.SIGINT)
+    printed, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert f"wrote {out / 'report.html'}" in printed and "nothing was written" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["head_scores.csv", "head_scores.json",
+                                                     "report.html"]  # fmt: skip
+
+
+def test_the_kept_shards_go_once_the_merged_files_are_in_place(tmp_path):
+    from interp.cli.executor_run import _written
+    from interp.cli.output import committed, staged_output
+
+    out = tmp_path / "out"
+    (out / ".interp-shards").mkdir(parents=True)
+    committed(reset=True)
+
+    def write():
+        with staged_output(out, owns=["a.csv"]) as stage:
+            stage.write_text("a.csv", "x\n")
+        raise KeyboardInterrupt  # Ctrl-C right after the commit
+
+    with pytest.raises(KeyboardInterrupt):
+        _written(out, write)
+    assert sorted(p.name for p in out.iterdir()) == ["a.csv"]
+    committed(reset=True)
