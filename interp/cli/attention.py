@@ -15,7 +15,7 @@ from interp.cli.options import (
     add_model_option,
     check_at_most,
     device,
-    int_between,
+    int_list,
     unique,
 )
 from interp.cli.output import UsageError, check_out_file, write_file
@@ -37,25 +37,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--layers",
-        type=int_between(0),
+        type=int_list(0),
         nargs="+",
         metavar="L",
-        help="layers to show, each once (default: all)",
+        help="layers to show, comma- or space-separated (0,1 or 0 1), each once (default: all)",
     )
-    parser.add_argument(
-        "--device",
-        type=device,
-        default=None,
-        help="torch device (default: TransformerLens's choice)",
-    )
+    parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
 
 
 def run(args: argparse.Namespace) -> int:
+    layers = None if args.layers is None else [v for part in args.layers for v in part]
     path = write_attention_page(
         model_name=args.model,
         prompt=args.prompt,
         out=args.out,
-        layers=args.layers,
+        layers=layers,
         device=args.device,
     )
     print(f"wrote {path}")

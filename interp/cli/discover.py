@@ -62,9 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task",
         required=True,
-        metavar="FILE.jsonl|induction|ioi",
-        help="a task file (JSONL or CSV, docs/tasks.md), or induction / ioi to generate one "
-        "for the model (--n rows, --seed)",
+        metavar="FILE.jsonl|induction|ioi|greater-than",
+        help="a task file (JSONL or CSV, docs/tasks.md), or induction, ioi or greater-than to "
+        "generate one for the model (--n rows, default 16; --seed, default 0)",
     )
     parser.add_argument("--method", choices=METHODS, required=True, help="how edges are found")
     parser.add_argument(
@@ -133,24 +133,32 @@ def _check(args: argparse.Namespace) -> None:
         given = [o for o in ("--n", "--seed") if getattr(args, o[2:]) is not None]
         if given:
             raise UsageError(
-                f"{', '.join(given)} are for a generated task (--task induction or ioi); a task "
+                f"{', '.join(given)} are for a generated task (--task induction, ioi or "
+                "greater-than); a task "
                 "file has its own rows"
             )
 
 
 def _examples(model, task) -> list[dict]:
-    def text(value) -> str:
-        if isinstance(value, str):
-            return value
-        ids = list(value) if isinstance(value, list | tuple) else [value]
+    """The first rows as text: prompts decoded whole, answers token by token (a list of
+    answers, greater-than's, as ``" 32 |  64"``)."""
+
+    def decode(ids: list[int]) -> str:
         return model.tokenizer.decode(ids) if model.tokenizer is not None else str(ids)
+
+    def prompt(value) -> str:
+        return value if isinstance(value, str) else decode(list(value))
+
+    def answer(value) -> str:
+        tokens = value if isinstance(value, tuple | list) else [value]
+        return " | ".join(t if isinstance(t, str) else decode([int(t)]) for t in tokens)
 
     return [
         {
-            "clean": text(row.clean),
-            "corrupted": text(row.corrupted),
-            "answer": text(row.answer),
-            "wrong": "" if row.wrong is None else text(row.wrong),
+            "clean": prompt(row.clean),
+            "corrupted": prompt(row.corrupted),
+            "answer": answer(row.answer),
+            "wrong": "" if row.wrong is None else answer(row.wrong),
         }
         for row in task.rows[:EXAMPLES]
     ]

@@ -30,7 +30,7 @@ FILES = ["edges.csv", "circuit.json", "curve.csv", "summary.json", "report.html"
 EDGE_COLUMNS = ["edge", "source", "target", "score", "in_circuit"]  # edges.csv
 CURVE_COLUMNS = ["fraction", "n_edges", "faithfulness"]  # curve.csv
 TERMINAL_N = 10
-GENERATED = ("induction", "ioi")  # --task names built with interp.tasks' generators
+GENERATED = ("induction", "ioi", "greater-than")  # --task names built by interp.tasks' generators
 NOT_EVALUATED = (
     "Not evaluated: the shards were merged without the model, so there is no faithfulness or "
     "curve here. Merge again with --evaluate (it loads the model and the task the shards "
@@ -39,12 +39,13 @@ NOT_EVALUATED = (
 
 
 def generated_task(name: str, model, n: int, seed: int):
-    """``--task induction`` or ``ioi``: the generator's rows for this model (UsageError if it
-    cannot make them)."""
-    from interp.tasks import TaskError, induction, ioi
+    """``--task induction``, ``ioi`` or ``greater-than``: the generator's rows for this model
+    (UsageError if it cannot make them)."""
+    from interp.tasks import TaskError, greater_than, induction, ioi
 
+    generators = {"induction": induction, "ioi": ioi, "greater-than": greater_than}
     try:
-        return (induction if name == "induction" else ioi)(model, n, seed=seed)
+        return generators[name](model, n, seed=seed)
     except (TaskError, ValueError) as exc:
         text = str(exc)
         if " Pass names=" in text:  # discover has no --names; interp task has

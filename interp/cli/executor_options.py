@@ -1,23 +1,42 @@
 """``--executor local|ray|slurm --shards N`` and their options, for every command with ``--shard``.
 
 Checked before any model loads (and without importing Ray or submitit: a missing one is refused
-with its install line). Each finished shard's partial is kept in ``OUT/.interp-shards/`` until
-the merged files are in place, so a run that stopped (a failed shard, Ctrl-C, a lost node) is
-resumed by running the same command again: only the missing shards run (docs/scale.md).
+with its install line; ``--executor slurm`` without ``sbatch`` too). Each finished shard's
+partial is kept in ``OUT/.interp-shards/`` until the merged files are in place, so a run that
+stopped (a failed shard, Ctrl-C, a lost node) is resumed by running the same command again:
+only the missing shards run (docs/scale.md). A run that stopped before any shard finished
+leaves nothing there. Kept shards of a run with other settings are found before the model
+loads: without finished shards they are cleared; with some, the command is refused, naming the
+folder, unless ``--restart`` discards them.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import shutil
 from pathlib import Path
 
 from interp.cli.options import int_between
 from interp.cli.output import UsageError
 
-__all__ = ["WORK_DIR", "add_executor_arguments", "check_executor", "sharding_of"]
+__all__ = [
+    "WORK_DIR",
+    "add_executor_arguments",
+    "check_executor",
+    "command_key",
+    "finished",
+    "sbatch_found",
+    "sharding_of",
+]
 
 WORK_DIR = ".interp-shards"  # inside --out: each finished shard's partial, until the merge
 EXECUTORS = ("local", "ray", "slurm")  # interp.foundation.executors.EXECUTORS, torch-free (tested)
+RUN_FILE = "run.json"  # interp.foundation.executors.runner's: the kept run's key
+# options that change where or how the shards run, not what they compute
+RUNNING = ("out", "device", "executor", "retries", "ray_address", "slurm_partition", "slurm_time",
+           "gpus_per_shard", "verbose", "run", "restart")  # fmt: skip
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +61,11 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--gpus-per-shard", type=int_between(0), default=0, help="ray, slurm: GPUs per shard (0)"
     )
+    group.add_argument(
+        "--restart",
+        action="store_true",
+        help=f"discard the finished shards kept in OUT/{WORK_DIR} by an earlier run and start over",
+    )
 
 
 def check_executor(args: argparse.Namespace, n_rows: int, *, scored: bool = True) -> None:
@@ -49,6 +73,7 @@ def check_executor(args: argparse.Namespace, n_rows: int, *, scored: bool = True
     name = args.executor
     if name is None:
         given = [o for o in ("--shards", "--ray-address", "--slurm-partition") if _given(args, o)]
+        given += ["--restart"] if getattr(args, "restart", False) else []
         if given:
             raise UsageError(f"{', '.join(given)} need --executor local, ray or slurm")
         return
@@ -75,6 +100,70 @@ def check_executor(args: argparse.Namespace, n_rows: int, *, scored: bool = True
     line = missing_extra(name)
     if line is not None:
         raise UsageError(line)
+    if name == "slurm" and not sbatch_found():
+        raise UsageError(
+            "--executor slurm needs SLURM's sbatch, which is not on PATH here: run the command "
+            "on a login node of the cluster, or use --executor local"
+        )
+    _check_kept(args)
+
+
+def sbatch_found() -> bool:
+    """Whether SLURM's ``sbatch`` is on PATH (tests replace this to run submitit locally)."""
+    return shutil.which("sbatch") is not None
+
+
+def command_key(args: argparse.Namespace) -> dict:
+    """What the command line says the shards compute, known before the model loads: every
+    option but those of :data:`RUNNING`, and the task file's bytes by their hash. It goes into
+    the kept run's key, so that a kept run with other settings is found before loading."""
+    key = {
+        name: str(value) if isinstance(value, Path) else value
+        for name, value in sorted(vars(args).items())
+        if name not in RUNNING
+    }
+    task = Path(str(args.task))
+    if task.is_file():
+        key["task_sha256"] = hashlib.sha256(task.read_bytes()).hexdigest()
+    return json.loads(json.dumps(key, default=str))
+
+
+def finished(work_dir: Path) -> list[Path]:
+    """The finished shards' partials kept in ``work_dir``."""
+    return sorted(work_dir.glob("shard-*-of-*.json")) if work_dir.is_dir() else []
+
+
+def _check_kept(args: argparse.Namespace) -> None:
+    """Kept shards of another run: cleared if none finished (nothing is lost), else refused
+    here, before loading, naming the folder, unless ``--restart``."""
+    work_dir = Path(args.out) / WORK_DIR
+    if not work_dir.is_dir():
+        return
+    if args.restart:
+        shutil.rmtree(work_dir)
+        return
+    try:
+        kept = json.loads((work_dir / RUN_FILE).read_text(encoding="utf-8")).get("command")
+    except (OSError, ValueError, AttributeError):
+        kept = None
+    if kept == command_key(args):
+        return  # the same run: only the missing shards run
+    done = finished(work_dir)
+    if not done:
+        shutil.rmtree(work_dir)  # an interrupted run that finished nothing: nothing to resume
+        return
+    wanted = command_key(args)
+    differ = (
+        sorted(k for k in set(kept) | set(wanted) if kept.get(k) != wanted.get(k))
+        if isinstance(kept, dict)
+        else ["version"]
+    )
+    shown = ", ".join(_option(k) for k in differ)
+    raise UsageError(
+        f"{work_dir} keeps {len(done)} finished shard(s) of an earlier run with other settings "
+        f"({shown}); run that command again to finish it, or pass --restart to discard them "
+        "(or delete that folder)"
+    )
 
 
 def _check_gpus(name: str, device: str, gpus: int) -> None:
@@ -96,6 +185,14 @@ def _check_gpus(name: str, device: str, gpus: int) -> None:
 
 def _given(args: argparse.Namespace, option: str) -> bool:
     return getattr(args, option[2:].replace("-", "_"), None) is not None
+
+
+def _option(key: str) -> str:
+    if key == "task_sha256":
+        return "the task file's contents"
+    if key == "command":
+        return "the command"
+    return "another interp version" if key == "version" else "--" + key.replace("_", "-")
 
 
 def sharding_of(args: argparse.Namespace, out: Path):

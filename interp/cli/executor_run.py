@@ -7,9 +7,10 @@ the files are in place."""
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
-from interp.cli.executor_options import WORK_DIR, sharding_of
+from interp.cli.executor_options import WORK_DIR, command_key, finished, sharding_of
 
 __all__ = ["run_patch", "run_attribute", "run_discover"]
 
@@ -23,16 +24,54 @@ def _shards(kind: str, args, out: Path, model, task, say, **settings) -> list[di
     job = task_shard(kind, model, task, source=source, **settings)
     sharding = sharding_of(args, out)
     say(f"{kind}: {args.shards} shards on {args.executor} (kept in {sharding.work_dir}) ...")
-    key = {"task": task_fingerprint(task), **settings}
+    key = {"task": task_fingerprint(task), **settings, "command": command_key(args)}
+    created = not Path(out).exists()
     try:
         return run_task_shards(job, len(task), sharding, key)
     except ShardError as exc:  # one line; the finished shards stay for the re-run
+        _tidy(out, created)
         raise RuntimeError(f"{exc}; run the same command again to redo only that shard") from None
+    except BaseException:  # Ctrl-C, a missing sbatch...: keep finished shards, nothing else
+        if _tidy(out, created):
+            print(
+                f"interp: the finished shards are kept in {Path(out) / WORK_DIR}; run the same "
+                "command again to resume",
+                file=sys.stderr,
+            )
+        raise
+
+
+def _tidy(out: Path, created: bool) -> bool:
+    """After a run that stopped: remove the kept-shards folder if no shard finished (and
+    ``--out`` if this run made it and it is empty), so that a run that did nothing leaves
+    nothing. Returns whether finished shards are kept."""
+    work_dir = Path(out) / WORK_DIR
+    if finished(work_dir):
+        return True
+    shutil.rmtree(work_dir, ignore_errors=True)
+    if created and Path(out).is_dir() and not any(Path(out).iterdir()):
+        Path(out).rmdir()
+    return False
 
 
 def _done(out: Path) -> None:
     """The merged files are in place: the kept partials have done their work."""
     shutil.rmtree(Path(out) / WORK_DIR, ignore_errors=True)
+
+
+def _written(out: Path, write) -> int:
+    """``write()`` the merged files, then remove the kept partials; a Ctrl-C once the files
+    are in place (the command then ends with exit code 0) removes them too."""
+    from interp.cli.output import committed
+
+    try:
+        code = write()
+        _done(out)
+    except KeyboardInterrupt:
+        if committed():
+            _done(out)
+        raise
+    return code
 
 
 def run_patch(args, out: Path, model, task, batch, settings: dict, strings, write, say) -> int:
@@ -47,9 +86,7 @@ def run_patch(args, out: Path, model, task, batch, settings: dict, strings, writ
         part["tokens"] = strings(model, first.clean[0])
         part["corrupted_tokens"] = strings(model, first.corrupted[0])
         part["source"] = {"model": str(args.model), "task": str(args.task)}
-    code = write(out, parts, merge_partial_sums(parts))
-    _done(out)
-    return code
+    return _written(out, lambda: write(out, parts, merge_partial_sums(parts)))
 
 
 def run_attribute(args, out: Path, model, task, write, say) -> int:
@@ -59,9 +96,7 @@ def run_attribute(args, out: Path, model, task, write, say) -> int:
     parts = _shards("attribute", args, out, model, task, say, per_row=args.per_row)
     for part in parts:
         part["source"] = {"model": str(args.model), "task": str(args.task)}
-    code = write(out, parts, merge_attribution_sums(parts))
-    _done(out)
-    return code
+    return _written(out, lambda: write(out, parts, merge_attribution_sums(parts)))
 
 
 def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, write, say) -> int:
@@ -92,6 +127,7 @@ def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, writ
         },
         "examples": source["examples"],
     }
-    code = write(out, info, circuit.method, circuit.params, circuit.scores, result, args.ablation)
-    _done(out)
-    return code
+    scores = circuit.scores
+    return _written(
+        out, lambda: write(out, info, circuit.method, circuit.params, scores, result, args.ablation)
+    )

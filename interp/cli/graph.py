@@ -12,7 +12,7 @@ from pathlib import Path
 
 from interp.cli.options import add_model_option, device, int_between, memory_size
 from interp.cli.output import UsageError, check_out_dir, staged_output
-from interp.cli.sources import BUNDLED_DIR, load_model
+from interp.cli.sources import BUNDLED_DIR, check_source, load_model
 
 HELP = (
     "the attribution graph of a prompt through transcoders (features, errors, tokens, "
@@ -148,6 +148,10 @@ def _default_transcoders(args: argparse.Namespace) -> str:
 def _check_args(args: argparse.Namespace) -> list[str] | None:
     if args.prompt is not None and not args.prompt.strip():
         raise UsageError("--prompt is empty; pass the text the model reads")
+    if args.tokens is not None and len(args.tokens) < 2:
+        raise UsageError(
+            "--tokens: the prompt needs at least 2 tokens (position 0 has no feature nodes)"
+        )
     args.transcoders = _default_transcoders(args)
     _check_transcoders(args.transcoders)
     if args.text is None:
@@ -187,8 +191,6 @@ def _tokens(model, args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     texts = _check_args(args)
-    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
-    model = load_model(args.model, device=args.device)
     from interp.transcoders.loading import (
         TranscoderFitError,
         TranscoderLoadError,
@@ -196,11 +198,17 @@ def run(args: argparse.Namespace) -> int:
         load_transcoders,
     )
 
-    try:
+    check_source(args.model)  # a --model folder that cannot load fails before the transcoders
+    try:  # before the model: a damaged file or config.yaml is refused at once, named
         tc = load_transcoders(args.transcoders, device=args.device)
+    except TranscoderLoadError as exc:
+        raise UsageError(f"--transcoders {args.transcoders}: {exc}") from None
+    print(f"loading {args.model} ...", file=sys.stderr, flush=True)
+    model = load_model(args.model, device=args.device)
+    try:
         check_transcoders_fit(model, tc)
-    except (TranscoderLoadError, TranscoderFitError) as exc:
-        raise UsageError(f"--transcoders: {exc}") from None
+    except TranscoderFitError as exc:
+        raise UsageError(f"--transcoders {args.transcoders}: {exc}") from None
     tokens = _tokens(model, args)
     from interp.cli.graph_files import graph_outputs
     from interp.graphs.attribute import attribution_graph

@@ -68,6 +68,7 @@ def int_between(low: int | None = None, high: int | None = None) -> Callable[[st
         return value
 
     parse.__name__ = "whole number"  # argparse names the type in some messages
+    parse.bounds = _bounds(low, high) if (low, high) != (None, None) else None  # for --help
     return parse
 
 
@@ -95,6 +96,7 @@ def int_list(low: int | None = None, high: int | None = None) -> Callable[[str],
         return unique(values)
 
     parse.__name__ = "list of whole numbers"
+    parse.bounds = f"each {_bounds(low, high)}" if (low, high) != (None, None) else None
     return parse
 
 

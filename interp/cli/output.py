@@ -51,12 +51,24 @@ __all__ = [
     "Stage",
     "check_out_dir",
     "check_out_file",
+    "committed",
     "staged_output",
     "terminal_table",
     "write_file",
 ]
 
 _STAGE_PREFIX = ".interp-staging-"  # hidden, and recognisable if a crash ever leaves one
+# the outputs this process has put in place: a Ctrl-C after they are (while the command prints
+# its tables, say) ends with exit code 0 and their "wrote" lines, not 130 ("nothing written")
+_COMMITTED: list[Path] = []
+
+
+def committed(*, reset: bool = False) -> list[Path]:
+    """The output files put in place so far by this process (``reset``: forget them first,
+    as ``interp.cli.main`` does when a command starts)."""
+    if reset:
+        _COMMITTED.clear()
+    return list(_COMMITTED)
 
 
 class UsageError(ValueError):
@@ -238,14 +250,16 @@ def staged_output(out: str | os.PathLike, *, owns: Iterable[str] = ()) -> Iterat
         with _interrupts_deferred():
             try:
                 stage.written = _commit(stage, owns)
+                _COMMITTED.extend(stage.written)
             except OSError as exc:
                 raise OutputError(
                     f"could not move the new files into {out}: "
                     f"{_reason(exc)}; {out} was left as it was"
                 ) from None
     finally:
-        if stage_path.exists():
-            shutil.rmtree(stage_path, ignore_errors=True)
+        with _interrupts_deferred():  # a Ctrl-C now would leave the hidden folder behind
+            if stage_path.exists():
+                shutil.rmtree(stage_path, ignore_errors=True)
 
 
 def write_file(out: str | os.PathLike, text: str) -> Path:
@@ -255,7 +269,10 @@ def write_file(out: str | os.PathLike, text: str) -> Path:
 
     out = Path(out)
     try:
-        return html.write_text_atomic(out, text)
+        with _interrupts_deferred():  # written and in place, or not at all (exit code 130)
+            path = html.write_text_atomic(out, text)
+            _COMMITTED.append(path)
+            return path
     except OSError as exc:
         raise OutputError(
             f"could not write {out}: {_reason(exc)}; {out} was left as it was"

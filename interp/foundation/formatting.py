@@ -37,6 +37,8 @@ __all__ = [
     "number",
     "format_cell",
     "MAX_ROWS",
+    "SHOWN",
+    "visible_token",
 ]
 
 MAX_ROWS = 10  # table rows a summary shows; the whole table is one attribute away
@@ -47,6 +49,16 @@ _BOX = (
 _TABLE = "border-collapse:collapse;font-size:12px;margin:4px 0"
 _CELL = "border:1px solid #d0d7de;padding:2px 6px;text-align:{align}"
 _HEAD_CELL = _CELL + ";background:#f6f8fa"
+
+
+SHOWN = {" ": "·", "\n": "⏎", "\t": "⇥"}  # whitespace drawn visibly in token strings
+
+
+def visible_token(token: str) -> str:
+    """A token string with its whitespace drawn (``·`` space, ``⏎`` newline, ``⇥`` tab), as
+    every page and table shows tokens: a token of spaces or a newline stays visible, and a
+    newline token does not break a line or a CSV cell."""
+    return "".join(SHOWN.get(ch, ch) for ch in token)
 
 
 def esc(text: object) -> str:

@@ -37,7 +37,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.engine import FeatureEdit, forward, run_cached
+from interp.engine import FeatureEdit, forward, run_cached, to_tokens
 
 __all__ = ["FeatureRun", "FrozenRun", "feature_intervention", "frozen_feature_run"]
 
@@ -63,6 +63,26 @@ class FrozenRun:
 
     pre_activations: Float[Tensor, "layer pos d_tc"]
     logits: Float[Tensor, " d_vocab"]
+
+
+def _tokens(model, tokens_or_text) -> Int[Tensor, " pos"]:
+    """One prompt's ids ``[pos]`` from text (BOS as the model adds it, as
+    :func:`interp.graphs.attribute.attribution_graph` takes it) or ids ``[pos]`` / ``[1 pos]``."""
+    if isinstance(tokens_or_text, Tensor) and tokens_or_text.ndim == 1:
+        return tokens_or_text
+    tokens = to_tokens(model, tokens_or_text)
+    if tokens.shape[0] != 1:
+        raise ValueError(f"a feature intervention is of one prompt, got {tokens.shape[0]} rows")
+    return tokens[0]
+
+
+def _positions(edits: Sequence[FeatureEdit], n_pos: int) -> None:
+    for edit in edits:
+        if edit.pos is not None and not -n_pos <= edit.pos < n_pos:
+            raise ValueError(
+                f"{edit} edits position {edit.pos}, but the prompt has {n_pos} tokens (positions "
+                f"0 to {n_pos - 1}, or -{n_pos} to -1 from the end)"
+            )
 
 
 def _layers(constrained: Iterable[int] | None, tc, edits: Sequence[FeatureEdit]) -> set[int]:
@@ -159,7 +179,7 @@ def _run(model, tokens, tc, edits, layers: set[int], freeze_attention: bool):
 
 def feature_intervention(
     model,
-    tokens: Int[Tensor, " pos"],
+    tokens: Int[Tensor, " pos"] | str,
     tc,
     edits: Sequence[FeatureEdit] = (),
     *,
@@ -169,10 +189,15 @@ def feature_intervention(
     """``tokens`` with ``edits``, effects passing only directly through ``constrained_layers``
     and propagating through the others (module docstring).
 
+    ``tokens``: ids ``[pos]``, or text (tokenised as the model does, BOS included).
+
     Raises:
-        ValueError: a constrained layer or an edit outside the transcoders, or an edit outside
-            ``constrained_layers`` when some are given (circuit-tracer drops those silently).
+        ValueError: a constrained layer or an edit outside the transcoders, an edit's position
+            outside the prompt, or an edit outside ``constrained_layers`` when some are given
+            (circuit-tracer drops those silently).
     """
+    tokens = _tokens(model, tokens)
+    _positions(edits, len(tokens))
     layers = _layers(constrained_layers, tc, edits)
     tc, pre, _, logits = _run(model, tokens, tc, edits, layers, freeze_attention)
     acts = torch.stack([tc.activate(pre[layer], layer) for layer in range(tc.n_layers)])
@@ -180,10 +205,13 @@ def feature_intervention(
 
 
 def frozen_feature_run(
-    model, tokens: Int[Tensor, " pos"], tc, edits: Sequence[FeatureEdit] = ()
+    model, tokens: Int[Tensor, " pos"] | str, tc, edits: Sequence[FeatureEdit] = ()
 ) -> FrozenRun:
-    """The frozen replacement model of ``tokens`` with ``edits``: :func:`feature_intervention`
-    with every layer constrained, read as the graph's targets (raw last-position logits)."""
+    """The frozen replacement model of ``tokens`` (ids or text) with ``edits``:
+    :func:`feature_intervention` with every layer constrained, read as the graph's targets (raw
+    last-position logits)."""
+    tokens = _tokens(model, tokens)
+    _positions(edits, len(tokens))
     layers = _layers(range(tc.n_layers), tc, edits)
     tc, pre, final, _ = _run(model, tokens, tc, edits, layers, True)
     W_U = model.W_U.detach().to(final.dtype)

@@ -83,6 +83,8 @@ def check_checkpoint_dir(directory: Path, *, allow_pickle: bool) -> None:
             "model.save_pretrained(directory, safe_serialization=True), or pass "
             "allow_pickle=True if you trust the file."
         )
+    if has_safe:
+        _check_safetensors(directory)
     if _missing_tokenizer(directory):
         raise ModelLoadError(
             f"{directory} has no tokenizer files (expected tokenizer.json, or "
@@ -90,6 +92,33 @@ def check_checkpoint_dir(directory: Path, *, allow_pickle: bool) -> None:
             "tokenizer.save_pretrained(directory); TransformerLens would "
             "otherwise build a useless 1-token tokenizer."
         )
+
+
+def _check_safetensors(directory: Path) -> None:
+    """Each safetensors file of the checkpoint complete (its header against its size): one
+    cut short is named now, not after seconds of loading with safetensors' nameless error."""
+    import json
+
+    from interp.foundation.safetensors_header import safetensors_problem
+
+    index = directory / SAFE_WEIGHTS[1]
+    if (directory / SAFE_WEIGHTS[0]).is_file():
+        files = [directory / SAFE_WEIGHTS[0]]
+    else:
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = [directory / name for name in sorted(set(weight_map.values()))]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise ModelLoadError(
+                f"{index} is not a readable weight index (JSON with a weight_map); write the "
+                "checkpoint again with model.save_pretrained(directory)"
+            ) from None
+    for path in files:
+        problem = "it is missing" if not path.is_file() else safetensors_problem(path)
+        if problem is not None:
+            raise ModelLoadError(
+                f"{path} cannot be loaded: {problem}; copy or download the checkpoint again"
+            )
 
 
 def resolve_source(name_or_path: str | os.PathLike) -> tuple[str, str]:

@@ -11,13 +11,11 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from interp.foundation.formatting import visible_token
+
 __all__ = ["token_spans"]
 
-SHOWN = {" ": "·", "\n": "⏎", "\t": "⇥"}  # whitespace drawn visibly
-
-
-def _shown(token: str) -> str:
-    return "".join(SHOWN.get(ch, ch) for ch in token)
+_shown = visible_token  # whitespace drawn visibly, as the tables show it too
 
 
 def token_spans(

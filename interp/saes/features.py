@@ -27,6 +27,7 @@ from torch import Tensor
 
 from interp.engine import run_cached
 from interp.engine.splice import sae_acts_name
+from interp.foundation.formatting import visible_token
 from interp.models.norms import effective_weight, is_rms
 
 __all__ = ["FeatureContext", "FeatureSummary", "feature_summary", "logit_effects"]
@@ -108,10 +109,10 @@ def feature_summary(
             "frequency": [float(frequency[j]) for j in ranked],
             "mean_act": [float(mean_act[j]) for j in ranked],
             "max_act": [float(max_act[j]) for j in ranked],
-            "top_promoted": [" | ".join(decode(t) for t in promoted[j].tolist()) for j in ranked],
-            "top_suppressed": [
-                " | ".join(decode(t) for t in suppressed[j].tolist()) for j in ranked
-            ],
+            # whitespace drawn (visible_token), as the contexts show it: a newline token would
+            # break the page's lines and the CSV's cells
+            "top_promoted": [_listed(decode, promoted[j]) for j in ranked],
+            "top_suppressed": [_listed(decode, suppressed[j]) for j in ranked],
         }
     )
     return FeatureSummary(
@@ -121,6 +122,10 @@ def feature_summary(
         n_tokens=n_tokens,
         n_dead=int((~fires.any(0)).sum()),
     )
+
+
+def _listed(decode, token_ids: Tensor) -> str:
+    return " | ".join(visible_token(decode(t)) for t in token_ids.tolist())
 
 
 def _padded(tensors: list[Tensor]) -> list[Tensor]:

@@ -30,6 +30,7 @@ import yaml
 from safetensors.torch import load_file
 
 from interp.engine.passes import hook_shape
+from interp.foundation.safetensors_header import safetensors_problem
 from interp.models.sources import BUNDLED_DIR
 from interp.transcoders.files import CONFIG
 from interp.transcoders.saelens import (
@@ -52,6 +53,11 @@ __all__ = [
 NORMALIZED = "ln2.hook_normalized"  # the MLP's norm before its weight and bias
 NORMALIZED_0 = f"blocks.0.{NORMALIZED}"
 _ACTIVATIONS = {"relu": "relu", "topk": "topk", "jump_relu": "jumprelu", "jumprelu": "jumprelu"}
+# config.yaml's keys: what interp reads, and circuit-tracer's hub bookkeeping (read by no one);
+# any other key is refused, naming it: a misspelt "activaton: topk" would silently run ReLU
+CONFIG_KEYS = ("model_kind", "feature_input_hook", "feature_output_hook", "scan", "activation", "k",
+               "transcoders")  # fmt: skip
+METADATA_KEYS = ("model_name", "repo_id", "revision", "subfolder")
 
 
 class TranscoderLoadError(ValueError):
@@ -98,17 +104,54 @@ def _per_layer_files(folder: Path, config: dict) -> list[Path]:
     return [folder / f"layer_{n}.safetensors" for n in numbers]
 
 
+def _read_config(path: Path) -> dict:
+    """``config.yaml`` as a mapping of known keys; a TranscoderLoadError naming the file (and
+    the key) otherwise."""
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise TranscoderLoadError(
+            f"{path} is not readable YAML{where}; write it again (model_kind, "
+            "feature_input_hook, feature_output_hook, ...)"
+        ) from None
+    config = {} if config is None else config
+    if not isinstance(config, dict):
+        raise TranscoderLoadError(f"{path} is not a mapping of keys (model_kind: ..., ...)")
+    unknown = [str(key) for key in config if key not in CONFIG_KEYS + METADATA_KEYS]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], CONFIG_KEYS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise TranscoderLoadError(
+            f"{path}: unknown key {unknown[0]!r}; {hint}interp reads {', '.join(CONFIG_KEYS)}"
+        )
+    return config
+
+
 def _read_layer(path: Path) -> dict:
     if not path.is_file():
         raise TranscoderLoadError(f"transcoder file {path} is missing")
     if path.suffix == ".npz":  # Gemma Scope: W_enc [d_model d_tc], threshold
+        import zipfile
+
         import numpy as np
 
-        raw = {k: torch.from_numpy(v) for k, v in np.load(path).items()}
+        try:
+            raw = {k: torch.from_numpy(v) for k, v in np.load(path).items()}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise TranscoderLoadError(f"{path} is not a readable .npz file ({err})") from None
         raw["W_enc"] = raw["W_enc"].T.contiguous()
         if "threshold" in raw:
             raw["activation_function.threshold"] = raw.pop("threshold")
         return raw
+    problem = safetensors_problem(path)
+    if problem is not None:
+        raise TranscoderLoadError(
+            f"{path} is not a readable safetensors file: {problem}; copy or download it again"
+        )
     return load_file(path)
 
 
@@ -209,7 +252,7 @@ def load_transcoders(
             f"{folder} has no {CONFIG} (circuit-tracer's) and no SAELens transcoder folders "
             "(cfg.json + sae_weights.safetensors)"
         )
-    config = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    config = _read_config(config_path)
     kind = config.get("model_kind")
     if kind == "transcoder_set":
         parts = _per_layer(folder, config)
@@ -229,7 +272,14 @@ def load_transcoders(
         )
     except ValueError as err:
         raise TranscoderLoadError(f"{folder}: {err}") from None
+    tc.source = str(path_or_name)  # the folder as given: errors name it beside the scan
     return tc.to(device=device, dtype=dtype)
+
+
+def _named(tc: TranscoderSet) -> str:
+    """The set's name, and the folder it was loaded from where that says more."""
+    source = getattr(tc, "source", None)
+    return f"{tc.name!r}" + (f" ({source})" if source and source != tc.name else "")
 
 
 def check_transcoders_fit(model, tc: TranscoderSet) -> None:
@@ -238,12 +288,13 @@ def check_transcoders_fit(model, tc: TranscoderSet) -> None:
     n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
     if tc.n_layers != n_layers:
         raise TranscoderFitError(
-            f"transcoders {tc.name!r} cover {tc.n_layers} layers but the model has {n_layers}; "
-            "load transcoders trained on this model (one per layer)"
+            f"transcoders {_named(tc)} cover {tc.n_layers} layers but the model has {n_layers}; "
+            "load transcoders trained on this model (one per layer"
+            + ("; is a layer's file missing?)" if tc.n_layers < n_layers else ")")
         )
     if tc.d_model != d_model:
         raise TranscoderFitError(
-            f"transcoders {tc.name!r} read width {tc.d_model} but the model's d_model is "
+            f"transcoders {_named(tc)} read width {tc.d_model} but the model's d_model is "
             f"{d_model}; load transcoders trained on this model"
         )
     for hook, allowed, what in (
@@ -252,12 +303,12 @@ def check_transcoders_fit(model, tc: TranscoderSet) -> None:
     ):
         if hook not in allowed:
             raise TranscoderFitError(
-                f"transcoders {tc.name!r} {what} {hook!r}; interp splices transcoders that "
+                f"transcoders {_named(tc)} {what} {hook!r}; interp splices transcoders that "
                 f"{what} one of {', '.join(allowed)}"
             )
     if tc.feature_input_hook == NORMALIZED and NORMALIZED_0 not in model.hook_dict:
         raise TranscoderFitError(
-            f"transcoders {tc.name!r} read ln2.hook_normalized, but this model has no "
+            f"transcoders {_named(tc)} read ln2.hook_normalized, but this model has no "
             "ln2.hook_normalized: its attention and MLP read one norm; use mlp.hook_in"
         )
     for layer in range(n_layers):
@@ -269,11 +320,12 @@ def check_transcoders_fit(model, tc: TranscoderSet) -> None:
                     else "transcoders replace MLPs: this model has none there"
                 )
                 raise TranscoderFitError(
-                    f"transcoders {tc.name!r} use {name}, which this model has no hook for ({hint})"
+                    f"transcoders {_named(tc)} use {name}, which this model has no hook for "
+                    f"({hint})"
                 )
     if tc.feature_input_hook == NORMALIZED and len(shape := hook_shape(model, NORMALIZED_0)) != 3:
         raise TranscoderFitError(
-            f"transcoders {tc.name!r} read ln2.hook_normalized, which this model flattens over "
+            f"transcoders {_named(tc)} read ln2.hook_normalized, which this model flattens over "
             f"batch and position (shape {list(shape)} for one row of 2 tokens; OPT's bridge does), "
             "so interp cannot splice them there"
         )

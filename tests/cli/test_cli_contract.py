@@ -158,7 +158,10 @@ BAD_ARGUMENTS = [
         "--top-k: must be from 1 to 100, got 100000",
     ),
     (["attribute", "--prompt", "a", "--answer", "b", "--top-k", "0"], "must be from 1 to 100"),
-    (["attention", "--prompt", "a", "--layers", "-1"], "--layers: must be at least 0, got -1"),
+    (
+        ["attention", "--prompt", "a", "--layers", "-1"],
+        "--layers: each value must be at least 0, got -1",
+    ),
     (["induction", "--model", ""], "--model: is empty; pass a hub name"),
 ]
 

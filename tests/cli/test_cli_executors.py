@@ -106,6 +106,7 @@ def test_attribute_on_local_processes_and_patch_on_submitit_equal_their_whole_ru
         return replace(sharding_of(args, out), slurm_cluster="local")
 
     monkeypatch.setattr(executor_run, "sharding_of", local_slurm)
+    monkeypatch.setattr("interp.cli.executor_options.sbatch_found", lambda: True)
     argv = ["patch", "--task", str(task_file), "--sites", "resid_pre"]
     assert main([*argv, "--out", str(tmp_path / "p1")]) == 0
     assert main([*argv, "--executor", "slurm", "--shards", "2", "--out", str(tmp_path / "p2")]) == 0

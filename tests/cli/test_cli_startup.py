@@ -119,7 +119,7 @@ def test_refused_command_lines_import_nothing_heavy(places):
         [*patch, "--method", "guess", "--out", out],
         [*patch, "--wrong", "", "--out", out],
         ["patch", "--clean", "", "--corrupted", "a", "--answer", " b", "--out", out],
-        ["models", "--verbose"],
+        ["models", "--no-such-option"],  # -v after a command is taken (issue 40)
         ["graph", "--transcoders", "tiny-induction-transcoders", "--prompt", "", "--out", out],
         ["graph", "--transcoders", "no-such-set", "--prompt", "a", "--out", out],
         ["graph", "--transcoders", "x", "--prompt", "a", "--node-threshold", "2", "--out", out],

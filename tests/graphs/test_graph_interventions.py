@@ -56,3 +56,33 @@ def test_zeroing_a_feature_moves_targets_by_its_column(zoo, arch, kind, hook):
                 _targets(g, doubled) - base, column, rtol=0, atol=RTOL * scale
             )
     assert g.adjacency[targets][:, feats[feats.layer == 0].index[:3]].abs().max() > 1e-3 * scale
+
+
+# -- issue 40, case 8: a position outside the prompt, and text, as attribution_graph takes it --
+
+
+def test_an_edit_past_the_prompt_names_its_position_and_the_length(gpt2_model):
+    from interp.graphs.interventions import feature_intervention
+
+    tc = random_transcoders(gpt2_model)
+    tokens = TOKENS[:5]
+    for run in (feature_intervention, frozen_feature_run):
+        with pytest.raises(ValueError, match=r"position 99, but the prompt has 5 tokens"):
+            run(gpt2_model, tokens, tc, [FeatureEdit(0, 1, pos=99, value=0.0)])
+        with pytest.raises(ValueError, match=r"position -6, but the prompt has 5 tokens"):
+            run(gpt2_model, tokens, tc, [FeatureEdit(0, 1, pos=-6, value=0.0)])
+
+
+def test_text_is_taken_as_its_tokens(gpt2_model):
+    from interp.engine import to_tokens
+    from interp.graphs.interventions import feature_intervention
+
+    tc = random_transcoders(gpt2_model)
+    edits = [FeatureEdit(0, 1, pos=-1, value=2.0)]
+    by_text = feature_intervention(gpt2_model, "a b c", tc, edits)
+    by_ids = feature_intervention(gpt2_model, to_tokens(gpt2_model, "a b c")[0], tc, edits)
+    assert torch.equal(by_text.logits, by_ids.logits)  # the same ids: the same operations
+    frozen = frozen_feature_run(gpt2_model, "a b c", tc, edits)
+    assert frozen.pre_activations.shape[1] == by_text.logits.shape[0]
+    with pytest.raises(ValueError, match="of one prompt, got 2 rows"):
+        feature_intervention(gpt2_model, torch.stack([TOKENS, TOKENS]), tc, edits)
