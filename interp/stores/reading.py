@@ -62,6 +62,8 @@ SMALL_OBJECTS = 256 * 1024  # bytes: Python's and torch's small objects while re
 
 @dataclass(frozen=True)
 class ReadingPlan:
+    """How a reading is sized: its buffer, its blocks and what it holds at most."""
+
     capacity: int  # rows of the buffer
     block: int  # tokens per block
     blocks: int  # blocks in the store

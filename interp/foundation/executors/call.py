@@ -17,18 +17,12 @@ __all__ = ["TRANSIENT", "WORKER_GPU", "call_shard", "one_line", "set_up_worker",
 
 # exceptions of a worker's resources, by class name (torch's OutOfMemoryError is not imported
 # here: the foundation imports no torch); OSError's subclasses of a lost connection or a pipe
-TRANSIENT = frozenset(
-    {
-        "MemoryError",
-        "OutOfMemoryError",  # torch.cuda.OutOfMemoryError, torch.OutOfMemoryError
-        "ConnectionError",
-        "ConnectionResetError",
-        "ConnectionAbortedError",
-        "ConnectionRefusedError",
-        "BrokenPipeError",
-        "TimeoutError",
-        "InterruptedError",
-    }
+TRANSIENT = (
+    "MemoryError",
+    "OutOfMemoryError",  # torch.cuda.OutOfMemoryError, torch.OutOfMemoryError
+    "ConnectionError",  # and its subclasses: reset, aborted, refused, broken pipe
+    "TimeoutError",
+    "InterruptedError",
 )
 WORKER_GPU = "INTERP_WORKER_GPU"  # "1": this worker was given its own GPU(s); it loads onto "cuda"
 
