@@ -31,7 +31,7 @@ class Sharding:
     ray_address: str | None = None  # ray: a running cluster ("auto", "ray://host:10001")
     slurm_partition: str | None = None
     slurm_time: int = 60  # minutes a SLURM job may run
-    gpus_per_shard: int = 0  # ray and slurm
+    gpus_per_shard: int = 0  # ray and slurm: at least 1 for a CUDA model (checked before a start)
     slurm_cluster: str | None = None  # "local": submitit's local executor (tests)
 
     def __post_init__(self):
