@@ -10,14 +10,17 @@ import logging
 import pytest
 import torch
 
+import interp.engine.batched as batched
 import interp.engine.passes as passes
 import interp.engine.suffix as suffix
+from interp.engine import Intervention, Site, run_cached, run_patched
 from interp.engine.passes import reads_like_forward
 from interp.engine.suffix import suffix_like_forward
 from interp.foundation.fallbacks import reset_fallback_warnings
 
 TOKENS = torch.tensor([[0, 5, 17, 33, 99, 12, 7, 5]])
 READ_AT = torch.tensor([7])
+HOOK = "blocks.1.hook_resid_pre"
 
 
 @pytest.fixture(autouse=True)
@@ -87,3 +90,43 @@ def test_a_mismatch_is_a_fallback_too(gpt2_model, monkeypatch, caplog):
         assert not reads_like_forward(gpt2_model, TOKENS, READ_AT)
     said = _warnings(caplog, "interp.engine.passes")
     assert len(said) == 1 and "differ" in said[0], said
+
+
+def test_suffix_states_over_budget_fall_back_with_one_warning(gpt2_model, monkeypatch, caplog):
+    # the base run's keys and values do not fit max_bytes (state_bytes made huge): the dense
+    # passes run, the same numbers, and one warning says so
+    tokens = torch.tensor([[0, 5, 17, 33, 99, 12, 7, 5], [0, 9, 8, 7, 6, 5, 4, 3]])
+    read_at = torch.tensor([7, 7])
+    source = run_cached(gpt2_model, tokens, hooks=["blocks.1.hook_resid_pre"])
+    runs = [
+        [Intervention(Site("resid_pre", 1, pos=pos), "patch", source=source[HOOK])]
+        for pos in (3, 5)
+    ]
+
+    def row_metric(logits, rows):  # logits read at each row's last token: [batch d_vocab]
+        return logits[:, 7]
+
+    calls = []
+    real = batched.suffix_pass
+    monkeypatch.setattr(batched, "suffix_pass", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fast = run_patched(gpt2_model, tokens, runs, row_metric=row_metric, read_at=read_at)
+    assert calls  # the suffix passes ran
+    calls.clear()
+    monkeypatch.setattr(batched, "state_bytes", lambda *a: 10**15)
+    dense = []
+    with caplog.at_level(logging.WARNING, logger="interp.engine.batched"):
+        for _ in range(2):
+            dense.append(
+                run_patched(
+                    gpt2_model,
+                    tokens,
+                    runs,
+                    row_metric=row_metric,
+                    read_at=read_at,
+                    max_bytes="1GB",
+                )  # fmt: skip
+            )
+    assert not calls  # the dense passes ran
+    said = _warnings(caplog, "interp.engine.batched")
+    assert len(said) == 1 and "dense passes" in said[0], said
+    torch.testing.assert_close(dense[0], fast, atol=1e-5, rtol=0)

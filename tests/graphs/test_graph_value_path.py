@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import interp.graphs.frozen as frozen
+import interp.graphs.value_path as value_path
 from interp import attribution_graph, load_model
 from interp.foundation.fallbacks import reset_fallback_warnings
 from interp.graphs.frozen import frozen_pass, no_param_grads
@@ -179,3 +180,17 @@ def test_check_rtol_from_the_dtype():
     assert check_rtol(torch.bfloat16, 64) == pytest.approx(4 * 2**-8, rel=1e-3)
     assert check_rtol(torch.float16, 64) == pytest.approx(4 * 2**-11, rel=1e-2)
     assert check_rtol(torch.float32, 64) == pytest.approx(36 * 2**-24)
+
+
+def test_out_of_memory_reading_the_weights_is_raised(zoo, monkeypatch):
+    # stacking a big model's W_V can run out of memory: raised, not taken for weights that
+    # cannot be read (which would fall back to the bridge's attention)
+    model = zoo.model("gpt2")
+    tc = random_transcoders(model, kind="per-layer", d_tc=16, seed=1)
+
+    def oom(model, name):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+
+    monkeypatch.setattr(value_path, "stacked_weight", oom)
+    with pytest.raises(torch.OutOfMemoryError), no_param_grads(model):
+        frozen_pass(model, TOKENS, tc, 2)
