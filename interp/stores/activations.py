@@ -17,7 +17,9 @@ driver writes ``store.json`` last, so a store that has one is complete. A BOS to
 :meth:`ActivationStore.batches` reads it back shuffled without loading it: the parts are cut in
 blocks of :data:`BLOCK` tokens, the blocks are shuffled, as many as fit ``max_bytes`` are read
 into a buffer, and the buffer is shuffled again; so every token is read once per epoch and the
-memory held is at most ``max_bytes`` (:attr:`ActivationStore.peak_bytes` records it).
+memory held (the buffer, its shuffle order, the batch handed out and the carry) is at most
+``max_bytes``: :attr:`ActivationStore.peak_bytes` is what it planned, tests/stores/test_stores.py
+measures the process's memory while an epoch is read.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ class ActivationStore:
         self.hooks: list[str] = self.meta["hooks"]
         self.fingerprint: str = self.meta["model"]["fingerprint"]
         self.parts: list[dict] = self.meta["parts"]
-        self.peak_bytes = 0  # the largest buffer batches() has held
+        self.peak_bytes = 0  # the most batches() planned to hold (buffers, order, batches)
 
     def __len__(self) -> int:
         """Activation vectors (tokens) in the store."""
@@ -214,11 +216,15 @@ class ActivationStore:
         (every token once per epoch), holding at most ``max_bytes`` (default: 32 batches)."""
         d = int(self.meta["d"][hook])
         limit = parse_size(max_bytes) if max_bytes is not None else 33 * batch_tokens * d * 4
-        capacity = limit // (d * 4) - batch_tokens  # the buffer, and the batch handed out
+        # held at once: the buffer and its shuffle order (an int64 per row), the batch handed
+        # out and the carry copied back (< a batch)
+        batch_bytes = batch_tokens * d * 4
+        capacity = (limit - 2 * batch_bytes) // (d * 4 + 8)
         if capacity < batch_tokens:
+            need = 2 * batch_bytes + batch_tokens * (d * 4 + 8)
             raise ValueError(
                 f"max_bytes {limit} holds {limit // (d * 4)} vectors of {d} float32; it must "
-                f"hold two batches ({2 * batch_tokens * d * 4} bytes)"
+                f"hold two batches, a carry and their shuffle order ({need} bytes)"
             )
         if not len(self):
             raise ValueError(f"{self.path} holds no activations")
@@ -230,7 +236,8 @@ class ActivationStore:
             for start in range(0, part["tokens"], block)
         ]
         buffer = torch.empty(capacity, d)  # the one buffer: read into, batches indexed out
-        self.peak_bytes = max(self.peak_bytes, buffer.numel() * 4 + batch_tokens * d * 4)
+        planned = capacity * (d * 4 + 8) + 2 * batch_bytes  # <= limit; measured in the tests
+        self.peak_bytes = max(self.peak_bytes, planned)
         held = 0  # rows of the buffer in use (the carry of the last fill first)
         while True:
             order = torch.randperm(len(blocks), generator=generator).tolist()
@@ -243,6 +250,6 @@ class ActivationStore:
                 n = held // batch_tokens * batch_tokens
                 for i in range(0, n, batch_tokens):
                     yield buffer[perm[i : i + batch_tokens]]
-                rest = perm[n:]
-                buffer[: len(rest)] = buffer[rest]
-                held = len(rest)
+                held = held - n
+                buffer[:held] = buffer[perm[n:]]
+                del perm  # freed before the next order is drawn: one order held at a time
