@@ -1,0 +1,201 @@
+"""Head loadings: each edge of an attribution graph split over the attention heads that carry it.
+
+An edge is ``A[t, s] = out_s · J · in_t`` with ``J`` the Jacobian of the frozen replacement
+model, a sum over paths from the source's output to the target's input. Every path either stays
+at one position without crossing an attention layer (the ``residual`` part: residual stream,
+norms, transcoder skips), or crosses one or more attention heads (value paths with the patterns
+frozen; a head attending to its own position counts too). A path's whole contribution is given
+to the **last** head it crosses, the head that brings it to the target's position:
+
+    A[t, s] = residual[t, s] + sum_{l, h} loading[t, s, l, h]
+    loading[t, s, l, h] = out_s · J_full(source -> x_l) · H_{l,h}^T · J_direct(attn_l out -> target)
+
+with ``x_l`` the attention's input, ``H_{l,h}`` head ``h``'s value path (``pattern_h`` times
+``W_V,h W_O,h``; a query head of a grouped-query model uses its key/value head's ``W_V``), and
+``J_direct`` the Jacobian with every attention layer closed. The identity is exact (every path
+has exactly one last head or none), so the loadings sum to the edge; an edge between two
+positions has no residual part. Loadings are signed, like edges.
+
+Computed on demand, by two kinds of backward passes through :mod:`interp.graphs.attention_pass`:
+one row per target with the attention closed (``J_direct`` at every attention output, and the
+residual part), then one row per (target, layer, head) injecting ``H_{l,h}^T g`` at ``x_l`` with
+the attention open.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from interp.graphs.attention_pass import attention_pass, contract, graph_columns, sources_of
+from interp.graphs.frozen import no_param_grads
+from interp.graphs.value_path import ValuePath
+
+__all__ = ["HEAD_LOADING_COLUMNS", "head_loadings", "head_transpose"]
+
+HEAD_LOADING_COLUMNS = ("target", "source", "layer", "head", "weight")
+RESIDUAL = -1  # layer and head of the residual (no-head) part of an edge
+
+
+def head_transpose(
+    path: ValuePath,
+    pattern: Float[Tensor, "head q_pos k_pos"],
+    grad: Float[Tensor, "rows q_pos d_model"],
+) -> Float[Tensor, "rows head k_pos d_model"]:
+    """Each head's value path transposed: a gradient at the attention's output carried, head by
+    head, to the attention's input (``pattern_h^T grad W_O,h^T W_V,h^T``)."""
+    n_heads = path.W_O.shape[0]
+    n_kv = path.W_V.shape[0]
+    W_O, W_V = path.W_O.to(grad.dtype), path.W_V.to(grad.dtype)
+    W_V = W_V.repeat_interleave(n_heads // n_kv, dim=0)  # a query head's key/value head
+    gz = torch.einsum("bqm,hem->bhqe", grad, W_O)
+    gv = torch.einsum("hqk,bhqe->bhke", pattern.to(grad.dtype), gz)
+    return torch.einsum("bhke,hde->bhkd", gv, W_V)
+
+
+def _targets(g, tc, model, index: Int[Tensor, " target"]):
+    """Each target node's layer (``n_layers`` for a logit), position and input vector."""
+    nodes = g.nodes.iloc[index.numpy()]
+    W_U = model.W_U.detach()
+    layers, positions, vectors = [], [], []
+    for node in nodes.itertuples():
+        if node.kind == "feature":
+            vectors.append(tc.W_enc(int(node.layer))[int(node.feature)])
+            layers.append(int(node.layer))
+        elif node.kind == "logit":
+            tok = int(node.token_id)
+            vectors.append(W_U[:, tok] - W_U.mean(dim=1))
+            layers.append(tc.n_layers)
+        else:
+            raise ValueError(f"node {int(node.Index)} is a {node.kind} node, which has no inputs")
+        positions.append(int(node.pos))
+    return layers, positions, torch.stack(vectors)
+
+
+def _inject(fp, layers, positions, vectors, dtype) -> tuple[list, list]:
+    """The outputs and gradients of a backward pass with one target per row."""
+    outs, grads = [], []
+    n_layers = len(fp.inputs)
+    for layer in sorted(set(layers)):
+        site = fp.final if layer == n_layers else fp.inputs[layer]
+        grad = torch.zeros(site.shape, dtype=site.dtype, device=site.device)
+        for row, (lay, pos) in enumerate(zip(layers, positions, strict=True)):
+            if lay == layer:
+                grad[row, pos] = vectors[row].to(site.dtype)
+        outs.append(site)
+        grads.append(grad)
+    return outs, grads
+
+
+def _edge_list(g, edges) -> Int[Tensor, "edge 2"]:
+    if edges is not None:
+        pairs = torch.as_tensor(edges, dtype=torch.long).reshape(-1, 2)
+    else:
+        mask = g.kept_edges if g.kept_edges is not None else g.adjacency != 0
+        pairs = torch.nonzero(mask)
+    kinds = g.nodes["kind"].to_numpy()
+    keep = [kinds[int(s)] in ("feature", "error", "token") for s in pairs[:, 1]]
+    return pairs[torch.tensor(keep, dtype=torch.bool)] if len(pairs) else pairs
+
+
+def head_loadings(model, tc, g, edges=None, *, batch_size: int = 32) -> pd.DataFrame:
+    """Each edge split over (layer, head), as the module docstring defines it.
+
+    Args:
+        model, tc: the model and transcoders the graph ``g`` was built from.
+        edges: ``(target, source)`` pairs of node indices in ``g.nodes``; None: every kept
+            edge of a pruned graph (every nonzero edge of an unpruned one) from a feature, error
+            or token.
+        batch_size: rows per backward pass.
+
+    Returns a DataFrame ``target, source, layer, head, weight`` (node indices, the head's
+    loading), with one more row ``layer == head == -1`` for the residual part of an edge
+    whose ends share a position; rows of weight exactly zero (a head below the source, at
+    or above the target) are left out. Per edge the weights sum to ``g.adjacency[target,
+    source]``.
+    """
+    pairs = _edge_list(g, edges)
+    empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in HEAD_LOADING_COLUMNS[:-1]})
+    if len(pairs) == 0:
+        return empty.assign(weight=pd.Series(dtype="float64"))
+    dtype = g.adjacency.dtype
+    device = model.cfg.device
+    tokens = g.tokens.to(device)
+    tc = tc.to(device=device, dtype=dtype)
+    n_layers, n_heads, n_pos = tc.n_layers, int(model.cfg.n_heads), len(tokens)
+    targets = pairs[:, 0].unique()
+    t_layers, t_pos, t_vecs = _targets(g, tc, model, targets)
+    src = sources_of(model, tc, tokens, dtype)
+    cols = graph_columns(src, g.nodes, n_pos)
+    # per target: [layer head source column] loadings, [source column] residual part
+    loads = torch.zeros(len(targets), n_layers, n_heads, src.n_cols, dtype=dtype)
+    residual = torch.zeros(len(targets), src.n_cols, dtype=dtype)
+    rows = max(1, min(int(batch_size), len(targets) * n_layers * n_heads))
+    with no_param_grads(model):
+        closed = attention_pass(model, tokens, tc, rows, open_attention=False)
+        direct = []  # per target chunk: [b layer pos d_model] gradients at attention outputs
+        for start in range(0, len(targets), rows):
+            part = slice(start, min(start + rows, len(targets)))
+            outs, grads = _inject(closed, t_layers[part], t_pos[part], t_vecs[part], dtype)
+            wrt = [*closed.deltas, *closed.outputs, closed.embed]
+            got = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
+            b = part.stop - part.start
+            residual[part] = contract(
+                src, [None if x is None else x[:b] for x in got[n_layers:-1]],
+                None if got[-1] is None else got[-1][:b],
+            ).cpu()  # fmt: skip
+            direct.append([None if x is None else x[:b].detach() for x in got[:n_layers]])
+        patterns, paths = closed.patterns, closed.paths
+        del closed
+        jobs = []  # (target, layer, head, vector at x_layer [pos d_model])
+        for chunk, grads in enumerate(direct):
+            for layer, grad in enumerate(grads):
+                if grad is None or not grad.any():
+                    continue
+                per_head = head_transpose(paths[layer], patterns[layer], grad)
+                for i in range(grad.shape[0]):
+                    for head in range(n_heads):
+                        jobs.append((chunk * rows + i, layer, head, per_head[i, head]))
+        opened = attention_pass(model, tokens, tc, rows)
+        for start in range(0, len(jobs), rows):
+            part = jobs[start : start + rows]
+            layers = sorted({job[1] for job in part})
+            outs = [opened.xs[lay] for lay in layers]
+            grads = [torch.zeros_like(x) for x in outs]
+            for row, (_, layer, _, vec) in enumerate(part):
+                grads[layers.index(layer)][row] = vec
+            wrt = [*opened.outputs, opened.embed]
+            got = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
+            b = len(part)
+            values = contract(
+                src, [None if x is None else x[:b] for x in got[:-1]],
+                None if got[-1] is None else got[-1][:b],
+            ).cpu()  # fmt: skip
+            for row, (t, layer, head, _) in enumerate(part):
+                loads[t, layer, head] = values[row]
+        del opened
+    return _table(g, pairs, targets, cols, loads, residual)
+
+
+def _table(g, pairs, targets, cols, loads, residual) -> pd.DataFrame:
+    where = torch.full((len(g.nodes),), -1, dtype=torch.long)
+    where[targets] = torch.arange(len(targets))
+    t, s = pairs[:, 0], pairs[:, 1]
+    i, c = where[t], cols[s]
+    weights = loads[i, :, :, c]  # [edge layer head]
+    edge, layer, head = torch.nonzero(weights, as_tuple=True)
+    pos = torch.from_numpy(g.nodes["pos"].to_numpy())
+    same = torch.nonzero(pos[t] == pos[s]).flatten()
+    none = torch.full((len(same),), RESIDUAL, dtype=torch.long)
+    table = pd.DataFrame(
+        {
+            "target": torch.cat([t[edge], t[same]]).numpy(),
+            "source": torch.cat([s[edge], s[same]]).numpy(),
+            "layer": torch.cat([layer, none]).numpy(),
+            "head": torch.cat([head, none]).numpy(),
+            "weight": torch.cat([weights[edge, layer, head], residual[i[same], c[same]]]).numpy(),
+        }
+    )
+    return table.sort_values(["target", "source", "layer", "head"], ignore_index=True)
