@@ -90,12 +90,18 @@ def _inject(fp, layers, positions, vectors, dtype) -> tuple[list, list]:
 
 
 def _edge_list(g, edges) -> Int[Tensor, "edge 2"]:
+    kinds = g.nodes["kind"].to_numpy()
     if edges is not None:
         pairs = torch.as_tensor(edges, dtype=torch.long).reshape(-1, 2)
-    else:
-        mask = g.kept_edges if g.kept_edges is not None else g.adjacency != 0
-        pairs = torch.nonzero(mask)
-    kinds = g.nodes["kind"].to_numpy()
+        bad = (pairs < 0) | (pairs >= len(kinds))
+        if bad.any():
+            raise ValueError(f"edges name nodes outside 0..{len(kinds) - 1}: {pairs[bad.any(1)]}")
+        for s in pairs[:, 1].tolist():
+            if kinds[s] == "logit":
+                raise ValueError(f"node {s} is a logit node, which is no edge's source")
+        return pairs
+    mask = g.kept_edges if g.kept_edges is not None else g.adjacency != 0
+    pairs = torch.nonzero(mask)
     keep = [kinds[int(s)] in ("feature", "error", "token") for s in pairs[:, 1]]
     return pairs[torch.tensor(keep, dtype=torch.bool)] if len(pairs) else pairs
 
@@ -186,7 +192,7 @@ def _table(g, pairs, targets, cols, loads, residual) -> pd.DataFrame:
     i, c = where[t], cols[s]
     weights = loads[i, :, :, c]  # [edge layer head]
     edge, layer, head = torch.nonzero(weights, as_tuple=True)
-    pos = torch.from_numpy(g.nodes["pos"].to_numpy())
+    pos = torch.tensor(g.nodes["pos"].to_numpy())
     same = torch.nonzero(pos[t] == pos[s]).flatten()
     none = torch.full((len(same),), RESIDUAL, dtype=torch.long)
     table = pd.DataFrame(

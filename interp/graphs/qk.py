@@ -37,7 +37,7 @@ from interp.graphs.frozen import no_param_grads
 
 __all__ = ["QK_COLUMNS", "attention_pairs", "qk_attribution", "qk_parts"]
 
-QK_COLUMNS = ("query_node", "key_node", "query", "key", "contribution")
+QK_COLUMNS = ("query_node", "key_node", "query_id", "key_id", "contribution")
 CONSTANTS = ("other", "constant", "bias")  # the named items after the nodes (module docstring)
 SCALE_RTOL = 1e-3  # the pattern recomputed from q and k: a wrong scale is off by far more
 
@@ -162,8 +162,8 @@ def qk_attribution(
     (module docstring), the largest ``|contribution|`` first.
 
     Returns a DataFrame ``query_node, key_node`` (indices in ``g.nodes``; -1 for ``other``,
-    ``constant`` and ``bias``), ``query, key`` (node ids as the graph's files write them, or
-    those names) and ``contribution``; pairs whose contribution is exactly zero are left out,
+    ``constant`` and ``bias``), ``query_id, key_id`` (node ids as the graph's files write them,
+    or those names) and ``contribution``; pairs whose contribution is exactly zero are left out,
     and ``top`` keeps only the largest. Without ``top`` the contributions sum to the score
     before any soft cap, which ``attrs["score"]`` holds (``attrs["capped"]``: after the cap).
     """
@@ -182,8 +182,8 @@ def qk_attribution(
         {
             "query_node": torch.where(qi < n_nodes, qi, -1).numpy(),
             "key_node": torch.where(ki < n_nodes, ki, -1).numpy(),
-            "query": [labels[i] for i in qi.tolist()],
-            "key": [labels[i] for i in ki.tolist()],
+            "query_id": [labels[i] for i in qi.tolist()],
+            "key_id": [labels[i] for i in ki.tolist()],
             "contribution": value.numpy(),
         }
     )
