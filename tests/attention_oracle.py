@@ -17,12 +17,26 @@ block-diagonal ``W_skip``. With those:
 
 from __future__ import annotations
 
-from functools import cache
+from functools import wraps
 
 import torch
 from transformers import AutoModelForCausalLM
 
 __all__ = ["Oracle"]
+
+
+def _memo(fn):
+    """Each dense map computed once per oracle (a per-instance cache)."""
+
+    @wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        store = self.__dict__.setdefault("_memo", {})
+        key = (fn.__name__, args, tuple(sorted(kwargs.items())))
+        if key not in store:
+            store[key] = fn(self, *args, **kwargs)
+        return store[key]
+
+    return wrapper
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -93,15 +107,15 @@ class Oracle:
         blocks = [torch.diag(w / s) @ centre for s in scale]
         return torch.block_diag(*blocks)
 
-    @cache
+    @_memo
     def n1(self, layer):
         return self._norm(f"n1{layer}", self._parts(layer)[0])
 
-    @cache
+    @_memo
     def n2(self, layer):
         return self._norm(f"n2{layer}", self._parts(layer)[2])
 
-    @cache
+    @_memo
     def nf(self):
         return self._norm("nf", self._final_norm())
 
@@ -123,17 +137,17 @@ class Oracle:
         W_O = attn.c_proj.weight.detach()[head * dh : (head + 1) * dh]  # [dh d]
         return W[:, cols[0]].T, W[:, cols[1]].T, W[:, cols[2]].T, W_O.T
 
-    @cache
+    @_memo
     def head(self, layer: int, head: int) -> torch.Tensor:
         _, _, W_V, W_O = self._weights(layer, head)
         return torch.kron(self.patterns[layer][head], W_O @ W_V)
 
-    @cache
+    @_memo
     def skip(self, layer: int) -> torch.Tensor:
         W = self.tc.W_skip(layer)
         return torch.block_diag(*[W] * self.P)  # x @ W.T per position: W as a column map
 
-    @cache
+    @_memo
     def step(self, layer: int, attention: bool) -> torch.Tensor:
         """The residual stream before ``layer`` to after it (attention closed or open)."""
         eye = torch.eye(self.P * self.d, dtype=torch.float64)
@@ -141,7 +155,7 @@ class Oracle:
         mid = eye + attn if attention else eye
         return (eye + self.skip(layer) @ self.n2(layer)) @ mid
 
-    @cache
+    @_memo
     def carry(self, start: int, stop: int, attention: bool = True) -> torch.Tensor:
         """The residual stream before ``start`` to before ``stop``."""
         J = torch.eye(self.P * self.d, dtype=torch.float64)
