@@ -82,3 +82,45 @@ def test_qk_attribution_equals_the_oracle(zoo, arch, where):
     got = torch.tensor(table.contribution.to_numpy())
     torch.testing.assert_close(got, want, rtol=0, atol=RTOL[arch] * float(pairs.abs().max()))
     assert float(pairs.sum()) == pytest.approx(table.attrs["score"], abs=RTOL[arch] * size)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("k", [4, 7])  # 7: the feature sits on both sides
+def test_removing_a_key_side_feature_moves_the_score_as_decomposed(zoo, arch, k):
+    """Zeroing one feature in the frozen model (tests/frozen_model.py: every pattern and norm
+    scale held, layer ``layer``'s q and k computed from the run) moves the score by
+    ``-(its row as a query item) - (its column as a key item) + (its own pair)``: the score is
+    bilinear in what reaches the query and the key."""
+    from tests.frozen_model import FrozenModel
+
+    model, tc, g, _ = _case(zoo, arch)
+    layer, head, q = 1, 1, 7
+    table = qk_attribution(model, tc, g, layer, head, q, k)
+    keys = table[table.key_node >= 0].groupby("key_node")["contribution"].sum()
+    feats = g.nodes.index[g.nodes.kind == "feature"]
+    keys = keys[keys.index.isin(feats)]
+    node = int(keys.abs().idxmax())  # the key-side feature with the largest part
+    as_query = float(table.contribution[table.query_node == node].sum())
+    as_key = float(table.contribution[table.key_node == node].sum())
+    own = float(table.contribution[(table.query_node == node) & (table.key_node == node)].sum())
+    predicted = -as_query - as_key + own
+    assert abs(as_key) > 1e-2 * abs(table.attrs["score"])  # a feature that matters
+    if k == q:
+        assert abs(as_query) > 1e-2 * abs(table.attrs["score"])
+
+    fm = FrozenModel(model, TOKENS, tc)
+    info = g.nodes.iloc[node]
+    n_pos = len(TOKENS)
+    removed = torch.zeros(2, tc.n_layers, n_pos, tc.d_model, dtype=torch.float64)
+    for j, vec in fm.feature_vectors(int(info.layer), int(info.pos), int(info.feature)).items():
+        removed[1, j, int(info.pos)] = vec
+    attn = f"blocks.{layer}.attn"
+    scores = f"{attn}.hook_attn_scores"
+    fm.run(
+        removed, torch.ones(2, n_pos, dtype=torch.float64),
+        free=(f"{attn}.hook_q", f"{attn}.hook_k"), record=(scores,),
+    )  # fmt: skip
+    got = fm.recorded[scores][:, head, q, k]
+    size = float(table.contribution.abs().max())
+    assert float(got[0]) == pytest.approx(table.attrs["score"], abs=RTOL[arch] * size)
+    assert float(got[1] - got[0]) == pytest.approx(predicted, abs=RTOL[arch] * size)
