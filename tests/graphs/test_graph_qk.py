@@ -124,3 +124,88 @@ def test_removing_a_key_side_feature_moves_the_score_as_decomposed(zoo, arch, k)
     size = float(table.contribution.abs().max())
     assert float(got[0]) == pytest.approx(table.attrs["score"], abs=RTOL[arch] * size)
     assert float(got[1] - got[0]) == pytest.approx(predicted, abs=RTOL[arch] * size)
+
+
+# ---------------------------------------------------------------- a planted QK pair
+
+A_TOK, B_TOK = 40, 41
+PLANTED = torch.tensor([0, 7, A_TOK, 23, 9, 11, B_TOK])  # B at 6 looks at 3, the token after A
+DIM = {"A": 0, "B": 1, "prev_A": 2, "f_prev_A": 3, "f_B": 4, "pos": 10}
+
+
+def _planted_model(directory):
+    """A 2-layer GPT-2 with weights set by hand: layer 0's head 0 is a previous-token head
+    (positional embeddings on their own dimensions) copying "A" into "prev_A"; layer 0's MLP
+    turns "prev_A" into "f_prev_A" and "B" into "f_B" (one neuron each); layer 1's head 1 has a
+    query reading "f_B" and a key reading "f_prev_A". Every other weight is zero."""
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel.from_pretrained(directory)
+    d, dh = hf.config.n_embd, hf.config.n_embd // hf.config.n_head
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.zero_()
+        for block in hf.transformer.h:
+            block.ln_1.weight.fill_(1)
+            block.ln_2.weight.fill_(1)
+        hf.transformer.ln_f.weight.fill_(1)
+        wte, wpe = hf.transformer.wte.weight, hf.transformer.wpe.weight
+        wte[A_TOK, DIM["A"]] = wte[B_TOK, DIM["B"]] = 1
+        gen = torch.Generator().manual_seed(0)
+        wte[:, 40:64] += 0.05 * torch.randn(wte.shape[0], 24, generator=gen)  # other tokens
+        basis = torch.linalg.qr(torch.randn(dh, dh, generator=gen))[0]  # orthonormal rows
+        for i in range(len(PLANTED)):
+            wpe[i, DIM["pos"] + i] = 1
+        attn0, attn1 = hf.transformer.h[0].attn, hf.transformer.h[1].attn
+        for i in range(len(PLANTED)):  # query at i meets key at i - 1
+            attn0.c_attn.weight[DIM["pos"] + i, :dh] = 6 * basis[i]
+            if i + 1 < len(PLANTED):
+                attn0.c_attn.weight[DIM["pos"] + i, d : d + dh] = basis[i + 1]
+        attn0.c_attn.weight[DIM["A"], 2 * d] = 1  # value: "A"
+        attn0.c_proj.weight[0, DIM["prev_A"]] = 1  # written as "prev_A"
+        mlp = hf.transformer.h[0].mlp
+        for neuron, (read, write) in enumerate((("prev_A", "f_prev_A"), ("B", "f_B"))):
+            mlp.c_fc.weight[DIM[read], neuron] = 1
+            mlp.c_fc.bias[neuron] = -1
+            mlp.c_proj.weight[neuron, DIM[write]] = 1
+        attn1.c_attn.weight[DIM["f_B"], dh] = 4  # head 1's query
+        attn1.c_attn.weight[DIM["f_prev_A"], d + dh] = 1  # head 1's key
+    hf.save_pretrained(directory)
+
+
+def _planted_transcoders(model):
+    """Layer 0: the two features the MLP computes (ReLU for its GELU); layer 1: none fires."""
+    from interp.transcoders.transcoder import TranscoderSet
+
+    d = int(model.cfg.d_model)
+    W_enc, b_enc = torch.zeros(2, 4, d, dtype=torch.float64), torch.full((2, 4), -1.0)
+    W_dec = torch.zeros(2, 4, d, dtype=torch.float64)
+    for f, (read, write) in enumerate((("prev_A", "f_prev_A"), ("B", "f_B"))):
+        W_enc[0, f, DIM[read]] = 1
+        W_dec[0, f, DIM[write]] = 1
+    return TranscoderSet(
+        list(W_enc), list(b_enc.double()), list(W_dec), list(torch.zeros(2, d).double()),
+        kind="per-layer", activation="relu", name="planted",
+    )  # fmt: skip
+
+
+def test_a_planted_qk_pair_is_the_top_pair(tmp_path):
+    from interp.graphs.qk import attention_pairs
+    from tests.zoo import make_zoo_checkpoint
+
+    directory = make_zoo_checkpoint(tmp_path / "planted", "gpt2")
+    _planted_model(directory)
+    model = load_model(directory, device="cpu", dtype=torch.float64)
+    tc = _planted_transcoders(model)
+    g = attribution_graph(model, PLANTED, tc)
+    pairs = attention_pairs(model, g, 1, 1, skip_first=True)
+    row = pairs[pairs.query_pos == 6].iloc[0]
+    assert (int(row.key_pos), float(row.attention) > 0.9) == (3, True)
+    table = g.qk_attribution(1, 1, 6, 3)
+    top = g.nodes.iloc[[int(table.query_node.iloc[0]), int(table.key_node.iloc[0])]]
+    assert list(top.kind) == ["feature", "feature"]
+    assert list(top.pos) == [6, 3] and list(top.layer) == [0, 0]
+    assert list(top.feature) == [1, 0]  # f_B at the query, f_prev_A at the key
+    assert table.contribution.iloc[0] > 0.5 * table.attrs["score"]
+    # the same pair at the query's other keys contributes nothing: f_prev_A fires only at 3
+    assert not ((table.key_node >= 0) & (g.nodes.pos.to_numpy()[table.key_node] != 3)).any()
