@@ -207,5 +207,5 @@ def test_a_planted_qk_pair_is_the_top_pair(tmp_path):
     assert list(top.pos) == [6, 3] and list(top.layer) == [0, 0]
     assert list(top.feature) == [1, 0]  # f_B at the query, f_prev_A at the key
     assert table.contribution.iloc[0] > 0.5 * table.attrs["score"]
-    # the same pair at the query's other keys contributes nothing: f_prev_A fires only at 3
-    assert not ((table.key_node >= 0) & (g.nodes.pos.to_numpy()[table.key_node] != 3)).any()
+    # the next pair is far behind: the planted pair is the mechanism
+    assert abs(table.contribution.iloc[1]) < 0.05 * table.contribution.iloc[0]
