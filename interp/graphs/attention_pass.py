@@ -37,7 +37,8 @@ from interp.graphs.value_path import Scope, ValuePath, value_path_weights
 
 __all__ = ["AttentionPass", "attention_pass", "contract", "graph_columns", "sources_of"]
 
-QK_HOOKS = (("hook_rot_q", "hook_rot_k"), ("hook_q", "hook_k"))  # post-rotary first
+# recorded at the QK layer: the queries and keys before and after rotary, rotary's cos and sin
+QK_SITES = ("hook_q", "hook_k", "hook_rot_q", "hook_rot_k", "hook_cos", "hook_sin")
 
 
 @dataclass
@@ -96,12 +97,10 @@ def _attention_pass(model, tokens, tc, rows, open_attention, qk_layer, norms) ->
     keep: dict = {}
     # q, k and patterns detached: frozen
     hooks = frozen_hooks(model, tc, keep, None, Scope(), norms)
-    qk_names: tuple[str, str] | None = None
     if qk_layer is not None:
         attn = f"blocks.{qk_layer}.attn"
         # the bridge's own projections (and rotary) from the layer's input to its q and k
         hooks = [h for h in hooks if h[0] not in (f"{attn}.hook_q", f"{attn}.hook_k")]
-        qk_names = _qk_names(model, qk_layer)
     dtype = next(model.parameters()).dtype
     n_pos = len(tokens)
     xs: list = [None] * n_layers
@@ -152,16 +151,15 @@ def _attention_pass(model, tokens, tc, rows, open_attention, qk_layer, norms) ->
             (f"{attn}.hook_pattern", pattern(layer)),
             (f"{attn}.hook_out", leave(layer)),
         ]
-    if qk_names is not None:
-        hooks += [(qk_names[0], record("q")), (qk_names[1], record("k"))]
+    if qk_layer is not None:
+        for site in QK_SITES:
+            name = f"blocks.{qk_layer}.attn.{site}"
+            if name in model.hook_dict:
+                hooks.append((name, record(site)))
     batch = tokens[None].expand(rows, -1)
     forward(model, batch, hooks, grad=True)
-    if qk_names is not None and not {"q", "k"} <= qk.keys():
-        raise NotImplementedError(
-            f"{type(model).__name__}: its bridge did not run {qk_names[0]} and {qk_names[1]}, so "
-            "the queries and keys the score multiplies (after rotary) cannot be read; QK "
-            "attribution is not implemented for this model (TransformerLens 4.3: GPT-NeoX, GPT-J)"
-        )
+    if qk_layer is not None:
+        qk = _queries_keys(model, qk_layer, qk)
     patterns = [seen["pattern"][0] for seen in recorded]
     return AttentionPass(
         keep["inputs"], keep["outputs"], keep["embed"], keep["final"], xs, deltas, patterns,
@@ -169,15 +167,39 @@ def _attention_pass(model, tokens, tc, rows, open_attention, qk_layer, norms) ->
     )  # fmt: skip
 
 
-def _qk_names(model, layer: int) -> tuple[str, str]:
-    """The hooks holding layer ``layer``'s queries and keys as the score multiplies them: after
-    rotary where the model has it."""
-    attn = f"blocks.{layer}.attn"
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _queries_keys(model, layer: int, seen: dict) -> dict:
+    """``{"q", "k"}``: layer ``layer``'s queries and keys as the score multiplies them, after
+    rotary where the model has it. Where the bridge runs no ``hook_rot_q`` (GPT-NeoX), rotary
+    is applied here from its ``hook_cos`` and ``hook_sin`` (the first ``cos.shape[-1]``
+    dimensions of each head, halves rotated: GPT-NeoX's layout); the pattern check in
+    :mod:`interp.graphs.qk` refuses a model laid out otherwise."""
     rotary = getattr(model.cfg, "positional_embedding_type", "") == "rotary"
-    for q, k in QK_HOOKS[:1] if rotary else QK_HOOKS[1:]:
-        if f"{attn}.{q}" in model.hook_dict and f"{attn}.{k}" in model.hook_dict:
-            return f"{attn}.{q}", f"{attn}.{k}"
-    raise NotImplementedError(f"{attn} has no hooks for its queries and keys")
+    if not rotary and {"hook_q", "hook_k"} <= seen.keys():
+        return {"q": seen["hook_q"], "k": seen["hook_k"]}
+    if {"hook_rot_q", "hook_rot_k"} <= seen.keys():
+        return {"q": seen["hook_rot_q"], "k": seen["hook_rot_k"]}
+    if rotary and {"hook_q", "hook_k", "hook_cos", "hook_sin"} <= seen.keys():
+        cos, sin = seen["hook_cos"].detach(), seen["hook_sin"].detach()  # [1 pos rot]
+        cos, sin = cos[:, :, None], sin[:, :, None]  # over heads
+        n_rot = cos.shape[-1]
+        out = {}
+        for key in ("q", "k"):
+            x = seen[f"hook_{key}"]  # [rows pos head d_head]
+            turned = x[..., :n_rot] * cos.to(x.dtype) + _rotate_half(x[..., :n_rot]) * sin.to(
+                x.dtype
+            )
+            out[key] = torch.cat([turned, x[..., n_rot:]], dim=-1)
+        return out
+    raise NotImplementedError(
+        f"{type(model).__name__}: its bridge ran none of {sorted(QK_SITES)} that give layer "
+        f"{layer}'s queries and keys after rotary (it ran {sorted(seen)}); QK attribution is "
+        "not implemented for this model (TransformerLens 4.3: GPT-J)"
+    )
 
 
 def sources_of(model, tc, tokens: Int[Tensor, " pos"], dtype: torch.dtype) -> Sources:

@@ -3,9 +3,10 @@
 - head loadings: per edge, the (layer, head) weights plus the residual part sum to
   ``adjacency[target, source]``; an edge between two positions has no residual part;
 - QK attribution: the pair contributions sum to the head's score, the model's own
-  ``hook_attn_scores`` (after Gemma 2's soft cap; OPT's and GPT-J's bridges write the pattern
-  there, so their scores are checked through the pattern: the score differences along a query's
-  row are the log-pattern's); GPT-NeoX and GPT-J (their bridges run no rotary hooks) are refused.
+  ``hook_attn_scores`` (after Gemma 2's soft cap; OPT's bridge writes the pattern there, so its
+  scores are checked through the pattern: the score differences along a query's row are the
+  log-pattern's); GPT-NeoX's rotary is applied from the bridge's cos and sin; GPT-J (its bridge
+  runs no rotary hook) is refused.
 
 The independent float64 implementation and the planted pair are in test_graph_qk.py.
 """
@@ -29,7 +30,7 @@ RTOL = 1e-10
 # upcasts q and k): the model's own scores are float32-accurate there, the frozen model float64
 RTOL_F32 = 1e-5
 FAST = ("gpt2", "llama")  # the rest of the zoo runs in the slow lane
-NO_ROTARY_HOOKS = ("gpt_neox", "gpt_neox_parallel", "gptj")
+NO_ROTARY_HOOKS = ("gptj",)  # its bridge runs neither hook_rot_q nor hook_cos/hook_sin
 SCORE_IS_PATTERN = ("opt",)  # TransformerLens 4.3's bridge: hook_attn_scores holds the pattern
 _graphs: dict = {}
 
