@@ -19,8 +19,10 @@ Rotary and grouped-query attention enter exactly: the bridge's own projections a
 differentiated (GPT-NeoX's rotary, which TransformerLens 4.3's bridge runs without its
 ``hook_rot_q``, from the bridge's ``hook_cos`` and ``hook_sin``; GPT-J, whose bridge runs
 neither, is refused). Each call checks that ``softmax(c q·k)`` (capped where the model caps)
-is the model's pattern on the query's row, so a scale or layout read wrongly is refused. A soft-capped score (Gemma 2) is decomposed before the cap: the model's
-``hook_attn_scores`` is ``cap * tanh(score / cap)`` of the sum.
+is the model's pattern on the query's row, so a scale or layout read wrongly is refused.
+
+A soft-capped score (Gemma 2) is decomposed before the cap: the model's ``hook_attn_scores`` is
+``cap * tanh(score / cap)`` of the sum.
 
 Cost: one frozen pass and ``2 x d_head`` backward rows (a unit vector at each component of the
 query and of the key), in chunks of ``batch_size``.
