@@ -135,54 +135,51 @@ def head_loadings(model, tc, g, edges=None, *, batch_size: int = 32) -> pd.DataF
     t_layers, t_pos, t_vecs = _targets(g, tc, model, targets)
     src = sources_of(model, tc, tokens, dtype)
     cols = graph_columns(src, g.nodes, n_pos)
-    # per target: [layer head source column] loadings, [source column] residual part
-    loads = torch.zeros(len(targets), n_layers, n_heads, src.n_cols, dtype=dtype)
-    residual = torch.zeros(len(targets), src.n_cols, dtype=dtype)
-    rows = max(1, min(int(batch_size), len(targets) * n_layers * n_heads))
+    # per target: [layer head needed column] loadings and [needed column] residual part, for
+    # the columns of the edges' sources only (a graph's sources may be many thousands)
+    needed, where = cols[pairs[:, 1]].unique(return_inverse=True)
+    loads = torch.zeros(len(targets), n_layers, n_heads, len(needed), dtype=dtype)
+    residual = torch.zeros(len(targets), len(needed), dtype=dtype)
+    rows = max(1, min(int(batch_size), len(targets) * n_heads))
     with no_param_grads(model):
         closed = attention_pass(model, tokens, tc, rows, open_attention=False)
-        direct = []  # per target chunk: [b layer pos d_model] gradients at attention outputs
+        opened = attention_pass(model, tokens, tc, rows)
         for start in range(0, len(targets), rows):
             part = slice(start, min(start + rows, len(targets)))
+            b = part.stop - part.start
             outs, grads = _inject(closed, t_layers[part], t_pos[part], t_vecs[part], dtype)
             wrt = [*closed.deltas, *closed.outputs, closed.embed]
             got = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
-            b = part.stop - part.start
-            residual[part] = contract(
-                src, [None if x is None else x[:b] for x in got[n_layers:-1]],
-                None if got[-1] is None else got[-1][:b],
-            ).cpu()  # fmt: skip
-            direct.append([None if x is None else x[:b].detach() for x in got[:n_layers]])
-        patterns, paths = closed.patterns, closed.paths
-        del closed
-        jobs = []  # (target, layer, head, vector at x_layer [pos d_model])
-        for chunk, grads in enumerate(direct):
-            for layer, grad in enumerate(grads):
-                if grad is None or not grad.any():
-                    continue
-                per_head = head_transpose(paths[layer], patterns[layer], grad)
-                for i in range(grad.shape[0]):
-                    for head in range(n_heads):
-                        jobs.append((chunk * rows + i, layer, head, per_head[i, head]))
-        opened = attention_pass(model, tokens, tc, rows)
-        for start in range(0, len(jobs), rows):
-            part = jobs[start : start + rows]
-            layers = sorted({job[1] for job in part})
-            outs = [opened.xs[lay] for lay in layers]
-            grads = [torch.zeros_like(x) for x in outs]
-            for row, (_, layer, _, vec) in enumerate(part):
-                grads[layers.index(layer)][row] = vec
-            wrt = [*opened.outputs, opened.embed]
-            got = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
-            b = len(part)
-            values = contract(
-                src, [None if x is None else x[:b] for x in got[:-1]],
-                None if got[-1] is None else got[-1][:b],
-            ).cpu()  # fmt: skip
-            for row, (t, layer, head, _) in enumerate(part):
-                loads[t, layer, head] = values[row]
-        del opened
-    return _table(g, pairs, targets, cols, loads, residual)
+            residual[part] = _values(src, got[n_layers:-1], got[-1], b)[:, needed]
+            for layer, grad in enumerate(got[:n_layers]):
+                if grad is None or not grad[:b].any():
+                    continue  # no path from this layer's attention (at or above the target)
+                # [b head pos d_model]: each head's part of the target's gradient, at x_layer
+                per_head = head_transpose(closed.paths[layer], closed.patterns[layer], grad[:b])
+                jobs = [(i, h) for i in range(b) for h in range(n_heads)]
+                for first in range(0, len(jobs), rows):
+                    batch = jobs[first : first + rows]
+                    inject = torch.zeros_like(opened.xs[layer])
+                    for row, (i, h) in enumerate(batch):
+                        inject[row] = per_head[i, h]
+                    back = torch.autograd.grad(
+                        opened.xs[layer], [*opened.outputs, opened.embed], inject,
+                        retain_graph=True, allow_unused=True,
+                    )  # fmt: skip
+                    values = _values(src, back[:-1], back[-1], len(batch))[:, needed]
+                    for row, (i, h) in enumerate(batch):
+                        loads[start + i, layer, h] = values[row]
+        del closed, opened
+    to_needed = torch.full((len(g.nodes),), -1, dtype=torch.long)
+    to_needed[pairs[:, 1]] = where  # a source node -> its needed column
+    return _table(g, pairs, targets, to_needed, loads, residual)
+
+
+def _values(src, outputs, embed, b: int) -> Tensor:
+    """One backward pass's gradients contracted with every source (its first ``b`` rows)."""
+    return contract(
+        src, [None if x is None else x[:b] for x in outputs], None if embed is None else embed[:b]
+    ).cpu()
 
 
 def _table(g, pairs, targets, cols, loads, residual) -> pd.DataFrame:
