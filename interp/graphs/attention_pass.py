@@ -30,12 +30,21 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.engine import forward, run_cached
+from interp.engine.plan import MemoryBudgetError
+from interp.foundation.sizes import parse_size
 from interp.graphs.frozen import FINAL_HOOK, frozen_hooks
 from interp.graphs.nodes import Sources, read_sources
 from interp.graphs.norm_path import norm_paths
 from interp.graphs.value_path import Scope, ValuePath, value_path_weights
 
-__all__ = ["AttentionPass", "attention_pass", "contract", "graph_columns", "sources_of"]
+__all__ = [
+    "AttentionPass",
+    "attention_pass",
+    "contract",
+    "fit_rows",
+    "graph_columns",
+    "sources_of",
+]
 
 # recorded at the QK layer: the queries and keys before and after rotary, rotary's cos and sin
 QK_SITES = ("hook_q", "hook_k", "hook_rot_q", "hook_rot_k", "hook_cos", "hook_sin")
@@ -55,6 +64,34 @@ class AttentionPass:
     patterns: list[Tensor]
     paths: list[ValuePath]
     qk: dict = field(default_factory=dict)  # "q", "k": [rows pos head d_head] graph tensors
+
+
+def pass_bytes(model, n_pos: int, rows: int) -> int:
+    """Bytes one frozen pass of ``rows`` rows retains (float32), counted as
+    :func:`interp.graphs.attribute.estimate_graph_bytes` counts the graph's."""
+    cfg = model.cfg
+    per_row_layer = 10 * n_pos * cfg.d_model + 2 * cfg.n_heads * n_pos * n_pos
+    return rows * 4 * (cfg.n_layers * per_row_layer + n_pos * cfg.d_vocab)
+
+
+def fit_rows(
+    model, n_pos: int, rows: int, *, passes: int, held: int, max_bytes: int | str | None, what: str
+) -> int:
+    """``rows`` halved until ``passes`` frozen passes and ``held`` bytes fit ``max_bytes``
+    (None: no budget); a budget that one row per pass does not fit is refused, saying what
+    it needs."""
+    if max_bytes is None:
+        return rows
+    budget = parse_size(max_bytes)
+    need = passes * pass_bytes(model, n_pos, 1) + held
+    if need > budget:
+        raise MemoryBudgetError(
+            f"{what} needs at least {need} bytes ({passes} frozen pass(es) of one row over "
+            f"{n_pos} positions and {held} bytes of results); raise max_bytes to {need}"
+        )
+    while rows > 1 and passes * pass_bytes(model, n_pos, rows) + held > budget:
+        rows //= 2
+    return rows
 
 
 def _paths(model, n_layers: int) -> list[ValuePath]:

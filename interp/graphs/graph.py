@@ -141,12 +141,12 @@ class AttributionGraph:
 
         return head_loadings(*self._context(), self, edges, **kwargs)
 
-    def qk_attribution(self, layer: int, head: int, query_pos: int, key_pos: int, top=None):
+    def qk_attribution(self, layer: int, head: int, query_pos: int, key_pos: int, **kwargs):
         """One head's score at (query, key) over node pairs
         (:func:`interp.graphs.qk.qk_attribution`)."""
         from interp.graphs.qk import qk_attribution
 
-        return qk_attribution(*self._context(), self, layer, head, query_pos, key_pos, top=top)
+        return qk_attribution(*self._context(), self, layer, head, query_pos, key_pos, **kwargs)
 
     def __repr__(self) -> str:
         counts = self.nodes["kind"].value_counts()

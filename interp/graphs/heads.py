@@ -29,7 +29,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.graphs.attention_pass import attention_pass, contract, graph_columns, sources_of
+from interp.graphs.attention_pass import (
+    attention_pass,
+    contract,
+    fit_rows,
+    graph_columns,
+    sources_of,
+)
 from interp.graphs.frozen import no_param_grads
 from interp.graphs.value_path import ValuePath
 
@@ -106,7 +112,9 @@ def _edge_list(g, edges) -> Int[Tensor, "edge 2"]:
     return pairs[torch.tensor(keep, dtype=torch.bool)] if len(pairs) else pairs
 
 
-def head_loadings(model, tc, g, edges=None, *, batch_size: int = 32) -> pd.DataFrame:
+def head_loadings(
+    model, tc, g, edges=None, *, batch_size: int = 32, max_bytes: int | str | None = None
+) -> pd.DataFrame:
     """Each edge split over (layer, head), as the module docstring defines it.
 
     Args:
@@ -115,6 +123,9 @@ def head_loadings(model, tc, g, edges=None, *, batch_size: int = 32) -> pd.DataF
             edge of a pruned graph (every nonzero edge of an unpruned one) from a feature, error
             or token.
         batch_size: rows per backward pass.
+        max_bytes: a budget for the two frozen passes and the loadings; the batch is halved
+            until they fit, and a budget one row per pass does not fit is refused
+            (``MemoryBudgetError``) with what it needs.
 
     Returns a DataFrame ``target, source, layer, head, weight`` (node indices, the head's
     loading), with one more row ``layer == head == -1`` for the residual part of an edge
@@ -141,6 +152,10 @@ def head_loadings(model, tc, g, edges=None, *, batch_size: int = 32) -> pd.DataF
     loads = torch.zeros(len(targets), n_layers, n_heads, len(needed), dtype=dtype)
     residual = torch.zeros(len(targets), len(needed), dtype=dtype)
     rows = max(1, min(int(batch_size), len(targets) * n_heads))
+    held = loads.element_size() * (loads.numel() + residual.numel())
+    rows = fit_rows(
+        model, n_pos, rows, passes=2, held=held, max_bytes=max_bytes, what="head loadings"
+    )
     with no_param_grads(model):
         closed = attention_pass(model, tokens, tc, rows, open_attention=False)
         opened = attention_pass(model, tokens, tc, rows)

@@ -36,7 +36,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.engine import run_cached
-from interp.graphs.attention_pass import attention_pass, contract, graph_columns, sources_of
+from interp.graphs.attention_pass import (
+    attention_pass,
+    contract,
+    fit_rows,
+    graph_columns,
+    sources_of,
+)
 from interp.graphs.frontend import node_ids
 from interp.graphs.frozen import no_param_grads
 
@@ -73,7 +79,16 @@ def _softcap(model) -> float | None:
 
 
 def qk_parts(
-    model, tc, g, layer: int, head: int, query_pos: int, key_pos: int, *, batch_size: int = 64
+    model,
+    tc,
+    g,
+    layer: int,
+    head: int,
+    query_pos: int,
+    key_pos: int,
+    *,
+    batch_size: int = 64,
+    max_bytes: int | str | None = None,
 ) -> tuple[Tensor, Tensor, float, list[str]]:
     """The query's and the key's parts ``[item d_head]`` (items: the graph's nodes, then
     ``other``, ``constant``, ``bias``), the scale ``c`` and the item labels; ``c * Q.sum(0) @
@@ -88,6 +103,10 @@ def qk_parts(
     d_head, n_heads = int(model.cfg.d_head), int(model.cfg.n_heads)
     rows = max(1, min(int(batch_size), 2 * d_head))
     values = torch.zeros(2 * d_head, src.n_cols, dtype=dtype)
+    held = values.element_size() * values.numel() * 2  # the parts and the pair matrix's rows
+    rows = fit_rows(
+        model, len(tokens), rows, passes=1, held=held, max_bytes=max_bytes, what="QK attribution"
+    )
     through_x = torch.zeros(2 * d_head, dtype=dtype)  # each component's x-dependent part
     with no_param_grads(model):
         fp = attention_pass(model, tokens, tc, rows, qk_layer=layer)
@@ -162,6 +181,7 @@ def qk_attribution(
     *,
     top: int | None = None,
     batch_size: int = 64,
+    max_bytes: int | str | None = None,
 ) -> pd.DataFrame:
     """Head ``head`` of ``layer``'s score at (``query_pos``, ``key_pos``) over pairs of items
     (module docstring), the largest ``|contribution|`` first.
@@ -171,9 +191,11 @@ def qk_attribution(
     or those names) and ``contribution``; pairs whose contribution is exactly zero are left out,
     and ``top`` keeps only the largest. Without ``top`` the contributions sum to the score
     before any soft cap, which ``attrs["score"]`` holds (``attrs["capped"]``: after the cap).
+    ``max_bytes`` bounds the frozen pass and the parts (the batch halved until they fit; a
+    budget one row does not fit is refused with what it needs).
     """
     Q, K, scale, labels = qk_parts(
-        model, tc, g, layer, head, query_pos, key_pos, batch_size=batch_size
+        model, tc, g, layer, head, query_pos, key_pos, batch_size=batch_size, max_bytes=max_bytes
     )
     pairs: Float[Tensor, "item item"] = scale * Q @ K.T
     qi, ki = torch.nonzero(pairs, as_tuple=True)

@@ -146,3 +146,23 @@ def test_qk_top_pairs_and_attention_pairs(zoo):
     assert pairs.attention.iloc[0] == pytest.approx(float(pattern[0].max()))
     with pytest.raises(ValueError, match="key_pos <= query_pos"):
         g.qk_attribution(1, 0, 3, 6)
+
+
+def test_budgets_shrink_the_batch_or_refuse(zoo):
+    from interp.engine.plan import MemoryBudgetError
+    from interp.graphs.attention_pass import pass_bytes
+
+    model, tc, g = _graph(zoo, "gpt2")
+    pruned = g.prune()
+    n_pos = len(TOKENS)
+    with pytest.raises(MemoryBudgetError, match="head loadings needs at least"):
+        pruned.head_loadings(max_bytes=pass_bytes(model, n_pos, 1))
+    with pytest.raises(MemoryBudgetError, match="QK attribution needs at least"):
+        g.qk_attribution(1, 0, 6, 3, max_bytes=1000)
+    # two rows per pass: the same numbers in more, smaller backward passes
+    small = pruned.head_loadings(max_bytes=2 * pass_bytes(model, n_pos, 2) + 10**6)
+    big = pruned.head_loadings()
+    assert small.equals(big) or (small.weight - big.weight).abs().max() < 1e-12
+    qk_small = g.qk_attribution(1, 0, 6, 3, max_bytes=pass_bytes(model, n_pos, 3) + 10**6)
+    qk = g.qk_attribution(1, 0, 6, 3)
+    assert (qk_small.contribution - qk.contribution).abs().max() < 1e-12
