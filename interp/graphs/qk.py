@@ -130,7 +130,7 @@ def qk_parts(
                 src, [None if t is None else t[:b] for t in got[:-2]],
                 None if got[-2] is None else got[-2][:b],
             ).cpu()  # fmt: skip
-            through_x[start : start + b] = torch.einsum("bpd,pd->b", got[-1][:b].to(dtype), x)
+            through_x[start : start + b] = torch.einsum("bpd,pd->b", got[-1][:b].to(dtype), x).cpu()
         q_val = q_all[0, query_pos, head].detach().to(dtype).cpu()
         k_val = k_all[0, key_pos, kv].detach().to(dtype).cpu()
         scale = _scale(model, layer)
