@@ -203,27 +203,37 @@ class Oracle:
         start, vec = self.source(source)
         return float(read @ self.carry(start, at) @ vec) if start <= at else 0.0
 
-    def loadings(self, target, source) -> dict[tuple[int, int], float]:
-        """{(layer, head): loading, (-1, -1): residual part} of one edge."""
+    def loadings(self, target, source, by: str = "last") -> dict[tuple[int, int], float]:
+        """{(layer, head): loading, (-1, -1): residual part} of one edge; each path given to
+        the last head it crosses (``by="last"``) or the first."""
         start, vec = self.source(source)
-        layer_t = int(target.layer) if target.kind == "feature" else self.L
-        pos = int(target.pos) if target.kind == "feature" else self.P - 1
-        if target.kind == "feature":
+        feature = target.kind == "feature"
+        layer_t = int(target.layer) if feature else self.L
+        pos = int(target.pos) if feature else self.P - 1
+        if feature:
             tvec = self._unit(pos, self.tc.W_enc(layer_t)[int(target.feature)]) @ self.n2(layer_t)
         else:
             W_U = self.hf.get_output_embeddings().weight.detach().T
             col = W_U[:, int(target.token_id)] - W_U.mean(1)
             tvec = self._unit(pos, col) @ self.nf()
         eye = torch.eye(self.P * self.d, dtype=torch.float64)
+        later_open = by == "first"  # after the chosen head: every path, or none with a head
+        read = tvec  # from the stream before the target's layer
+        if feature and later_open:
+            read = tvec @ (
+                eye + sum(self.head(layer_t, h) for h in range(self.H)) @ self.n1(layer_t)
+            )
         out = {}
         if start <= layer_t:
             out[-1, -1] = float(tvec @ self.carry(start, layer_t, attention=False) @ vec)
-        for layer in range(start, layer_t + 1 if target.kind == "feature" else self.L):
-            # from the attention's output (added to the stream) to the target, attention closed
-            after = eye if layer == layer_t else self.carry(layer + 1, layer_t, attention=False)
-            closed_rest = (eye + self.skip(layer) @ self.n2(layer)) if layer < layer_t else eye
-            D = tvec @ after @ closed_rest
-            F = self.n1(layer) @ self.carry(start, layer) @ vec
+        for layer in range(start, layer_t + 1 if feature else self.L):
+            # from the attention's output (added to the stream) to the target
+            if feature and layer == layer_t:
+                D = tvec
+            else:
+                rest = eye + self.skip(layer) @ self.n2(layer)
+                D = read @ self.carry(layer + 1, layer_t, attention=later_open) @ rest
+            F = self.n1(layer) @ self.carry(start, layer, attention=not later_open) @ vec
             for h in range(self.H):
                 out[layer, h] = float(D @ self.head(layer, h) @ F)
         return out

@@ -5,21 +5,25 @@ model, a sum over paths from the source's output to the target's input. Every pa
 at one position without crossing an attention layer (the ``residual`` part: residual stream,
 norms, transcoder skips), or crosses one or more attention heads (value paths with the patterns
 frozen; a head attending to its own position counts too). A path's whole contribution is given
-to the **last** head it crosses, the head that brings it to the target's position:
+to the **last** head it crosses, the head that brings it to the target's position (so its query
+is the target's position), or with ``by="first"`` to the first, the head that takes it from the
+source's position (its key is the source's):
 
     A[t, s] = residual[t, s] + sum_{l, h} loading[t, s, l, h]
-    loading[t, s, l, h] = out_s · J_full(source -> x_l) · H_{l,h}^T · J_direct(attn_l out -> target)
+    last:  loading[t, s, l, h] = out_s · J_full(source -> x_l) · H_{l,h}^T · J_direct(l -> target)
+    first: loading[t, s, l, h] = out_s · J_direct(source -> x_l) · H_{l,h}^T · J_full(l -> target)
 
 with ``x_l`` the attention's input, ``H_{l,h}`` head ``h``'s value path (``pattern_h`` times
 ``W_V,h W_O,h``; a query head of a grouped-query model uses its key/value head's ``W_V``), and
 ``J_direct`` the Jacobian with every attention layer closed. The identity is exact (every path
-has exactly one last head or none), so the loadings sum to the edge; an edge between two
-positions has no residual part. Loadings are signed, like edges.
+has exactly one last head, and one first head, or none), so the loadings sum to the edge; an
+edge between two positions has no residual part. Loadings are signed, like edges. The two
+splits agree on every path that crosses one head.
 
 Computed on demand, by two kinds of backward passes through :mod:`interp.graphs.attention_pass`:
 one row per target with the attention closed (``J_direct`` at every attention output, and the
 residual part), then one row per (target, layer, head) injecting ``H_{l,h}^T g`` at ``x_l`` with
-the attention open.
+the attention open (``by="first"``: the other way round).
 """
 
 from __future__ import annotations
@@ -112,8 +116,18 @@ def _edge_list(g, edges) -> Int[Tensor, "edge 2"]:
     return pairs[torch.tensor(keep, dtype=torch.bool)] if len(pairs) else pairs
 
 
+BY = ("last", "first")  # which head of a path that crosses several gets it
+
+
 def head_loadings(
-    model, tc, g, edges=None, *, batch_size: int = 32, max_bytes: int | str | None = None
+    model,
+    tc,
+    g,
+    edges=None,
+    *,
+    by: str = "last",
+    batch_size: int = 32,
+    max_bytes: int | str | None = None,
 ) -> pd.DataFrame:
     """Each edge split over (layer, head), as the module docstring defines it.
 
@@ -122,6 +136,7 @@ def head_loadings(
         edges: ``(target, source)`` pairs of node indices in ``g.nodes``; None: every kept
             edge of a pruned graph (every nonzero edge of an unpruned one) from a feature, error
             or token.
+        by: ``"last"`` (a path's loading on the last head it crosses) or ``"first"``.
         batch_size: rows per backward pass.
         max_bytes: a budget for the two frozen passes and the loadings; the batch is halved
             until they fit, and a budget one row per pass does not fit is refused
@@ -133,6 +148,8 @@ def head_loadings(
     or above the target) are left out. Per edge the weights sum to ``g.adjacency[target,
     source]``.
     """
+    if by not in BY:
+        raise ValueError(f"by must be one of {BY}, got {by!r}")
     pairs = _edge_list(g, edges)
     empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in HEAD_LOADING_COLUMNS[:-1]})
     if len(pairs) == 0:
@@ -166,19 +183,28 @@ def head_loadings(
             wrt = [*closed.deltas, *closed.outputs, closed.embed]
             got = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
             residual[part] = _values(src, got[n_layers:-1], got[-1], b)[:, needed]
+            # the gradient at each attention output: along the paths that cross no further
+            # head (last), or along every path (first: from the open pass)
+            after, before = closed, opened
+            if by == "first":
+                after, before = opened, closed
+                outs, grads = _inject(opened, t_layers[part], t_pos[part], t_vecs[part], dtype)
+                got = torch.autograd.grad(
+                    outs, opened.deltas, grads, retain_graph=True, allow_unused=True
+                )
             for layer, grad in enumerate(got[:n_layers]):
                 if grad is None or not grad[:b].any():
                     continue  # no path from this layer's attention (at or above the target)
                 # [b head pos d_model]: each head's part of the target's gradient, at x_layer
-                per_head = head_transpose(closed.paths[layer], closed.patterns[layer], grad[:b])
+                per_head = head_transpose(after.paths[layer], after.patterns[layer], grad[:b])
                 jobs = [(i, h) for i in range(b) for h in range(n_heads)]
                 for first in range(0, len(jobs), rows):
                     batch = jobs[first : first + rows]
-                    inject = torch.zeros_like(opened.xs[layer])
+                    inject = torch.zeros_like(before.xs[layer])
                     for row, (i, h) in enumerate(batch):
                         inject[row] = per_head[i, h]
                     back = torch.autograd.grad(
-                        opened.xs[layer], [*opened.outputs, opened.embed], inject,
+                        before.xs[layer], [*before.outputs, before.embed], inject,
                         retain_graph=True, allow_unused=True,
                     )  # fmt: skip
                     values = _values(src, back[:-1], back[-1], len(batch))[:, needed]

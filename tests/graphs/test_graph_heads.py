@@ -166,3 +166,18 @@ def test_budgets_shrink_the_batch_or_refuse(zoo):
     qk_small = g.qk_attribution(1, 0, 6, 3, max_bytes=pass_bytes(model, n_pos, 3) + 10**6)
     qk = g.qk_attribution(1, 0, 6, 3)
     assert (qk_small.contribution - qk.contribution).abs().max() < 1e-12
+
+
+def test_first_and_last_head_split_the_same_edges_differently(zoo):
+    model, tc, g = _graph(zoo, "gpt2")
+    pruned = g.prune()
+    last, first = pruned.head_loadings(), pruned.head_loadings(by="first")
+    scale = float(pruned.adjacency.abs().max())
+    keys = ["target", "source"]
+    sums = last.groupby(keys).weight.sum() - first.groupby(keys).weight.sum()
+    assert sums.abs().max() < RTOL * scale  # both sum to the edges
+    merged = last.merge(first, on=[*keys, "layer", "head"], how="outer").fillna(0.0)
+    # paths through both layers' heads: layer 0's head for "first", layer 1's for "last"
+    assert (merged.weight_x - merged.weight_y).abs().max() > 1e-3 * scale
+    with pytest.raises(ValueError, match="by must be one of"):
+        pruned.head_loadings(by="middle")

@@ -33,7 +33,8 @@ def _case(zoo, arch):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_head_loadings_equal_the_oracle(zoo, arch):
+@pytest.mark.parametrize("by", ["last", "first"])
+def test_head_loadings_equal_the_oracle(zoo, arch, by):
     model, tc, g, oracle = _case(zoo, arch)
     nodes, A = g.nodes, g.adjacency
     scale = float(A.abs().max())
@@ -43,10 +44,10 @@ def test_head_loadings_equal_the_oracle(zoo, arch):
         int(nodes.index[(nodes.kind == "feature") & (nodes.layer == 0)][-1]),
     ]
     edges = [(t, int(s)) for t in targets for s in torch.nonzero(A[t]).flatten()[:25]]
-    table = head_loadings(model, tc, g, edges)
+    table = head_loadings(model, tc, g, edges, by=by)
     checked = 0
     for t, s in edges:
-        want = oracle.loadings(nodes.iloc[t], nodes.iloc[s])
+        want = oracle.loadings(nodes.iloc[t], nodes.iloc[s], by)
         assert sum(want.values()) == pytest.approx(float(A[t, s]), abs=RTOL[arch] * scale)
         mine = table[(table.target == t) & (table.source == s)]
         got = {(int(r.layer), int(r.head)): r.weight for r in mine.itertuples()}
