@@ -168,6 +168,7 @@ def _attention_pass(model, tokens, tc, rows, open_attention, qk_layer, norms) ->
 
     def leave(layer: int):
         def hook(act: Tensor, hook) -> Tensor:
+            recorded[layer]["x"], recorded[layer]["out"] = xs[layer][:1].detach(), act[:1].detach()
             out = act.detach()
             if open_attention:
                 out = paths[layer].apply(act, xs[layer], recorded[layer], Scope())
@@ -197,6 +198,16 @@ def _attention_pass(model, tokens, tc, rows, open_attention, qk_layer, norms) ->
     forward(model, batch, hooks, grad=True)
     if qk_layer is not None:
         qk = _queries_keys(model, qk_layer, qk)
+    wrong = [
+        layer
+        for layer, seen in enumerate(recorded)
+        if not paths[layer].check(seen["x"], seen["pattern"], seen["out"])
+    ]
+    if wrong:  # the graph's own pass falls back there; these decompositions have no fallback
+        raise NotImplementedError(
+            f"{type(model).__name__}: W_V and W_O do not reproduce the attention output of "
+            f"layers {wrong}, so edges cannot be split over its heads"
+        )
     patterns = [seen["pattern"][0] for seen in recorded]
     return AttentionPass(
         keep["inputs"], keep["outputs"], keep["embed"], keep["final"], xs, deltas, patterns,
