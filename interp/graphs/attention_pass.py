@@ -243,11 +243,36 @@ def _queries_keys(model, layer: int, seen: dict) -> dict:
             )
             out[key] = torch.cat([turned, x[..., n_rot:]], dim=-1)
         return out
+    if (
+        rotary
+        and "GPTJ" in str(getattr(model.cfg, "architecture", ""))
+        and {
+            "hook_q",
+            "hook_k",
+        }
+        <= seen.keys()
+    ):
+        return {key: _gptj_rotary(model, seen[f"hook_{key}"]) for key in ("q", "k")}
     raise NotImplementedError(
         f"{type(model).__name__}: its bridge ran none of {sorted(QK_SITES)} that give layer "
         f"{layer}'s queries and keys after rotary (it ran {sorted(seen)}); QK attribution is "
-        "not implemented for this model (TransformerLens 4.3: GPT-J)"
+        "not implemented for this model"
     )
+
+
+def _gptj_rotary(model, x: Tensor) -> Tensor:
+    """GPT-J's rotary on ``x`` ``[rows pos head d_head]`` (TransformerLens 4.3's bridge runs no
+    rotary hook there): the first ``rotary_dim`` dimensions turned in adjacent pairs by the
+    angles ``pos / rotary_base ** (2i / rotary_dim)``, as transformers' GPT-J does."""
+    n_rot, base = int(model.cfg.rotary_dim), float(getattr(model.cfg, "rotary_base", 10000))
+    n_pos = x.shape[1]
+    inv = 1.0 / base ** (torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot)
+    angle = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv  # [pos rot/2]
+    sin = angle.sin().repeat_interleave(2, -1)[None, :, None].to(x.dtype).to(x.device)
+    cos = angle.cos().repeat_interleave(2, -1)[None, :, None].to(x.dtype).to(x.device)
+    turn = x[..., :n_rot]
+    pairs = torch.stack((-turn[..., 1::2], turn[..., ::2]), dim=-1).flatten(-2)
+    return torch.cat([turn * cos + pairs * sin, x[..., n_rot:]], dim=-1)
 
 
 def sources_of(model, tc, tokens: Int[Tensor, " pos"], dtype: torch.dtype) -> Sources:

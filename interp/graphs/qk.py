@@ -16,10 +16,11 @@ The items on each side are the graph's nodes, ``other`` (the sources that are no
 graph: features pruned away or never selected), ``constant`` (the constants above, carried to
 ``x``) and ``bias`` (what the query or key is at ``x = 0``: ``b_Q`` or ``b_K`` after rotary).
 Rotary and grouped-query attention enter exactly: the bridge's own projections and rotary are
-differentiated (GPT-NeoX's rotary, which TransformerLens 4.3's bridge runs without its
-``hook_rot_q``, from the bridge's ``hook_cos`` and ``hook_sin``; GPT-J, whose bridge runs
-neither, is refused). Each call checks that ``softmax(c q·k)`` (capped where the model caps)
-is the model's pattern on the query's row, so a scale or layout read wrongly is refused.
+differentiated (TransformerLens 4.3's bridges run no ``hook_rot_q`` on GPT-NeoX and GPT-J:
+GPT-NeoX's rotary is applied from the bridge's ``hook_cos`` and ``hook_sin``, GPT-J's, which
+has neither, from its definition). Each call checks that ``softmax(c q·k)`` (capped where the
+model caps) is the model's pattern on the query's row, so a scale or layout read wrongly is
+refused.
 
 A soft-capped score (Gemma 2) is decomposed before the cap: the model's ``hook_attn_scores`` is
 ``cap * tanh(score / cap)`` of the sum.

@@ -3,10 +3,10 @@
 - head loadings: per edge, the (layer, head) weights plus the residual part sum to
   ``adjacency[target, source]``; an edge between two positions has no residual part;
 - QK attribution: the pair contributions sum to the head's score, the model's own
-  ``hook_attn_scores`` (after Gemma 2's soft cap; OPT's bridge writes the pattern there, so its
-  scores are checked through the pattern: the score differences along a query's row are the
-  log-pattern's); GPT-NeoX's rotary is applied from the bridge's cos and sin; GPT-J (its bridge
-  runs no rotary hook) is refused.
+  ``hook_attn_scores`` (after Gemma 2's soft cap; OPT's and GPT-J's bridges write the pattern
+  there, so their scores are checked through the pattern: the score differences along a query's
+  row are the log-pattern's); GPT-NeoX's rotary is applied from the bridge's cos and sin, GPT-J's
+  from its definition (neither bridge runs hook_rot_q).
 
 The independent float64 implementation and the planted pair are in test_graph_qk.py.
 """
@@ -30,8 +30,8 @@ RTOL = 1e-10
 # upcasts q and k): the model's own scores are float32-accurate there, the frozen model float64
 RTOL_F32 = 1e-5
 FAST = ("gpt2", "llama")  # the rest of the zoo runs in the slow lane
-NO_ROTARY_HOOKS = ("gptj",)  # its bridge runs neither hook_rot_q nor hook_cos/hook_sin
-SCORE_IS_PATTERN = ("opt",)  # TransformerLens 4.3's bridge: hook_attn_scores holds the pattern
+# TransformerLens 4.3's bridges: hook_attn_scores holds the pattern
+SCORE_IS_PATTERN = ("opt", "gptj")
 _graphs: dict = {}
 
 
@@ -107,10 +107,6 @@ def _model_scores(model, layer):
 def test_qk_attribution_sums_to_score(zoo, arch):
     model, tc, g = _graph(zoo, arch)
     layer, head, q = 1, 1, 7
-    if arch in NO_ROTARY_HOOKS:
-        with pytest.raises(NotImplementedError, match="rotary"):
-            qk_attribution(model, tc, g, layer, head, q, 2)
-        return
     scores, pattern = _model_scores(model, layer)
     rtol = RTOL_F32 if arch in RMSNORM_ARCHS else RTOL
     mine, named = [], set()
@@ -126,7 +122,7 @@ def test_qk_attribution_sums_to_score(zoo, arch):
     scale = float(mine.abs().max())
     if arch in SCORE_IS_PATTERN:  # the score up to a constant, through the pattern
         logp = pattern[head, q, : q + 1].log()
-        # OPT's softmax runs in float32: the log-pattern is float32-accurate
+        # OPT's softmax and GPT-J's attention run in float32: the log-pattern is float32-accurate
         torch.testing.assert_close(mine - mine[0], logp - logp[0], rtol=0, atol=RTOL_F32 * scale)
     else:
         want = scores[head, q, : q + 1]
