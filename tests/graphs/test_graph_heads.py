@@ -134,6 +134,7 @@ def test_qk_top_pairs_and_attention_pairs(zoo):
     full = g.qk_attribution(1, 0, 6, 3)
     top = g.qk_attribution(1, 0, 6, 3, top=5)
     assert len(top) == 5
+    assert qk_attribution(model, tc, g, 1, 0, 6, 3).equals(full)  # the plain function
     assert top.contribution.abs().tolist() == full.contribution.abs().head(5).tolist()
     pairs = attention_pairs(model, g, 1, 0, top=4)
     assert list(pairs.columns) == ["layer", "head", "query_pos", "key_pos", "attention"]
