@@ -135,6 +135,10 @@ class AttributionGraph:
             )
         return self.context["model"], self.context["tc"]
 
+    def __getstate__(self) -> dict:
+        # a pickled graph is data: the model and transcoders stay behind
+        return {**self.__dict__, "context": None}
+
     def head_loadings(self, edges=None, **kwargs):
         """Each edge split over attention heads (:func:`interp.graphs.heads.head_loadings`)."""
         from interp.graphs.heads import head_loadings

@@ -178,3 +178,14 @@ def test_first_and_last_head_split_the_same_edges_differently(zoo):
     assert (merged.weight_x - merged.weight_y).abs().max() > 1e-3 * scale
     with pytest.raises(ValueError, match="by must be one of"):
         pruned.head_loadings(by="middle")
+
+
+def test_a_pickled_graph_leaves_the_model_behind(zoo):
+    import pickle
+
+    _, _, g = _graph(zoo, "gpt2")
+    back = pickle.loads(pickle.dumps(g))
+    assert back.context is None and g.context is not None
+    assert torch.equal(back.adjacency, g.adjacency)
+    with pytest.raises(ValueError, match="holds no model"):
+        back.head_loadings()
