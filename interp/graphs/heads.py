@@ -45,6 +45,7 @@ from interp.graphs.value_path import ValuePath
 
 __all__ = ["HEAD_LOADING_COLUMNS", "head_loadings", "head_transpose"]
 
+# the columns of head_loadings's table
 HEAD_LOADING_COLUMNS = ("target", "source", "layer", "head", "weight")
 RESIDUAL = -1  # layer and head of the residual (no-head) part of an edge
 

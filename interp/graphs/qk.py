@@ -49,6 +49,7 @@ from interp.graphs.frozen import no_param_grads
 
 __all__ = ["QK_COLUMNS", "attention_pairs", "qk_attribution", "qk_parts"]
 
+# the columns of qk_attribution's table
 QK_COLUMNS = ("query_node", "key_node", "query_id", "key_id", "contribution")
 CONSTANTS = ("other", "constant", "bias")  # the named items after the nodes (module docstring)
 SCALE_RTOL = 1e-3  # the pattern recomputed from q and k: a wrong scale is off by far more
