@@ -8,15 +8,27 @@ logits and activations (``run_cached``), the induction scan, ``logit_attribution
 parts must add up to the logit difference on the device too), ``patch_activations`` over an
 induction task, ``edge_scores`` with "exact", "eap" and "eap-ig", ``evaluate_circuit``, and,
 on the bundled model, the bundled SAE spliced in and an attribution graph through the bundled
-transcoders. The inputs are built on each device by interp itself; the results are read back
-to the CPU only to compare them, never fed back in, so a ``.cpu()`` or a device mismatch
-inside interp shows up as a crash (status ``crashed``) instead of being hidden.
+transcoders (every feature, and capped at ``max_feature_nodes`` = 24). The bundled model is also
+loaded in bfloat16 and float16 (``--half``) on ``--device``, and its attribution graph, uncapped
+and capped, checked against the float32 graph of the same rounded weights on the CPU within a
+bound from the dtype (:func:`compare_half`); the warnings interp logs (a fallback says which
+path ran) go into the row's detail. The inputs are built on each device by interp itself; the
+results are read back to the CPU only to compare them, never fed back in, so a ``.cpu()`` or a
+device mismatch inside interp shows up as a crash (status ``crashed``) instead of being hidden.
 
 Tolerance, float32 throughout: a CPU and a GPU add the same products in other orders, so each
 matrix product of length K differs by about sqrt(K) * 1.2e-7 relative to its size; with K at
 most a few hundred here and a dozen products in a row, that is about 2e-5 of the logits'
 size. Every quantity here is a logit, a difference of logits, a gradient times a difference
 of activations, or a probability, so the tolerance is ``REL_TOL * scale`` with REL_TOL = 1e-4
+CAP = 24  # max_feature_nodes of the capped graphs (the bundled transcoders give ~100 features)
+# a half-precision graph against the float32 graph of the same rounded weights: each rounding
+# moves a vector by at most u = eps / 2 of itself, about HALF_ROUNDINGS times a layer (forward
+# and backward) and once more at each end, so entries are within HALF_ROUNDINGS * (n_layers +
+# 1) * u of the largest (tests/graphs/test_graph_half_precision.py, where the CPU measures
+# 0.0065-0.033 of it in bfloat16 on 2-layer models, against 0.117)
+HALF_ROUNDINGS = 10
+HALF_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 (five times that estimate) and scale = max(1, the largest |value| on the CPU, the largest
 |logit| of the model). TF32 is left as torch sets it (off for matrix products); the script
 prints the setting, since a library that turned it on would break this tolerance.
@@ -27,17 +39,21 @@ Run from the repository root:
 
 It writes ``cuda_check.csv`` (analysis, status, max_abs_diff, tolerance, cpu_s, device_s,
 detail), prints one line per analysis and a summary, and exits 1 unless every row agrees.
-``--device cpu`` checks the script itself (the CPU against itself).
+``--device cpu`` checks the script itself (the CPU against itself; the half-precision rows
+then compare the CPU's half model with its float32 twin, as on a GPU); ``--only-half`` runs the
+half-precision rows alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import logging
 import math
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -46,12 +62,21 @@ from transformers.utils import logging as transformers_logging
 
 import interp
 from interp.discovery import Graph, edge_scores, evaluate_circuit
+from interp.foundation.fallbacks import reset_fallback_warnings
 from interp.tasks import induction
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.zoo, from the repo root
 from tests.zoo import make_zoo_checkpoint  # noqa: E402
 
 REL_TOL = 1e-4
+CAP = 24  # max_feature_nodes of the capped graphs (the bundled transcoders give ~100 features)
+# a half-precision graph against the float32 graph of the same rounded weights: each rounding
+# moves a vector by at most u = eps / 2 of itself, about HALF_ROUNDINGS times a layer (forward
+# and backward) and once more at each end, so entries are within HALF_ROUNDINGS * (n_layers +
+# 1) * u of the largest (tests/graphs/test_graph_half_precision.py, where the CPU measures
+# 0.0065-0.033 of it in bfloat16 on 2-layer models, against 0.117)
+HALF_ROUNDINGS = 10
+HALF_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 PROMPT = "import os\nimport sys\nimport os\nimport"
 COLUMNS = ["analysis", "status", "max_abs_diff", "tolerance", "cpu_s", "device_s", "detail"]
 
@@ -189,6 +214,16 @@ def graph(model, extras):
     return {**parts, "scores": g.scores()}
 
 
+def graph_capped(model, extras):
+    # max_feature_nodes: the features ranked by influence in rounds, batched 8 rows a pass
+    tc = interp.load_transcoders("tiny-induction-transcoders", device=device_of(model))
+    g = interp.attribution_graph(
+        model, PROMPT, tc, max_n_logits=5, max_feature_nodes=CAP, batch_size=8
+    )
+    nodes = g.nodes.select_dtypes("number").reset_index(drop=True)
+    return {"nodes": nodes, "adjacency": g.adjacency, "scores": g.scores()}
+
+
 ANALYSES = [
     ("logits", logits_and_cache, False),
     ("induction_scan", induction_scan, False),
@@ -200,6 +235,7 @@ ANALYSES = [
     ("evaluate_circuit", circuit, False),
     ("sae_splice", sae_splice, True),  # True: bundled model only (its SAE and transcoders)
     ("attribution_graph", graph, True),
+    ("attribution_graph_capped", graph_capped, True),
 ]
 
 
@@ -262,11 +298,143 @@ def check_model(name, source, device, rows) -> None:
         )
 
 
+# ---------------------------------------------------------------- half precision
+
+
+class Said(logging.Handler):
+    """The warnings interp logs while open (a fallback says which path ran)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def node_keys(g) -> list[tuple]:
+    return list(g.nodes[["kind", "layer", "pos", "feature", "token_id"]].itertuples(index=False))
+
+
+def half_graph(model, capped: bool):
+    tc = interp.load_transcoders("tiny-induction-transcoders", device=device_of(model))
+    cap = dict(max_feature_nodes=CAP, batch_size=8) if capped else {}
+    return interp.attribution_graph(model, PROMPT, tc, max_n_logits=5, **cap)
+
+
+def lone_features(reference, half, k_ref, k_half, both, bound) -> list[str]:
+    """Features in one graph only must sit at the edge of firing: an activation within ``bound``
+    of the largest (ReLU), or a swap at a TopK's k-th place (a feature of the other graph only,
+    at the same layer and position, with an activation within ``bound`` of the largest of it)."""
+    lone = {}
+    for name, g, keys in (("reference", reference, k_ref), ("half", half, k_half)):
+        acts = g.nodes.activation.to_numpy()
+        lone[name] = [(k[1], k[2], float(acts[i])) for i, k in enumerate(keys) if k not in both]
+    top = max(float(reference.nodes.activation.max()), float(half.nodes.activation.max()))
+    edge = bound * top
+    problems = []
+    for name, other in (("reference", "half"), ("half", "reference")):
+        for layer, pos, act in lone[name]:
+            swap = any(
+                (lay, p) == (layer, pos) and abs(a - act) <= edge for lay, p, a in lone[other]
+            )
+            if act > edge and not swap:
+                problems.append(f"feature at layer {layer} pos {pos} ({act:.3g}) in {name} only")
+    return problems
+
+
+def compare_half(reference, half, dtype, n_layers: int, capped: bool):
+    """(status, max |diff| / max |A|, bound, detail): the half model's graph against the float32
+    graph of its rounded weights. The same logits; the entries the two share within the bound;
+    uncapped, a feature in one graph only at the edge of firing (:func:`lone_features`); capped,
+    at least 90% of the kept features the same (near-ties in the
+    influence ranking may swap)."""
+    bound = HALF_ROUNDINGS * (n_layers + 1) * torch.finfo(dtype).eps / 2
+    problems = []
+    if half.adjacency.dtype != torch.float32:
+        problems.append(f"the graph is {half.adjacency.dtype}, not float32")
+    if half.logit_token_ids.tolist() != reference.logit_token_ids.tolist():
+        problems.append("other logits")
+    k_ref, k_half = node_keys(reference), node_keys(half)
+    both = set(k_ref) & set(k_half)
+    n_feat = reference.n_features
+    shared_feat = sum(1 for k in both if k[0] == "feature")
+    if capped and shared_feat < 0.9 * n_feat:
+        problems.append(f"{shared_feat} of {n_feat} kept features shared")
+    if not capped:
+        problems += lone_features(reference, half, k_ref, k_half, both, bound)
+    common = [k for k in k_ref if k in both]
+    at_ref = torch.tensor([k_ref.index(k) for k in common])
+    at_half = torch.tensor([k_half.index(k) for k in common])
+    a_ref = reference.adjacency[at_ref][:, at_ref].double()
+    a_half = half.adjacency.cpu()[at_half][:, at_half].double()
+    worst = float((a_half - a_ref).abs().max() / a_ref.abs().max())
+    if worst > bound:
+        problems.append(f"entries off by {worst:.3g} of the largest")
+    detail = f"{len(both)} of {len(k_ref)} nodes shared; " + "; ".join(problems)
+    return ("differs" if problems else "agrees"), worst, bound, detail
+
+
+def check_half(device: str, dtype_name: str, rows) -> None:
+    """The bundled model in ``dtype_name`` on ``device`` against its float32 twin with rounded
+    weights on the CPU: the attribution graph, uncapped and capped, and which paths ran."""
+    dtype = HALF_DTYPES[dtype_name]
+    print(f"loading tiny-induction in {dtype_name} on {device}", flush=True)
+    try:
+        reference = interp.load_model("tiny-induction", device="cpu")
+        with torch.no_grad():
+            for p in reference.parameters():
+                p.copy_(p.to(dtype).float())
+        half = interp.load_model("tiny-induction", device=device, dtype=dtype)
+    except Exception as error:  # noqa: BLE001 (one row, then the next check)
+        rows.append(
+            [f"tiny-induction/{dtype_name}/load", "crashed", "", "", "", "", one_line(error)]
+        )
+        print(f"tiny-induction/{dtype_name}/load: crashed: {one_line(error)}", flush=True)
+        return
+    for capped in (False, True):
+        label = f"tiny-induction/{dtype_name}/attribution_graph" + ("_capped" if capped else "")
+        said = Said()
+        logging.getLogger("interp").addHandler(said)
+        reset_fallback_warnings()
+        cpu_s = device_s = math.nan
+        try:
+            run = partial(half_graph, capped=capped)
+            expected, cpu_s = timed(lambda m, e: run(m), reference, {}, "cpu")  # noqa: B023
+            got, device_s = timed(lambda m, e: run(m), half, {}, device)  # noqa: B023
+            n_layers = int(half.cfg.n_layers)
+            status, diff, tolerance, detail = compare_half(expected, got, dtype, n_layers, capped)
+        except Exception as error:  # noqa: BLE001 (a crash is a finding; go on)
+            status, diff, tolerance, detail = "crashed", math.nan, math.nan, one_line(error)
+        finally:
+            logging.getLogger("interp").removeHandler(said)
+        if said.lines:
+            detail += " | warned: " + " / ".join(said.lines)
+        rows.append([label, status, diff, tolerance, cpu_s, device_s, detail])
+        print(
+            f"{label}: {status}  max|diff|/max|A| {diff:.3g} (bound {tolerance:.3g})  "
+            f"cpu {cpu_s:.2f}s  {device} {device_s:.2f}s  {detail}",
+            flush=True,
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, required=True, help="folder for cuda_check.csv")
+    parser.add_argument(
+        "--half",
+        default="bfloat16,float16",
+        help="half dtypes whose graphs are checked (comma-separated; '' for none)",
+    )
+    parser.add_argument(
+        "--only-half", action="store_true", help="only the half-precision graph checks"
+    )
     args = parser.parse_args()
+    halves = [h for h in args.half.split(",") if h]
+    unknown = [h for h in halves if h not in HALF_DTYPES]
+    if unknown:
+        parser.error(f"--half takes {', '.join(HALF_DTYPES)}, not {', '.join(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__}, interp {interp.__version__}, device {args.device}")
     if torch.device(args.device).type == "cuda":
@@ -276,10 +444,13 @@ def main() -> int:
     transformers_logging.disable_progress_bar()
     rows: list[list] = []
     start = time.perf_counter()
-    check_model("tiny-induction", "tiny-induction", args.device, rows)
-    with tempfile.TemporaryDirectory() as folder:
-        llama = make_zoo_checkpoint(Path(folder) / "llama", "llama")
-        check_model("llama", llama, args.device, rows)
+    if not args.only_half:
+        check_model("tiny-induction", "tiny-induction", args.device, rows)
+        with tempfile.TemporaryDirectory() as folder:
+            llama = make_zoo_checkpoint(Path(folder) / "llama", "llama")
+            check_model("llama", llama, args.device, rows)
+    for name in halves:
+        check_half(args.device, name, rows)
     print(f"float32 matmul precision at the end: {torch.get_float32_matmul_precision()}")
     with open(args.out / "cuda_check.csv", "w", newline="") as file:
         writer = csv.writer(file)

@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 from interp import load_model  # noqa: E402
 from tests.checkpoints import make_checkpoint, make_parallel_neox  # noqa: E402
+from tests.optional import require_module  # noqa: E402
 from tests.zoo import Zoo  # noqa: E402
 
 torch.set_num_threads(THREADS)
@@ -136,8 +137,9 @@ def browser():
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray cluster of 2 CPUs, started once for every test that runs shards on Ray
-    (seconds to start); its workers import this checkout (PYTHONPATH). Skipped without ray."""
-    ray = pytest.importorskip("ray")
+    (seconds to start); its workers import this checkout (PYTHONPATH). Skipped without ray,
+    failed without it on CI."""
+    ray = require_module("ray", "ray")
     root = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     env = {"PYTHONPATH": path, "OMP_NUM_THREADS": str(THREADS), "HF_HUB_OFFLINE": "1"}

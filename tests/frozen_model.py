@@ -56,10 +56,17 @@ class FrozenModel:
         return self.ys[layer] - recon - self.skip(self.xs[layer], layer)
 
     def run(
-        self, removed: torch.Tensor, keep_tokens: torch.Tensor
+        self,
+        removed: torch.Tensor,
+        keep_tokens: torch.Tensor,
+        *,
+        free: tuple[str, ...] = (),
+        record: tuple[str, ...] = (),
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """``removed [rows layer pos d_model]``, ``keep_tokens [rows pos]`` -> each layer's
-        transcoder input ``[rows pos d_model]`` and the final norm's output."""
+        transcoder input ``[rows pos d_model]`` and the final norm's output. Hooks named in
+        ``free`` are left to compute (a layer's ``hook_q`` and ``hook_k``: its scores follow
+        the run); those in ``record`` are kept in ``self.recorded``."""
         rows = removed.shape[0]
         cache, tc, got = self.cache, self.tc, {}
 
@@ -72,7 +79,11 @@ class FrozenModel:
             for name in cache
             # q and k too: some bridges ignore an edited hook_pattern (GPT-J, OPT, Gemma 2)
             if name.endswith((".hook_scale", "attn.hook_pattern", "attn.hook_q", "attn.hook_k"))
+            and name not in free
         ]
+        self.recorded = {}
+        for name in record:
+            hooks.append((name, lambda act, hook: self.recorded.__setitem__(hook.name, act)))
 
         def embed(act, hook):
             return cache["hook_embed"] * keep_tokens[..., None].to(act.dtype)

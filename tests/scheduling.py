@@ -44,6 +44,7 @@ COSTS_S: dict[str, float] = {
     "_equal_their_whole_runs": 26,
     f"{_DOC}[docs/saes.md]": 17,
     "tests/stores/test_stores.py::test_train_sae_from_its_own_draws_is_the_same_sae": 22,
+    "tests/stores/test_stores.py::test_reading_an_epoch_holds_max_bytes_measured": 15,
     "tests/test_notebooks.py::test_tour_runs_in_a_clean_kernel": 13,
     "tests/test_notebooks.py::test_gpt2_small_notebook_rehearsal": 14,
     "tests/test_bench_discovery.py::test_quick_benchmark_runs_and_its_scores_agree": 14,

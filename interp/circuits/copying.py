@@ -31,6 +31,7 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 from interp.circuits.full import full_ov_circuit, materialize
 from interp.circuits.tolerances import ZERO_RTOL, negligible
 from interp.circuits.weights import CircuitWeights, as_weights
+from interp.foundation.fallbacks import warn_fallback
 
 __all__ = ["ZERO_RTOL", "negligible", "ov_eigenvalues", "copying_scores", "copying_scores_dense"]
 
@@ -75,12 +76,18 @@ def _safe_eigvals(
     mats = mats.masked_fill(~finite[..., None, None], 0.0)
     try:
         return torch.linalg.eigvals(mats), failed
-    except RuntimeError:  # torch.linalg.LinAlgError: did not converge
+    except torch.linalg.LinAlgError:  # did not converge (out of memory is raised)
+        warn_fallback(
+            logger,
+            "copying:eigvals",
+            "copying scores: the batched eigenvalue solver did not converge; solving each "
+            "head's matrix alone (slower), heads that still fail are marked undefined",
+        )
         eig = torch.zeros(mats.shape[:-1], dtype=torch.complex128, device=mats.device)
         for index in (~skip & ~failed).nonzero().tolist():
             try:
                 eig[tuple(index)] = torch.linalg.eigvals(mats[tuple(index)])
-            except RuntimeError:
+            except torch.linalg.LinAlgError:
                 failed[tuple(index)] = True
         return eig, failed
 

@@ -87,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=int_between(1, 4096), default=64, help="targets per backward pass"
     )
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
+    parser.add_argument(
+        "--attention",
+        action="store_true",
+        help="add each kept edge's head loadings to edges.csv and graph.json (a 'heads' field)",
+    )
 
 
 def _saelens(folder: Path) -> bool:
@@ -226,6 +231,10 @@ def run(args: argparse.Namespace) -> int:
     built = time.perf_counter() - start
     pruned = graph.prune(args.node_threshold, args.edge_threshold)
     files, summary = graph_outputs(model, tc, graph, pruned, args, texts, built)
+    if args.attention:  # head loadings of the kept edges (interp/cli/graph_attention.py)
+        from interp.cli.graph_attention import add_head_loadings
+
+        add_head_loadings(model, graph.context["tc"], pruned, files)
     summary["seconds"]["total"] = round(time.perf_counter() - start, 3)
     files["summary.json"] = json.dumps(summary, indent=2) + "\n"
     with staged_output(out, owns=FILES) as stage:

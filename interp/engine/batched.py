@@ -24,6 +24,7 @@ first patched position (:mod:`interp.engine.suffix`); a model whose logits are n
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -50,6 +51,9 @@ from interp.engine.suffix import (
     suffix_pass,
 )
 from interp.engine.tokens import PromptError, to_tokens
+from interp.foundation.fallbacks import warn_fallback
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["run_patched", "per_row", "check_eval", "MetricFn", "RowMetricFn", "TASK_KINDS"]
 
@@ -255,6 +259,12 @@ def run_patched(
             per_pass, rows_at_once = task_blocks(model, n_pos, n_rows, len(rows), held=kept, **plan)
         except MemoryBudgetError:  # the base run's states do not fit: the dense passes
             offsets = [0] * len(rows)
+            warn_fallback(
+                logger,
+                "suffix_pass:budget",
+                "the base run's keys and values do not fit max_bytes beside the patched runs: "
+                "running every position (the dense passes, slower) instead of suffix_pass",
+            )
     if any(offsets):
         states = base_states(model, tokens)
     else:

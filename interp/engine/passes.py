@@ -21,6 +21,7 @@ itself (TransformerLens's attention reads ``past_key_values``, which Hugging Fac
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,6 +32,9 @@ from torch import Tensor
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from interp.engine.allocator import drop_retained_patterns, release_retained
+from interp.foundation.fallbacks import warn_fallback
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "HookFn",
@@ -42,7 +46,20 @@ __all__ = [
     "hook_shape",
     "prefix_cache",
     "masks_follow_rows",
+    "STRUCTURE_ERRORS",
 ]
+
+# what a model laid out otherwise raises when a fast path cannot follow it (a missing module,
+# a shape the path does not expect); out of memory (a RuntimeError too) is always re-raised first
+STRUCTURE_ERRORS = (
+    AttributeError,
+    TypeError,
+    ValueError,
+    IndexError,
+    KeyError,
+    NotImplementedError,
+    RuntimeError,
+)
 
 HookFn = Callable[..., Tensor | None]  # a forward hook: (activation, hook) -> new value or None
 
@@ -240,20 +257,41 @@ def reads_like_forward(
     """Whether :func:`forward_read` gives this model's logits: it has ``ln_final`` and
     ``unembed`` with :data:`READ_HOOK`, is not placed by accelerate (``device_map``), no hook in
     ``hook_names`` is at or after it, and on the first row of ``tokens`` the two agree (float
-    rounding: 1e-5)."""
+    rounding: 1e-5). When not, the caller computes the full logits, and a warning (once per
+    reason and process) says so. Out of memory is raised, never taken for a mismatch."""
+    reason = _read_refused(model, tokens, read_at, hook_names)
+    if reason is None:
+        return True
+    warn_fallback(
+        logger,
+        f"forward_read:{reason.split(':')[0]}",
+        "the one-position read (forward_read) is not used: %s; computing the full logits (slower)",
+        reason,
+    )
+    return False
+
+
+def _read_refused(model, tokens: Tensor, read_at: Tensor, hook_names: Sequence[str]) -> str | None:
+    """Why :func:`forward_read` cannot stand for this model's logits, or None."""
     if not (hasattr(model, "ln_final") and hasattr(model, "unembed")):
-        return False
+        return "the model has no ln_final and unembed"
     if getattr(getattr(model, "original_model", None), "hf_device_map", None):
-        return False  # placed by accelerate, whose hooks must see every pass to its end
-    if READ_HOOK not in model.hook_dict or any(n.startswith(_AFTER_READ) for n in hook_names):
-        return False
+        return "placed by accelerate, whose hooks must see every pass to its end"
+    if READ_HOOK not in model.hook_dict:
+        return f"the model has no {READ_HOOK}"
+    if any(n.startswith(_AFTER_READ) for n in hook_names):
+        return f"a hook at or after {READ_HOOK}"
     probe, at = tokens[:1], read_at[:1]
     try:
         fast = forward_read(model, probe, (), at)
-    except Exception:  # any structure the read cannot follow: fall back to full logits
-        return False
+    except torch.OutOfMemoryError:
+        raise
+    except STRUCTURE_ERRORS as exc:  # a structure the read cannot follow
+        return f"it raised {type(exc).__name__}: {str(exc).strip()[:200]}"
     full = forward(model, probe)[:, int(at[0])]
-    return fast.shape == full.shape and torch.allclose(fast, full, rtol=1e-5, atol=1e-5)
+    if fast.shape != full.shape or not torch.allclose(fast, full, rtol=1e-5, atol=1e-5):
+        return "its logits differ from the model's (soft-capping or another final step)"
+    return None
 
 
 def store_hook(store: dict, name: str, copy: bool = False) -> HookFn:

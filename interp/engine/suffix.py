@@ -21,6 +21,7 @@ every other run takes the dense passes of :func:`interp.engine.run_patched`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -31,6 +32,7 @@ from transformers.cache_utils import DynamicCache
 
 from interp.engine.hooks import compile_hooks
 from interp.engine.passes import (
+    STRUCTURE_ERRORS,
     HookFn,
     forward_read,
     prefix_cache,
@@ -38,6 +40,9 @@ from interp.engine.passes import (
     store_hook,
 )
 from interp.engine.sites import SITE_KINDS, Intervention, Site
+from interp.foundation.fallbacks import warn_fallback
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["run_offset", "base_states", "suffix_pass", "suffix_like_forward", "state_bytes"]
 
@@ -156,12 +161,28 @@ def suffix_pass(
 def suffix_like_forward(model, tokens: Int[Tensor, "rows pos"], read_at: Int[Tensor, " rows"]):
     """Whether :func:`suffix_pass` gives this model's logits, checked on the first row: two
     runs re-patching the base residual at a middle position, one at layer 0 and one at the
-    last layer, against the dense read (float rounding: 1e-5). Any error means no."""
+    last layer, against the dense read (float rounding: 1e-5). When not (it raises one of
+    :data:`~interp.engine.passes.STRUCTURE_ERRORS`, or differs), the caller takes the dense
+    passes and a warning (once per reason and process) says so; out of memory is raised."""
     at = int(read_at[0])
     start = at // 2
     if start < 1:
-        return False
-    probe, read = tokens[:1], read_at[:1]
+        return False  # nothing before the read to reuse: the dense passes are the same work
+    reason = _suffix_refused(model, tokens[:1], read_at[:1], start)
+    if reason is None:
+        return True
+    warn_fallback(
+        logger,
+        f"suffix_pass:{reason.split(':')[0]}",
+        "patched runs from their first patched position (suffix_pass) are not used: %s; "
+        "running every position (the dense passes, slower)",
+        reason,
+    )
+    return False
+
+
+def _suffix_refused(model, probe: Tensor, read: Tensor, start: int) -> str | None:
+    """Why :func:`suffix_pass` cannot stand for the dense read on ``probe``, or None."""
     try:
         states = base_states(model, probe)
         last = int(model.cfg.n_layers) - 1
@@ -171,7 +192,11 @@ def suffix_like_forward(model, tokens: Int[Tensor, "rows pos"], read_at: Int[Ten
         ]
         fast = suffix_pass(model, probe, start, runs, states, read, slice(0, 1))
         dense = forward_read(model, probe, (), read)
-    except Exception:  # any structure the suffix pass cannot follow: the dense passes
-        return False
+    except torch.OutOfMemoryError:
+        raise
+    except STRUCTURE_ERRORS as exc:  # a structure the suffix pass cannot follow
+        return f"it raised {type(exc).__name__}: {str(exc).strip()[:200]}"
     dense = dense.expand(len(runs), -1)
-    return fast.shape == dense.shape and torch.allclose(fast, dense, rtol=1e-5, atol=1e-5)
+    if fast.shape != dense.shape or not torch.allclose(fast, dense, rtol=1e-5, atol=1e-5):
+        return "its logits differ from the dense passes'"
+    return None

@@ -219,4 +219,5 @@ def attribution_graph(
             "batch_size": batch_size,
             "hook": FINAL_HOOK,
         },
+        context={"model": model, "tc": tc},  # for head loadings and QK attribution
     )

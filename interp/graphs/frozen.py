@@ -29,6 +29,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from interp.engine import forward
+from interp.foundation.fallbacks import warn_fallback
 from interp.graphs.norm_path import NormPath, norm_paths
 from interp.graphs.value_path import Scope, ValuePath, value_path_weights
 
@@ -187,6 +188,20 @@ def frozen_pass(model, tokens: Int[Tensor, " pos"], tc, rows: int) -> FrozenPass
     norms = norm_paths(model, _busy(tc)) if paths is not None else None
     tries = [(paths, norms)] if norms else []
     tries += [(paths, None)] if paths is not None else []
+    if paths is None:
+        warn_fallback(
+            logger,
+            "frozen:value_path_weights",
+            "attribution graph: this model's attention weights cannot be read as a value path: "
+            "differentiating the bridge's attention and norms instead (slower)",
+        )
+    elif norms is None:
+        warn_fallback(
+            logger,
+            "frozen:norm_paths",
+            "attribution graph: this model's norm weights cannot be read as frozen maps: "
+            "differentiating the bridge's norms instead (slower)",
+        )
     for value, norm in tries:
         keep: dict = {}
         forward(model, batch, frozen_hooks(model, tc, keep, value, scope, norm), grad=True)
@@ -209,12 +224,23 @@ def frozen_pass(model, tokens: Int[Tensor, " pos"], tc, rows: int) -> FrozenPass
                 bool(norm),
             )
         if wrong:
-            logger.info("the frozen maps of %s do not reproduce the bridge's norms", wrong)
+            warn_fallback(
+                logger,
+                "frozen:norm_path",
+                "attribution graph: the norms' frozen maps do not reproduce %s (off by up to %.3g "
+                "times the check's tolerance): differentiating the bridge's norms instead (slower)",
+                wrong,
+                max(norm[prefix].last_miss for prefix in wrong),
+            )
             continue
-        logger.info(
-            "the attention's value path does not reproduce layers %s: differentiating the "
-            "bridge's attention instead",
+        warn_fallback(
+            logger,
+            "frozen:value_path",
+            "attribution graph: the attention's value path does not reproduce layers %s (off by "
+            "up to %.3g times the check's tolerance): differentiating the bridge's attention "
+            "instead (slower)",
             mismatch,
+            max(value[layer].last_miss for layer in mismatch),
         )
         break
     keep = {}

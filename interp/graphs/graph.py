@@ -57,6 +57,9 @@ class AttributionGraph:
     kept_nodes: Int[Tensor, " node"] | None = field(default=None, repr=False)
     kept_edges: Bool[Tensor, "node node"] | None = field(default=None, repr=False)
     info: dict = field(default_factory=dict, repr=False)  # sizes and timings of the build
+    # attention decompositions (heads.py, qk.py): {"model", "tc"} the graph was built from;
+    # not saved with the graph
+    context: dict | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         n = len(self.nodes)
@@ -121,6 +124,33 @@ class AttributionGraph:
             kept_edges=edge_mask[kept][:, kept],
             info=info,
         )
+
+    # ------------------------------------------------------------------ attention
+
+    def _context(self) -> tuple:
+        if not self.context:
+            raise ValueError(
+                "this graph holds no model: call interp.graphs.heads.head_loadings / "
+                "interp.graphs.qk.qk_attribution with the model and transcoders"
+            )
+        return self.context["model"], self.context["tc"]
+
+    def __getstate__(self) -> dict:
+        # a pickled graph is data: the model and transcoders stay behind
+        return {**self.__dict__, "context": None}
+
+    def head_loadings(self, edges=None, **kwargs):
+        """Each edge split over attention heads (:func:`interp.graphs.heads.head_loadings`)."""
+        from interp.graphs.heads import head_loadings
+
+        return head_loadings(*self._context(), self, edges, **kwargs)
+
+    def qk_attribution(self, layer: int, head: int, query_pos: int, key_pos: int, **kwargs):
+        """One head's score at (query, key) over node pairs
+        (:func:`interp.graphs.qk.qk_attribution`)."""
+        from interp.graphs.qk import qk_attribution
+
+        return qk_attribution(*self._context(), self, layer, head, query_pos, key_pos, **kwargs)
 
     def __repr__(self) -> str:
         counts = self.nodes["kind"].value_counts()

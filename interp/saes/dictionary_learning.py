@@ -28,12 +28,16 @@ residual stream after the layer (``blocks.L.hook_resid_post``, as the library's
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
 import torch
 
+from interp.foundation.fallbacks import warn_fallback
 from interp.saes.sae import SAE
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["CLASSES", "read_dictionary_learning"]
 
@@ -72,7 +76,15 @@ def _hook(trainer: dict) -> str | None:
 def _load(path: Path) -> dict[str, torch.Tensor]:
     try:  # memory-mapped: the tensors become the SAE's parameters without a second copy
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except torch.OutOfMemoryError:
+        raise
     except RuntimeError:  # a file in torch's legacy (non-zip) format cannot be mapped
+        warn_fallback(
+            logger,
+            "dictionary_learning:mmap",
+            "%s cannot be memory-mapped (torch's legacy format?): reading it into memory",
+            path,
+        )
         return torch.load(path, map_location="cpu", weights_only=True)
 
 

@@ -6,6 +6,8 @@ circuits exactly zero) and L1H3 with W_Q = W_K = 0 (QK circuit exactly zero).
 
 from __future__ import annotations
 
+import logging
+
 import pandas as pd
 import pytest
 import torch
@@ -20,6 +22,7 @@ from interp.circuits import (
     top_copied_tokens,
 )
 from interp.circuits import copying as copying_module
+from interp.foundation.fallbacks import reset_fallback_warnings
 from interp.induction import detect_induction_heads
 
 ZERO_OV = {(0, 1), (1, 2)}
@@ -73,7 +76,8 @@ def test_numerically_zero_head_is_flagged(toy):
     assert _flagged(copying_scores_dense(tiny)) == _flagged(df)
 
 
-def test_solver_failure_is_undefined_not_a_crash(toy, monkeypatch):
+def test_solver_failure_is_undefined_not_a_crash(toy, monkeypatch, caplog):
+    reset_fallback_warnings()
     real = torch.linalg.eigvals
 
     def flaky(matrix):  # LAPACK "fails" on the batched call and on head L0H0 alone
@@ -84,11 +88,24 @@ def test_solver_failure_is_undefined_not_a_crash(toy, monkeypatch):
     inner, _ = copying_module._ov_inner(circuit_weights(toy))
     first = inner[0, 0].double()
     monkeypatch.setattr(torch.linalg, "eigvals", flaky)
-    df = copying_scores(toy)
-    assert _flagged(df) == ZERO_OV | {(0, 0)}
-    assert df["copying_score"].notna().sum() == 8 - 3
-    eig = ov_eigenvalues(toy)
-    assert eig[0, 0].isnan().all() and not eig[0, 2].isnan().any()
+    with caplog.at_level(logging.WARNING, logger="interp.circuits.copying"):
+        df = copying_scores(toy)
+        assert _flagged(df) == ZERO_OV | {(0, 0)}
+        assert df["copying_score"].notna().sum() == 8 - 3
+        eig = ov_eigenvalues(toy)
+        assert eig[0, 0].isnan().all() and not eig[0, 2].isnan().any()
+    # the slower per-head path is not silent: one warning, however often it runs
+    said = [r.getMessage() for r in caplog.records if "did not converge" in r.getMessage()]
+    assert len(said) == 1 and "each head's matrix alone" in said[0], said
+
+
+def test_solver_out_of_memory_is_raised(toy, monkeypatch):
+    def oom(matrix):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    monkeypatch.setattr(torch.linalg, "eigvals", oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        copying_scores(toy)
 
 
 def test_non_finite_weights_are_undefined(toy):

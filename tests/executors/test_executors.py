@@ -18,6 +18,7 @@ from interp.foundation.executors import (
     run_shards,
 )
 from interp.foundation.executors.backends import missing_extra
+from tests.optional import require_module
 from tests.support_executors import SumJob, runs
 
 VALUES = tuple(float(v) * 0.1 for v in range(11))  # 11 rows: shards of 3, 3, 3, 2
@@ -38,7 +39,7 @@ def executor(request, monkeypatch):
     if request.param == "ray":
         request.getfixturevalue("ray_cluster")
         return RayExecutor
-    submitit = pytest.importorskip("submitit")
+    submitit = require_module("submitit", "slurm")
     # a job that died without a result: submitit waits 15 s for its result file to appear (a
     # cluster's shared file system may lag); here the file system is local, nothing lags
     monkeypatch.setattr(submitit.core.core.Job, "_results_timeout_s", 1)

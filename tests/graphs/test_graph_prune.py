@@ -71,11 +71,60 @@ def test_pruned_graph(graph):
     feats = torch.tensor((kinds == "feature").to_numpy())
     assert p.kept_edges[:, inner].any(0).all()  # every kept feature and error has an output
     assert p.kept_edges[feats].any(1).all()  # every kept feature has an input
-    assert (p.nodes.cumulative[feats.numpy()] <= 0.8 + 1e-6).all()
+    _check_cumulative(graph, p)
+    # the node rule: nothing outside the smallest prefix reaching 0.8 (tokens and logits aside)
+    tail = set(range(len(graph.nodes) - len(TOKENS) - len(graph.logit_token_ids), len(graph.nodes)))
+    assert set(p.kept_nodes.tolist()) - tail <= _influence_prefix(graph, 0.8)[0]
     scores = graph.scores()
     assert 0 < scores["replacement"] < 1 and 0 < scores["completeness"] < 1
     with pytest.raises(ValueError, match="between 0 and 1"):
         graph.prune(node_threshold=1.5)
+
+
+def _influence_prefix(graph, share: float) -> tuple[set[int], int]:
+    """The node rule computed here from the closed form: the smallest set of the most
+    influential nodes whose influence reaches ``share`` of the total (ties at its last score
+    kept too, as circuit-tracer's ``influence >= threshold``), and the node that crosses."""
+    A, w = graph.adjacency.double(), graph.logit_weights().double()
+    n = A.shape[0]
+    closed = w @ (torch.linalg.inv(torch.eye(n, dtype=A.dtype) - normalise_rows(A)) - torch.eye(n))
+    order = sorted(range(n), key=lambda i: -float(closed[i]))
+    total, running = float(closed.sum()), 0.0
+    for node in order:
+        running += float(closed[node])
+        if running >= share * total * (1 - 1e-9):
+            last = float(closed[node])
+            return {i for i in range(n) if float(closed[i]) >= last * (1 - 1e-9)}, node
+    raise AssertionError("the influence never reaches the share")
+
+
+def _check_cumulative(graph, pruned) -> None:
+    """Each kept node's ``cumulative`` is the share of the nodes at least as influential."""
+    infl = node_influence(graph.adjacency, graph.logit_weights()).double()
+    for k, cum in zip(pruned.kept_nodes.tolist(), pruned.nodes.cumulative, strict=True):
+        at_least = float(infl[infl >= infl[k]].sum() / infl.sum())
+        assert abs(cum - at_least) <= 1e-5, (k, cum, at_least)
+
+
+@pytest.mark.parametrize("share", [0.5, 0.8, 0.9])
+def test_node_pruning_keeps_the_smallest_prefix_reaching_the_share(graph, share):
+    p = graph.prune(node_threshold=share, edge_threshold=1.0)
+    prefix, crossing = _influence_prefix(graph, share)
+    n_tail = len(graph.tokens) + len(graph.logit_token_ids)
+    tail = set(range(len(graph.nodes) - n_tail, len(graph.nodes)))
+    kept = set(p.kept_nodes.tolist())
+    # nothing outside the prefix (the tokens and logits aside) is kept, and the prefix without
+    # its crossing node falls short of the share: the smallest such set
+    assert kept - tail <= prefix
+    infl = node_influence(graph.adjacency, graph.logit_weights()).double()
+    assert float(infl[sorted(prefix - {crossing})].sum()) < share * float(infl.sum())
+    # the node that crosses the share is kept (at 0.5 and 0.9 it is a feature, its cumulative
+    # share above the threshold: a rule of "cumulative <= share" would drop it)
+    assert crossing in kept
+    if share != 0.8:
+        assert graph.nodes.kind[crossing] == "feature"
+        assert p.nodes.cumulative[p.kept_nodes.tolist().index(crossing)] > share
+    _check_cumulative(graph, p)
 
 
 def test_text_with_bos_zero(zoo):

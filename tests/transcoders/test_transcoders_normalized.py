@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp import attribution_graph, feature_intervention, load_model, load_transcoders, run_cached
+from interp import feature_intervention, load_model, load_transcoders, run_cached
 from interp.transcoders.loading import TranscoderFitError, check_transcoders_fit
+from tests.graphs.test_graph_half_precision import check_half_graph
 from tests.transcoder_folders import random_transcoders, write_raw_folder
 from tests.transcoders.test_transcoders_saelens import write_set
 from tests.zoo import RMSNORM_ARCHS, ZOO_ARCHS
@@ -103,8 +104,8 @@ def test_a_half_precision_model(zoo, arch):
     plain = run_cached(model, TOKENS).logits[0].float()
     spliced = run_cached(model, TOKENS, transcoders=tc).logits[0].float()
     assert (spliced - plain).abs().max() <= 0.05 * plain.abs().max()  # bfloat16 rounding
-    g = attribution_graph(model, TOKENS[0], tc)
-    assert (g.nodes.kind == "feature").sum() > 5
+    # the graph: the float32 graph of the rounded weights, within bfloat16's bound
+    check_half_graph(zoo.directory(arch), torch.bfloat16, input_hook=HOOK)
     frozen = feature_intervention(model, TOKENS[0], tc, constrained_layers=range(2))
     assert frozen.logits.dtype == torch.bfloat16
     assert (frozen.logits.float() - plain).abs().max() <= 0.05 * plain.abs().max()
