@@ -31,6 +31,7 @@ from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
 from interp.graphs.graph import AttributionGraph
 from interp.graphs.influence import partial_influences
 from interp.graphs.nodes import Sources, node_table, read_sources, salient_logits
+from interp.graphs.task_graph import is_task, task_graph
 from interp.transcoders.loading import check_transcoders_fit
 
 __all__ = ["attribution_graph", "estimate_graph_bytes"]
@@ -105,7 +106,11 @@ def attribution_graph(
         max_bytes: a budget for the adjacency, the rows and the frozen pass; a graph that needs
             more even with one row per pass is refused (``MemoryBudgetError``) with what it needs.
         progress: show a progress bar over the features.
+
+    Given an :class:`interp.Task`, the task graph of its rows (:mod:`interp.graphs.task_graph`).
     """
+    if is_task(tokens_or_text):  # a Task: its rows' graphs aligned and averaged
+        return task_graph(attribution_graph, **locals())
     start = time.perf_counter()
     tokens = to_tokens(model, tokens_or_text)
     if tokens.shape[0] != 1:
