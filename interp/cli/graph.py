@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from interp.cli.graph_task import check_task, run_task
 from interp.cli.options import add_model_option, device, int_between, memory_size
 from interp.cli.output import UsageError, check_out_dir, staged_output
 from interp.cli.sources import BUNDLED_DIR, check_source, load_model
@@ -58,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     given.add_argument(
         "--tokens", type=_token_ids, help="token ids, comma-separated, taken as they are"
     )
+    given.add_argument("--task", type=Path, help="a task file: its rows' graph (docs/graphs.md)")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument(
         "--node-threshold", type=_fraction, default=0.8, help="share of influence kept (0.8)"
@@ -159,6 +161,7 @@ def _check_args(args: argparse.Namespace) -> list[str] | None:
         )
     args.transcoders = _default_transcoders(args)
     _check_transcoders(args.transcoders)
+    args.task_rows = check_task(args)  # --task: interp/cli/graph_task.py
     if args.text is None:
         return None
     try:
@@ -214,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
         check_transcoders_fit(model, tc)
     except TranscoderFitError as exc:
         raise UsageError(f"--transcoders {args.transcoders}: {exc}") from None
+    if args.task is not None:
+        return run_task(args, model, tc, args.task_rows, out)
     tokens = _tokens(model, args)
     from interp.cli.graph_files import graph_outputs
     from interp.graphs.attribute import attribution_graph
