@@ -131,7 +131,8 @@ class TaskGraph:
     ``source`` row numbers of ``nodes``, one row per edge nonzero in some row (on a pruned
     graph: the kept edges only). ``kept_nodes``: on a pruned graph, each node's row in the
     unpruned one. ``graphs``: each row's own graph (for :meth:`head_loadings`), with
-    ``node_ids`` its nodes' rows in the unpruned ``nodes``.
+    ``node_ids`` its nodes' rows in the unpruned ``nodes`` and ``row_positions`` its position
+    keys.
     """
 
     nodes: pd.DataFrame = field(repr=False)
@@ -143,6 +144,7 @@ class TaskGraph:
     info: dict = field(default_factory=dict, repr=False)
     graphs: tuple = field(default=(), repr=False)
     node_ids: tuple = field(default=(), repr=False)
+    row_positions: tuple = field(default=(), repr=False)  # each row's position keys
 
     @property
     def adjacency(self) -> Float[Tensor, "node node"]:
@@ -186,38 +188,18 @@ class TaskGraph:
         return replace(self, nodes=nodes, edges=edges, kept_nodes=kept, info=info)
 
     def head_loadings(self, edges=None) -> pd.DataFrame:
-        """Each edge's head loadings averaged over the rows: ``target, source, layer, head,
-        weight`` (``residual`` rows as :func:`interp.graphs.heads.head_loadings` gives them),
-        each row's loadings of the aligned edge (summed over a role's logits), a row without
-        the edge counting 0. They sum, per edge, to its mean weight. ``edges``: ``(target,
-        source)`` row numbers of ``nodes``; None: every edge of this graph."""
-        if not self.graphs:
-            raise ValueError("this task graph holds no per-row graphs (it was loaded, not built)")
-        pairs = self.edges[["target", "source"]].to_numpy() if edges is None else edges
-        pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-        ids = self.kept_nodes if self.kept_nodes is not None else np.arange(len(self.nodes))
-        wanted = {(int(ids[t]), int(ids[s])): (int(t), int(s)) for t, s in pairs}
-        frames = []
-        for g, node_ids in zip(self.graphs, self.node_ids, strict=True):
-            local = torch.nonzero(g.adjacency != 0).numpy()
-            local = [(a, b) for a, b in local if (node_ids[a], node_ids[b]) in wanted]
-            if not local:
-                continue
-            table = g.head_loadings(edges=local)
-            mapped = [
-                wanted[(node_ids[a], node_ids[b])]
-                for a, b in zip(table.target, table.source, strict=True)
-            ]
-            table[["target", "source"]] = np.asarray(mapped, dtype=np.int64).reshape(-1, 2)
-            frames.append(table)
-        columns = ["target", "source", "layer", "head", "weight"]
-        if not frames:
-            return pd.DataFrame(columns=columns)
-        both = pd.concat(frames, ignore_index=True)
-        keys = [c for c in columns if c != "weight"]
-        summed = both.groupby(keys, dropna=False, sort=True)["weight"].sum().reset_index()
-        summed["weight"] /= self.n_prompts
-        return summed
+        """Each edge's head loadings averaged over the rows
+        (:func:`interp.graphs.task_attention.task_head_loadings`)."""
+        from interp.graphs.task_attention import task_head_loadings
+
+        return task_head_loadings(self, edges)
+
+    def qk_attribution(self, layer: int, head: int, query: str, key: str, **kwargs):
+        """One head's score between two named positions over node pairs, averaged over the rows
+        (:func:`interp.graphs.task_attention.task_qk_attribution`)."""
+        from interp.graphs.task_attention import task_qk_attribution
+
+        return task_qk_attribution(self, layer, head, query, key, **kwargs)
 
     def __repr__(self) -> str:
         counts = self.nodes["kind"].value_counts()
@@ -236,7 +218,7 @@ def task_graph(one_graph: Callable, model, tokens_or_text: Task, tc, **options) 
     batch = task.tokens(model)  # every row checked before any graph
     index: dict[tuple, int] = {}
     targets, sources, weights, row_of = [], [], [], []
-    graphs, node_ids, tables = [], [], []
+    graphs, node_ids, tables, row_positions = [], [], [], []
     missing = []
     for r in range(len(task)):
         n = int(batch.lengths[r])
@@ -250,14 +232,15 @@ def task_graph(one_graph: Callable, model, tokens_or_text: Task, tc, **options) 
         targets.append(t), sources.append(s), weights.append(w)
         row_of.append(torch.full_like(t, r))
         tables.append(nodes[["activation", "probability", "pos"]].assign(id=ids, row=r))
-        graphs.append(g), node_ids.append(ids)
+        graphs.append(g), node_ids.append(ids), row_positions.append(tuple(keys))
     if missing:
         logger.warning(
             "rows %s: the answer is not among the graph's logits (raise max_n_logits or "
             "desired_logit_prob); those rows have no answer node",
             ", ".join(map(str, missing)),
         )
-    return _assemble(task, index, targets, sources, weights, tables, graphs, node_ids)
+    built = _assemble(task, index, targets, sources, weights, tables, graphs, node_ids)
+    return replace(built, row_positions=tuple(row_positions))
 
 
 def _assemble(task, index, targets, sources, weights, tables, graphs, node_ids) -> TaskGraph:

@@ -43,6 +43,14 @@ def setup():
     return model, tc
 
 
+@pytest.fixture(scope="module")
+def built(setup, rows):
+    """The task graph of the three rows, and each row's own graph."""
+    model, tc = setup
+    per_row = [attribution_graph(model, torch.tensor(r["clean"]), tc) for r in rows]
+    return attribution_graph(model, _task(rows), tc), per_row
+
+
 def _task(rows) -> Task:
     return Task.from_records(
         [{**r, "corrupted": [1] * len(r["clean"]), "positions": r["positions"]} for r in rows]
@@ -65,8 +73,9 @@ def _keyed(g, row) -> dict:
 
     out: dict = {}
     A = g.adjacency.double()
+    keys = [key(i) for i in range(len(g.nodes))]
     for t, s in torch.nonzero(A).tolist():
-        k = (key(t), key(s))
+        k = (keys[t], keys[s])
         out[k] = out.get(k, 0.0) + float(A[t, s])
     return out
 
@@ -113,10 +122,9 @@ def test_identical_rows_give_the_single_graph(setup, rows):
     assert sorted(feats["activation"]) == sorted(single["activation"])
 
 
-def test_distinct_rows_mean_sem_count(setup, rows):
-    model, tc = setup
-    tg = attribution_graph(model, _task(rows), tc)
-    per_row = [_keyed(attribution_graph(model, torch.tensor(r["clean"]), tc), r) for r in rows]
+def test_distinct_rows_mean_sem_count(built, rows):
+    tg, graphs = built
+    per_row = [_keyed(g, r) for g, r in zip(graphs, rows, strict=True)]
     union = set().union(*per_row)
     got = _edges(tg)
     assert set(got) == union
@@ -134,9 +142,8 @@ def test_distinct_rows_mean_sem_count(setup, rows):
     assert logits.loc["answer", "count"] == 3  # the induction heads predict every answer
 
 
-def test_prune_and_head_loadings(setup, rows):
-    model, tc = setup
-    tg = attribution_graph(model, _task(rows), tc)
+def test_prune_and_head_loadings(built):
+    tg, _ = built
     pruned = tg.prune()
     kinds = pruned.nodes["kind"]
     assert (kinds == "token").sum() == (tg.nodes["kind"] == "token").sum()  # always kept
@@ -163,3 +170,23 @@ def test_missing_answer_is_named(setup, rows, caplog):
     assert "rows 1: the answer is not among the graph's logits" in caplog.text
     assert "answer" not in set(tg.nodes["position"])
     assert tg.edges["sem"].isna().all()  # one row: no standard error
+
+
+def test_qk_attribution_is_the_rows_mean(built, rows):
+    tg, per_row = built
+    # END is the second copy of A: an induction head looks from it to B
+    scores = [
+        g.qk_attribution(1, 0, len(r["clean"]) - 1, r["positions"]["B"]).attrs["score"]
+        for g, r in zip(per_row, rows, strict=True)
+    ]
+    for graph in (tg, tg.prune()):
+        table = graph.qk_attribution(1, 0, "END", "B")
+        assert table.attrs["rows"] == 3
+        assert table.attrs["score"] == pytest.approx(np.mean(scores), rel=RTOL)
+        # float32 parts summed in float64: the pairs sum to the score within float32 rounding
+        assert table["contribution"].sum() == pytest.approx(np.mean(scores), rel=RTOL_HEADS)
+        assert (table["query_node"] < len(graph.nodes)).all()
+    pruned = tg.prune().qk_attribution(1, 0, "END", "B")
+    assert "other" in set(pruned["query_id"]) | set(pruned["key_id"])  # dropped nodes lumped
+    with pytest.raises(ValueError, match="no row has both positions"):
+        tg.qk_attribution(1, 0, "B", "END")  # the key after the query
