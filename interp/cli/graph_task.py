@@ -15,6 +15,7 @@ from interp.cli.output import UsageError, staged_output
 
 __all__ = ["TASK_FILES", "check_task", "run_task"]
 
+# the files --task may write (heads.csv only with --attention; a stale one is removed)
 TASK_FILES = ["nodes.csv", "edges.csv", "summary.json", "heads.csv"]
 NODE_COLUMNS = ["node", "kind", "layer", "feature", "position", "count", "activation"]
 NODE_COLUMNS += ["probability", "influence", "cumulative"]

@@ -60,7 +60,9 @@ __all__ = [
 KINDS = ("feature", "error", "token", "logit")  # node order: features first, tokens+logits last
 ROLES = ("answer", "wrong", "other")  # logit nodes, in this order
 KEY = ("kind", "layer", "feature", "position")  # a node's key: the same node in every row
+# the columns of TaskGraph.nodes (a pruned graph's add influence and cumulative)
 TASK_NODE_COLUMNS = (*KEY, "count", "activation", "probability")
+# the columns of TaskGraph.edges: node rows, mean weight, its standard error, rows nonzero
 EDGE_COLUMNS = ("target", "source", "weight", "sem", "count")
 _RESERVED = re.compile(r"\[-\d+\]|BOS")  # position keys of unnamed positions
 
@@ -194,12 +196,12 @@ class TaskGraph:
 
         return task_head_loadings(self, edges)
 
-    def qk_attribution(self, layer: int, head: int, query: str, key: str, **kwargs):
+    def qk_attribution(self, layer: int, head: int, query: str, key: str, *, top=None):
         """One head's score between two named positions over node pairs, averaged over the rows
         (:func:`interp.graphs.task_attention.task_qk_attribution`)."""
         from interp.graphs.task_attention import task_qk_attribution
 
-        return task_qk_attribution(self, layer, head, query, key, **kwargs)
+        return task_qk_attribution(self, layer, head, query, key, top=top)
 
     def __repr__(self) -> str:
         counts = self.nodes["kind"].value_counts()
@@ -211,9 +213,29 @@ class TaskGraph:
         )
 
 
-def task_graph(one_graph: Callable, model, tokens_or_text: Task, tc, **options) -> TaskGraph:
+def task_graph(
+    one_graph: Callable,
+    model,
+    tokens_or_text: Task,
+    tc,
+    *,
+    max_n_logits: int = 10,
+    desired_logit_prob: float = 0.95,
+    max_feature_nodes: int | None = None,
+    batch_size: int = 64,
+    max_bytes: int | str | None = None,
+    progress: bool = False,
+) -> TaskGraph:
     """The task graph (module docstring): ``one_graph`` (``attribution_graph``, passed in so
-    this module sits below it) builds each row's graph with ``options``."""
+    this module sits below it) builds each row's graph with the other arguments (its own)."""
+    options = dict(
+        max_n_logits=max_n_logits,
+        desired_logit_prob=desired_logit_prob,
+        max_feature_nodes=max_feature_nodes,
+        batch_size=batch_size,
+        max_bytes=max_bytes,
+        progress=progress,
+    )
     task: Task = tokens_or_text
     batch = task.tokens(model)  # every row checked before any graph
     index: dict[tuple, int] = {}
