@@ -31,7 +31,7 @@ from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
 from interp.graphs.graph import AttributionGraph
 from interp.graphs.influence import partial_influences
 from interp.graphs.nodes import Sources, node_table, read_sources, salient_logits
-from interp.graphs.task_graph import is_task, task_graph
+from interp.graphs.task_graph import is_task, task_graph_of
 from interp.transcoders.loading import check_transcoders_fit
 
 __all__ = ["attribution_graph", "estimate_graph_bytes"]
@@ -110,7 +110,7 @@ def attribution_graph(
     Given an :class:`interp.Task`, the task graph of its rows (:mod:`interp.graphs.task_graph`).
     """
     if is_task(tokens_or_text):  # a Task: its rows' graphs aligned and averaged
-        return task_graph(attribution_graph, **locals())
+        return task_graph_of(attribution_graph, locals())
     start = time.perf_counter()
     tokens = to_tokens(model, tokens_or_text)
     if tokens.shape[0] != 1:

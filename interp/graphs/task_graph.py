@@ -32,6 +32,7 @@ identical rows gives each edge exactly its one-prompt weight, with ``sem`` 0.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 from collections.abc import Callable
@@ -211,6 +212,13 @@ class TaskGraph:
             f"TaskGraph({self.n_prompts} prompts, {len(self.nodes)} nodes: {parts}; "
             f"{len(self.edges)} edges{pruned})"
         )
+
+
+def task_graph_of(one_graph: Callable, arguments: dict) -> TaskGraph:
+    """:func:`task_graph` from ``attribution_graph``'s ``locals()`` (its dispatch): only its
+    parameters are read, so other names defined before the dispatch do no harm."""
+    names = inspect.signature(task_graph).parameters
+    return task_graph(one_graph, **{k: v for k, v in arguments.items() if k in names})
 
 
 def task_graph(
