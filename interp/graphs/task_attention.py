@@ -56,6 +56,7 @@ def task_head_loadings(tg, edges=None) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=HEAD_COLUMNS)
     both = pd.concat(frames, ignore_index=True)
+    both["weight"] = both["weight"].astype("float64")  # exact sums of float32s
     summed = both.groupby(HEAD_COLUMNS[:-1], sort=True)["weight"].sum().reset_index()
     summed["weight"] /= tg.n_prompts
     return summed
@@ -95,6 +96,7 @@ def task_qk_attribution(
             f"name positions as the task graph's nodes do ({', '.join(_names(tg)[:8])}, ...)"
         )
     both = pd.concat(frames, ignore_index=True)
+    both["contribution"] = both["contribution"].astype("float64")  # exact sums of float32s
     keys = ["query_node", "key_node", "query_id", "key_id"]
     out = both.groupby(keys, sort=False)["contribution"].sum().reset_index()
     out["contribution"] /= len(frames)

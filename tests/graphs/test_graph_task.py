@@ -190,3 +190,33 @@ def test_qk_attribution_is_the_rows_mean(built, rows):
     assert "other" in set(pruned["query_id"]) | set(pruned["key_id"])  # dropped nodes lumped
     with pytest.raises(ValueError, match="no row has both positions"):
         tg.qk_attribution(1, 0, "B", "END")  # the key after the query
+
+
+def test_identical_rows_qk_is_the_single_graphs(setup, rows):
+    """Each pair of the single graph's QK table, mapped by the test's own keys, is the task
+    graph's pair with the same contribution (the mean of three equal values)."""
+    model, tc = setup
+    row = rows[1]
+    g = attribution_graph(model, torch.tensor(row["clean"]), tc)
+    tg = attribution_graph(model, _task([row] * 3), tc)
+    end, b = len(row["clean"]) - 1, row["positions"]["B"]
+    single = g.qk_attribution(1, 2, end, b)
+    names = {p: label for label, p in row["positions"].items()}
+
+    def key(i, label):
+        if i < 0:
+            return label
+        node = g.nodes.iloc[i]
+        pos = names.get(int(node.pos), f"[{int(node.pos) - len(row['clean'])}]")
+        return f"{node.kind} L{node.layer} f{node.feature} @{pos}"
+
+    expected = {
+        (key(q, qi), key(k, ki)): c
+        for q, k, qi, ki, c in zip(*(single[c] for c in single.columns), strict=True)
+    }
+    task = tg.qk_attribution(1, 2, "END", "B")
+    got = dict(zip(zip(task.query_id, task.key_id, strict=True), task.contribution, strict=True))
+    assert set(got) == set(expected)
+    for k, c in expected.items():
+        assert got[k] == c, k  # float64 sums of equal float32s: exact
+    assert task.attrs["score"] == pytest.approx(single.attrs["score"], rel=RTOL)
