@@ -78,3 +78,11 @@ def test_attention_writes_head_loadings(task_file, tmp_path):
     sums = heads.groupby(["target", "source"])["weight"].sum()
     # each row's loadings sum to its float32 edge within ~1e-5 of the largest weight
     assert (sums - edges.reindex(sums.index)).abs().max() <= 1e-5 * edges.abs().max()
+
+
+def test_rows_the_tokenizer_refuses_exit_2(tmp_path, capsys):
+    path = tmp_path / "task.jsonl"
+    path.write_text('{"clean": [1, 2, 999999], "corrupted": [1, 2, 3], "answer": [4]}\n')
+    code = main(["graph", *BUNDLED, "--task", str(path), "--out", str(tmp_path / "o")])
+    assert code == 2 and "must lie in [0, 2047]" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
