@@ -247,7 +247,7 @@ def task_graph(
     task: Task = tokens_or_text
     batch = task.tokens(model)  # every row checked before any graph
     index: dict[tuple, int] = {}
-    targets, sources, weights, row_of = [], [], [], []
+    targets, sources, weights = [], [], []
     graphs, node_ids, tables, row_positions = [], [], [], []
     missing = []
     for r in range(len(task)):
@@ -260,7 +260,6 @@ def task_graph(
         if not answers & set(g.logit_token_ids.tolist()):
             missing.append(r + 1)
         targets.append(t), sources.append(s), weights.append(w)
-        row_of.append(torch.full_like(t, r))
         tables.append(nodes[["activation", "probability", "pos"]].assign(id=ids, row=r))
         graphs.append(g), node_ids.append(ids), row_positions.append(tuple(keys))
     if missing:
