@@ -106,6 +106,11 @@ def attribution_graph(
             more even with one row per pass is refused (``MemoryBudgetError``) with what it needs.
         progress: show a progress bar over the features.
     """
+    options = dict(locals())  # the arguments (nothing else is defined yet), for a list
+    from interp.graphs.many import graphs_of_prompts, many_prompts
+
+    if many_prompts(tokens_or_text):  # a list of prompts: a list of graphs (graphs.many)
+        return graphs_of_prompts(attribution_graph, **options)
     start = time.perf_counter()
     tokens = to_tokens(model, tokens_or_text)
     if tokens.shape[0] != 1:
