@@ -17,7 +17,7 @@ from interp.cli.sources import BUNDLED_DIR, load_model
 HELP = (
     "the attribution graph of a prompt through transcoders (features, errors, tokens, "
     "logits), pruned; write graph.json (circuit-tracer's format), nodes.csv, edges.csv, "
-    "summary.json and report.html"
+    "summary.json and report.html (with --prompts, a folder of them per prompt)"
 )
 FILES = ["graph.json", "nodes.csv", "edges.csv", "summary.json", "report.html"]
 CONTEXT_TOKENS = 16384  # tokens of --text scanned for each feature's top contexts
@@ -57,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     given.add_argument("--prompt", help="the text the model reads (BOS added as the model does)")
     given.add_argument(
         "--tokens", type=_token_ids, help="token ids, comma-separated, taken as they are"
+    )
+    given.add_argument(
+        "--prompts",
+        type=Path,
+        help="a UTF-8 file of prompts, one a line: a graph each, in --out/prompt_000/ ... "
+        "with index.json listing them",
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument(
@@ -148,6 +154,10 @@ def _default_transcoders(args: argparse.Namespace) -> str:
 def _check_args(args: argparse.Namespace) -> list[str] | None:
     if args.prompt is not None and not args.prompt.strip():
         raise UsageError("--prompt is empty; pass the text the model reads")
+    if args.prompts is not None:
+        from interp.cli.graph_prompts import read_prompts
+
+        args.prompt_list = read_prompts(args.prompts)
     args.transcoders = _default_transcoders(args)
     _check_transcoders(args.transcoders)
     if args.text is None:
@@ -201,6 +211,10 @@ def run(args: argparse.Namespace) -> int:
         check_transcoders_fit(model, tc)
     except (TranscoderLoadError, TranscoderFitError) as exc:
         raise UsageError(f"--transcoders: {exc}") from None
+    if args.prompts is not None:
+        from interp.cli.graph_prompts import run_prompts
+
+        return run_prompts(args, model, tc, args.prompt_list, texts, out)
     tokens = _tokens(model, args)
     from interp.cli.graph_files import graph_outputs
     from interp.graphs.attribute import attribution_graph
