@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts is not None:
         from interp.cli.graph_prompts import run_prompts
 
-        return run_prompts(args, model, tc, args.prompt_list, texts, out)
+        return run_prompts(args, model, tc, args.prompt_list, texts, out, FILES)
     tokens = _tokens(model, args)
     from interp.cli.graph_files import graph_outputs
     from interp.graphs.attribute import attribution_graph

@@ -68,9 +68,11 @@ def _write(stage, folder: str, files: dict[str, str]) -> None:
             ) from None
 
 
-def run_prompts(args: argparse.Namespace, model, tc, prompts: list[str], texts, out: Path) -> int:
-    """Build, prune and write the graph of each prompt (module docstring); exit code 0."""
-    from interp.cli.graph import FILES
+def run_prompts(
+    args: argparse.Namespace, model, tc, prompts: list[str], texts, out: Path, files: list[str]
+) -> int:
+    """Build, prune and write the graph of each prompt (module docstring), each folder holding
+    ``files`` (those of a one-prompt run); exit code 0."""
     from interp.cli.graph_files import graph_outputs
     from interp.graphs.attribute import attribution_graph
     from interp.graphs.many import iter_graphs
@@ -98,10 +100,10 @@ def run_prompts(args: argparse.Namespace, model, tc, prompts: list[str], texts, 
             built = time.perf_counter() - start
             pruned = graph.prune(args.node_threshold, args.edge_threshold)
             one = argparse.Namespace(**{**vars(args), "prompt": prompt})
-            files, summary = graph_outputs(model, tc, graph, pruned, one, texts, built)
+            written, summary = graph_outputs(model, tc, graph, pruned, one, texts, built)
             summary["seconds"]["total"] = round(time.perf_counter() - start, 3)
-            files["summary.json"] = json.dumps(summary, indent=2) + "\n"
-            _write(stage, name, {f: files[f] for f in FILES})
+            written["summary.json"] = json.dumps(summary, indent=2) + "\n"
+            _write(stage, name, {f: written[f] for f in files})
             entries.append(
                 {
                     "folder": name,
