@@ -72,6 +72,9 @@ main { max-width: none; }
                                                  white-space: pre; }
 .interp-graph-token { fill: #57606a; }
 .interp-graph-logit-label { fill: #1f2328; pointer-events: none; }
+.interp-graph-tip { position: absolute; display: none; pointer-events: none; z-index: 5;
+                    background: #1f2328; color: #fff; font: 12px ui-monospace, monospace;
+                    padding: 3px 6px; border-radius: 4px; white-space: pre; }
 .interp-graph-list { padding-left: 1.2em; margin: 0.2em 0; }
 .interp-pos { color: #2563eb; font-variant-numeric: tabular-nums; }
 .interp-neg { color: #dc2626; font-variant-numeric: tabular-nums; }

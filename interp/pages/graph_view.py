@@ -123,8 +123,6 @@ VIEW_JS = r"""
     e.setAttribute("fill", COLORS[n.feature_type] || "#6b7280");
     e.setAttribute("class", "interp-graph-node");
     e.dataset.id = n.node_id;
-    el("title", {}, e).textContent = label(n);
-    e.addEventListener("click", function (ev) { select(n.node_id, ev.shiftKey); });
     nodeEls[n.node_id] = e;
     if (n.feature_type === "logit") {
       var t = el("text", {class: "interp-graph-logit-label"}, textLayer);
@@ -133,6 +131,23 @@ VIEW_JS = r"""
       logitEls.push(t);
     }
   });
+  // one listener each for every node (not one per node): clicks select, hovering names it
+  var tip = h("div", null, document.body, "interp-graph-tip");
+  function nodeOf(ev) { return ev.target.classList.contains("interp-graph-node") ?
+                          byId[ev.target.dataset.id] : null; }
+  nodeLayer.addEventListener("click", function (ev) {
+    var n = nodeOf(ev);
+    if (n) select(n.node_id, ev.shiftKey);
+  });
+  nodeLayer.addEventListener("mouseover", function (ev) {
+    var n = nodeOf(ev);
+    if (!n) return;
+    tip.textContent = label(n) + (n.feature_type === FEATURE ? "  act " + fmt(n.activation) : "");
+    tip.style.left = (ev.pageX + 12) + "px";
+    tip.style.top = (ev.pageY + 12) + "px";
+    tip.style.display = "block";
+  });
+  nodeLayer.addEventListener("mouseout", function () { tip.style.display = "none"; });
   // -- zoom and pan (positions axis) ------------------------------------------------------
   var zoom = 1;
   function sx(x) { return PAD + x * zoom; }
@@ -250,8 +265,9 @@ VIEW_JS = r"""
     counts = {shown: 0, weight: 0, filter: 0, cap: 0};
     var seen = {};
     nodes.forEach(function (n) {
-      seen[n.node_id] = visible(n);
-      nodeEls[n.node_id].style.display = seen[n.node_id] ? "" : "none";
+      var on = visible(n), style = nodeEls[n.node_id].style;
+      seen[n.node_id] = on;
+      if ((style.display !== "none") !== on) style.display = on ? "" : "none";
     });
     links.forEach(function (l) {
       if (Math.abs(l.weight) < f.minW) { counts.weight++; return; }

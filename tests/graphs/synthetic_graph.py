@@ -34,13 +34,15 @@ def synthetic_graph_json(
     n_logits: int = 10,
     tokens: list[str] | None = None,
     sources_per_target: int = 12,
+    active_every: int = 8,
     seed: int = 0,
 ) -> dict:
-    """A pruned graph of ``n_pos`` positions (module docstring); ``tokens`` as given or words."""
+    """A pruned graph of ``n_pos`` positions (module docstring): features at about one
+    position in ``active_every``; ``tokens`` as given or words."""
     rng = np.random.default_rng(seed)
     tokens = tokens or [WORDS[i % len(WORDS)] for i in range(n_pos)]
     last = n_pos - 1
-    n_active = min(last, 4 + n_pos // 8)  # earlier positions with features
+    n_active = min(last, 4 + n_pos // active_every)  # earlier positions with features
     active = sorted({last, *rng.choice(np.arange(1, last), n_active - 1, replace=False).tolist()})
     nodes, layer_of, pos_of = [], [], []
 

@@ -144,6 +144,17 @@ def test_a_page_over_its_budget_leaves_the_weakest_links_out_and_says_so(pruned)
     assert f"The weakest {n_links - len(kept)} edges are left out" in page
 
 
+def test_features_are_named_for_the_transcoders_kind(pruned):
+    _, per_layer = _page(pruned)
+    _, cross = _page(pruned, transcoder_kind="cross-layer")
+    legend = re.compile(r'id="interp-graph-legend">(.*?)</div>', re.S)
+    assert "transcoder feature (per-layer)" in legend.search(per_layer).group(1)
+    assert "cross" not in legend.search(per_layer).group(1)
+    assert "cross-layer transcoder feature" in legend.search(cross).group(1)
+    with pytest.raises(ValueError, match="transcoder_kind must be one of"):
+        _page(pruned, transcoder_kind="crosscoder")
+
+
 READY = "document.body.dataset.ready === '1'"
 
 
@@ -310,6 +321,10 @@ def test_the_page_at_any_size_starts_left_labelled_zooms_pans_and_filters(browse
     max_w = abs(data["links"][0]["weight"])
     logits = [n for n in data["nodes"] if n["feature_type"] == "logit"]
     first = next(n["node_id"] for n in data["nodes"] if n["ctx_idx"] == 0)
+    feature = next(n for n in data["nodes"] if n["feature_type"] == "cross layer transcoder")
+    layer, index = feature["node_id"].split("_")[:2]
+    feature_label = f"L{layer} F{index} @{feature['ctx_idx']}"
+    feature = feature["node_id"]
     node_x = "(id => document.querySelector(`.interp-graph-node[data-id='${id}']`)" \
         ".getBoundingClientRect().x)"  # fmt: skip
     span = f"({node_x}({json.dumps(logits[0]['node_id'])}) - {node_x}({json.dumps(first)}))"
@@ -342,6 +357,12 @@ def test_the_page_at_any_size_starts_left_labelled_zooms_pans_and_filters(browse
         "window.dispatchEvent(new MouseEvent('mouseup', {})); return [b.scrollLeft, "
         "b.scrollWidth - b.clientWidth, document.querySelectorAll('.interp-graph-overview-bar')"
         f".length]; }})({BOX})",
+        "click": f"(e => (e.dispatchEvent(new MouseEvent('mouseover', {{bubbles: true}})), "
+        "e.dispatchEvent(new MouseEvent('click', {bubbles: true})), [document.querySelector("
+        "'.interp-graph-tip').textContent, document.getElementById('interp-graph-panel')"
+        ".textContent], e.dispatchEvent(new MouseEvent('mouseout', {bubbles: true}))))"
+        "(document.querySelector("
+        f"`.interp-graph-node[data-id='{feature}']`))",
         "by_layer": _set(layer_lo=3, layer_hi=8),
         "by_position": _set(layer_lo=0, layer_hi=N_LAYERS - 1, pos_lo=n_pos // 2, pos_hi=n_pos),
         "by_weight": _set(pos_lo=0, pos_hi=n_pos - 1, weight=75),
@@ -385,6 +406,10 @@ def test_the_page_at_any_size_starts_left_labelled_zooms_pans_and_filters(browse
     scrolled, room, bars = v["overview"]
     assert scrolled == room and (room > 0 or n_pos < 1000)
     assert bars == len({n["ctx_idx"] for n in data["nodes"] if n["feature_type"] != "embedding"})
+    # hovering a node names it; clicking it fills the panel
+    tip, panel, _ = v["click"]
+    assert tip.startswith(feature_label) and panel.startswith(feature_label)
+    assert "kind: transcoder feature (per-layer)" in panel and "strongest inputs" in panel
     # every edge drawn or counted as hidden, and why
     _, drawn, *_, cap = _expected(data, MAX_DRAWN_LINKS)
     assert _counts(v["status"]) == {"drawn": drawn, "weight": 0, "filter": 0, "cap": cap}
