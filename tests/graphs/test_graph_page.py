@@ -357,11 +357,11 @@ def test_the_page_at_any_size_starts_left_labelled_zooms_pans_and_filters(browse
         "window.dispatchEvent(new MouseEvent('mouseup', {})); return [b.scrollLeft, "
         "b.scrollWidth - b.clientWidth, document.querySelectorAll('.interp-graph-overview-bar')"
         f".length]; }})({BOX})",
-        "click": f"(e => (e.dispatchEvent(new MouseEvent('mouseover', {{bubbles: true}})), "
-        "e.dispatchEvent(new MouseEvent('click', {bubbles: true})), [document.querySelector("
-        "'.interp-graph-tip').textContent, document.getElementById('interp-graph-panel')"
-        ".textContent], e.dispatchEvent(new MouseEvent('mouseout', {bubbles: true}))))"
-        "(document.querySelector("
+        "click": "(e => { e.dispatchEvent(new MouseEvent('mouseover', {bubbles: true})); "
+        "e.dispatchEvent(new MouseEvent('click', {bubbles: true})); const seen = [document"
+        ".querySelector('.interp-graph-tip').textContent, document.getElementById("
+        "'interp-graph-panel').textContent]; e.dispatchEvent(new MouseEvent('mouseout', "
+        f"{{bubbles: true}})); return seen; }})(document.querySelector("
         f"`.interp-graph-node[data-id='{feature}']`))",
         "by_layer": _set(layer_lo=3, layer_hi=8),
         "by_position": _set(layer_lo=0, layer_hi=N_LAYERS - 1, pos_lo=n_pos // 2, pos_hi=n_pos),
@@ -407,7 +407,7 @@ def test_the_page_at_any_size_starts_left_labelled_zooms_pans_and_filters(browse
     assert scrolled == room and (room > 0 or n_pos < 1000)
     assert bars == len({n["ctx_idx"] for n in data["nodes"] if n["feature_type"] != "embedding"})
     # hovering a node names it; clicking it fills the panel
-    tip, panel, _ = v["click"]
+    tip, panel = v["click"]
     assert tip.startswith(feature_label) and panel.startswith(feature_label)
     assert "kind: transcoder feature (per-layer)" in panel and "strongest inputs" in panel
     # every edge drawn or counted as hidden, and why
