@@ -66,7 +66,11 @@ VIEW_JS = r"""
   // -- layout, in world units (zoom 1) --------------------------------------------------
   // rows share about 520 px (30 to 52 each): a 12-layer graph fits a laptop screen whole
   var ROW_H = Math.max(30, Math.min(52, Math.floor(520 / (nLayers + 1))));
-  var GAP = 15, LOGIT_GAP = 18, MIN_COL = 24, LOGIT_ROW = 100, TOKEN_ROOM = 84;
+  var GAP = 15, LOGIT_GAP = 18, MIN_COL = 24, TOKEN_ROOM = 84, CHAR_W = 6.7;  // 11px mono
+  var longest = 0;  // the logit row holds its labels, drawn up at 60 degrees
+  nodes.forEach(function (n) {
+    if (n.feature_type === "logit") longest = Math.max(longest, logitText(n).length); });
+  var LOGIT_ROW = Math.ceil(ROW_H / 2 + 18 + longest * CHAR_W * 0.87);
   var LABEL_W = 64, PAD = 12, TAIL = 110;  // TAIL: room right of the last column (its labels)
   var nRows = nLayers + 2, H = LOGIT_ROW + (nRows - 1) * ROW_H + TOKEN_ROOM;
   function rowTop(r) { return r === 0 ? 0 : LOGIT_ROW + (r - 1) * ROW_H; }
