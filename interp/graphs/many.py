@@ -3,11 +3,13 @@
 Each prompt gets the graph :func:`interp.graphs.attribute.attribution_graph` gives it alone
 (the same nodes, edges and scores: every prompt is its own clean pass, frozen pass and
 backward passes, since a graph's Jacobian is of one prompt). What the prompts share is done
-once, before the first graph: every prompt is tokenised and checked (so a bad prompt is
-refused before any graph is built, naming its index), the transcoders are checked against
-the model and converted to the model's device and working dtype once (each graph's own
-conversion is then a no-op; converting a half-precision set to float32 is a full copy of
-its weights per call otherwise).
+once: every prompt is tokenised and checked before the first graph (so a bad prompt is
+refused before any graph is built, naming its index); the transcoders are checked against
+the model and converted to the model's device and working dtype (each graph's own conversion
+is then a no-op; converting a half-precision set to float32 is a full copy of its weights per
+call otherwise); and the attention weights the frozen pass reads for its value path
+(:func:`interp.graphs.value_path.value_path_weights`, about 0.85 s a graph on a
+GPT-2-small-shaped bridge on the CPU) are read for the first graph and handed to the others.
 
 The single-prompt function is passed in (``one_graph``) rather than imported, so this module
 sits below :mod:`interp.graphs.attribute`, which dispatches here.
@@ -15,13 +17,18 @@ sits below :mod:`interp.graphs.attribute`, which dispatches here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
 from interp.engine import to_tokens
+from interp.graphs import frozen
 from interp.transcoders.loading import check_transcoders_fit
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["graphs_of_prompts", "iter_graphs", "many_prompts", "prompt_tokens"]
 
@@ -71,13 +78,46 @@ def _shared_transcoders(model, tc):
     return tc.to(device=model.cfg.device, dtype=dtype)
 
 
+@contextmanager
+def _weights_read_once(cache: dict) -> Iterator[None]:
+    """While open, :func:`interp.graphs.frozen.frozen_pass` gets the value-path weights of a
+    model and layer count from ``cache`` (read there on the first call): the same tensors for
+    every graph of one list, whose model does not change between its graphs."""
+    read = getattr(frozen, "value_path_weights", None)
+    if read is None:  # frozen_pass no longer reads them by that name
+        if not cache.get("warned"):
+            cache["warned"] = True
+            logger.warning("the value-path weights are read once per prompt, not shared")
+        yield
+        return
+
+    def shared(model, n_layers: int):
+        key = (id(model), int(n_layers))
+        if key not in cache:
+            cache[key] = read(model, n_layers)
+        return cache[key]
+
+    frozen.value_path_weights = shared
+    try:
+        yield
+    finally:
+        frozen.value_path_weights = read
+
+
 def iter_graphs(one_graph: Callable, model, prompts: Sequence, tc, **options) -> Iterator:
     """The graph of each prompt in turn, each built by ``one_graph(model, tokens, tc,
     **options)``. Every prompt and the transcoders are checked here, before the first graph
-    (module docstring); a caller that writes each graph and lets it go holds one at a time."""
+    (module docstring); a caller that writes each graph and lets it go holds one at a time.
+    The model's weights must not change while iterating (their reads are shared)."""
     tokens = prompt_tokens(model, prompts)
     tc = _shared_transcoders(model, tc)
-    return (one_graph(model, ids, tc, **options) for ids in tokens)
+    cache: dict = {}
+
+    def build(ids: Tensor):
+        with _weights_read_once(cache):
+            return one_graph(model, ids, tc, **options)
+
+    return (build(ids) for ids in tokens)
 
 
 def graphs_of_prompts(one_graph: Callable, model, tokens_or_text: Sequence, tc, **options) -> list:

@@ -76,3 +76,21 @@ def test_the_transcoders_are_checked_and_converted_once(gpt2_model, tc):
     graphs_of_prompts(lambda m, t, tc, **k: seen.append(tc), gpt2_model, PROMPTS, half)
     assert len(seen) == 3 and all(s is seen[0] for s in seen)  # one conversion for all
     assert seen[0].dtype == torch.float32 and half.dtype == torch.bfloat16  # given set untouched
+
+
+def test_the_value_path_weights_are_read_once_for_all_prompts(gpt2_model, tc, monkeypatch):
+    from interp.graphs import frozen
+
+    reads = []
+    real = frozen.value_path_weights
+
+    def counted(model, n_layers):
+        reads.append(n_layers)
+        return real(model, n_layers)
+
+    monkeypatch.setattr(frozen, "value_path_weights", counted)
+    graphs = attribution_graph(gpt2_model, PROMPTS, tc, batch_size=8)
+    assert len(reads) == 1 and frozen.value_path_weights is counted  # read once, then restored
+    for prompt, graph in zip(PROMPTS, graphs, strict=True):
+        _same(graph, attribution_graph(gpt2_model, prompt, tc, batch_size=8))
+    assert len(reads) == 1 + len(PROMPTS)  # one read per single-prompt graph
