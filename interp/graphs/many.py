@@ -8,8 +8,10 @@ refused before any graph is built, naming its index); the transcoders are checke
 the model and converted to the model's device and working dtype (each graph's own conversion
 is then a no-op; converting a half-precision set to float32 is a full copy of its weights per
 call otherwise); and the attention weights the frozen pass reads for its value path
-(:func:`interp.graphs.value_path.value_path_weights`, about 0.85 s a graph on a
-GPT-2-small-shaped bridge on the CPU) are read for the first graph and handed to the others.
+(:func:`interp.graphs.value_path.value_path_weights`: 0.05 to 0.3 s of CPU a graph on a
+GPT-2-small-shaped bridge) are read for the first graph and handed to the others. The saving
+is small beside the backward passes (``benchmarks/bench_graph_many.py``: about 4% of the CPU
+time of three 12-position prompts on that model).
 
 The single-prompt function is passed in (``one_graph``) rather than imported, so this module
 sits below :mod:`interp.graphs.attribute`, which dispatches here.
