@@ -242,9 +242,12 @@ class Chromium:
         bypass_csp: bool = False,
         width: int = 1200,
         settle_s: float = 0.3,
+        cpu_slowdown: float = 1.0,
     ) -> PageResult:
         """Load ``path``, wait until ``ready_js`` is true (or time out), evaluate ``checks``
-        (name -> JS expression returning JSON-able data), and record what the page did."""
+        (name -> JS expression returning JSON-able data), and record what the page did.
+        ``cpu_slowdown`` > 1 runs the page on a CPU that many times slower (DevTools' CPU
+        throttling), for timings that stand for a slower machine."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
             "sessionId"
@@ -265,6 +268,8 @@ class Chromium:
                 session=session,
             )
             self.call("Page.bringToFront", session=session)
+            if cpu_slowdown != 1.0:
+                self.call("Emulation.setCPUThrottlingRate", {"rate": cpu_slowdown}, session=session)
             if bypass_csp:
                 self.call("Page.setBypassCSP", {"enabled": True}, session=session)
             self._events.clear()

@@ -18,7 +18,7 @@ from interp.cli.sources import BUNDLED_DIR, check_source, load_model
 HELP = (
     "the attribution graph of a prompt through transcoders (features, errors, tokens, "
     "logits), pruned; write graph.json (circuit-tracer's format), nodes.csv, edges.csv, "
-    "summary.json and report.html"
+    "summary.json and report.html (with --prompts, a folder of them per prompt)"
 )
 FILES = ["graph.json", "nodes.csv", "edges.csv", "summary.json", "report.html"]
 CONTEXT_TOKENS = 16384  # tokens of --text scanned for each feature's top contexts
@@ -60,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokens", type=_token_ids, help="token ids, comma-separated, taken as they are"
     )
     given.add_argument("--task", type=Path, help="a task file: its rows' graph (docs/graphs.md)")
+    given.add_argument(
+        "--prompts",
+        type=Path,
+        help="a UTF-8 file of prompts, one a line: a graph each, in --out/prompt_000/ ... "
+        "with index.json listing them",
+    )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument(
         "--node-threshold", type=_fraction, default=0.8, help="share of influence kept (0.8)"
@@ -159,6 +165,10 @@ def _check_args(args: argparse.Namespace) -> list[str] | None:
         raise UsageError(
             "--tokens: the prompt needs at least 2 tokens (position 0 has no feature nodes)"
         )
+    if args.prompts is not None:
+        from interp.cli.graph_prompts import read_prompts
+
+        args.prompt_list = read_prompts(args.prompts)
     args.transcoders = _default_transcoders(args)
     _check_transcoders(args.transcoders)
     args.task_rows = check_task(args)  # --task: interp/cli/graph_task.py
@@ -219,6 +229,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--transcoders {args.transcoders}: {exc}") from None
     if args.task is not None:
         return run_task(args, model, tc, args.task_rows, out)
+    if args.prompts is not None:
+        from interp.cli.graph_prompts import run_prompts
+
+        return run_prompts(args, model, tc, args.prompt_list, texts, out, FILES)
     tokens = _tokens(model, args)
     from interp.cli.graph_files import graph_outputs
     from interp.graphs.attribute import attribution_graph

@@ -68,6 +68,7 @@ def graph_outputs(
         n_layers=tc.n_layers,
         info=info,
         reading=reading,
+        transcoder_kind=tc.kind,
     )
     summary = {
         "model": str(args.model),

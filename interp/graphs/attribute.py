@@ -109,6 +109,11 @@ def attribution_graph(
 
     Given an :class:`interp.Task`, the task graph of its rows (:mod:`interp.graphs.task_graph`).
     """
+    options = dict(locals())  # the arguments (nothing else is defined yet), for a list
+    from interp.graphs.many import graphs_of_prompts, many_prompts
+
+    if many_prompts(tokens_or_text):  # a list of prompts: a list of graphs (graphs.many)
+        return graphs_of_prompts(attribution_graph, **options)
     if is_task(tokens_or_text):  # a Task: its rows' graphs aligned and averaged
         return task_graph_of(attribution_graph, locals())
     start = time.perf_counter()

@@ -1,117 +1,17 @@
 """The script of the graph explorer page (:mod:`interp.pages.graph`): fixed text, no data ever
-spliced in. It reads the page's one JSON data block and draws the graph as SVG built with DOM
-calls: every token string reaches the page as ``textContent`` only, never as markup."""
+spliced in. It reads the page's one JSON data block; :mod:`interp.pages.graph_view` lays out,
+draws, zooms and filters the graph (SVG built with DOM calls), and the part here fills the
+panel of a clicked node and keeps supernodes. Every token string reaches the page as
+``textContent`` only, never as markup. ``document.body.dataset.ready`` is set when the graph is
+drawn, ``readyMs`` to ``performance.now()`` then (the page's load time, for the benchmark)."""
 
 from __future__ import annotations
 
+from interp.pages.graph_view import VIEW_JS
+
 __all__: list[str] = []  # private to interp.pages.graph
 
-GRAPH_JS = r"""
-(function () {
-  "use strict";
-  var NS = "http://www.w3.org/2000/svg";
-  var data = JSON.parse(document.getElementById("interp-graph-data").textContent);
-  var g = data.graph, details = data.details || {};
-  var nodes = g.nodes, links = g.links, nLayers = data.n_layers;
-  var byId = {}, ins = {}, outs = {};
-  nodes.forEach(function (n) { byId[n.node_id] = n; ins[n.node_id] = []; outs[n.node_id] = []; });
-  links.forEach(function (l) { outs[l.source].push(l); ins[l.target].push(l); });
-  var SHOWN = {" ": "\u00b7", "\n": "\u23ce", "\t": "\u21e5"};
-  function shown(t) { return String(t).replace(/[ \n\t]/g, function (c) { return SHOWN[c]; }); }
-  function el(tag, attrs, parent) {
-    var e = document.createElementNS(NS, tag);
-    for (var k in attrs) e.setAttribute(k, attrs[k]);
-    if (parent) parent.appendChild(e);
-    return e;
-  }
-  function h(tag, text, parent, cls) {
-    var e = document.createElement(tag);
-    if (text !== undefined && text !== null) e.textContent = text;
-    if (cls) e.className = cls;
-    if (parent) parent.appendChild(e);
-    return e;
-  }
-  function row(n) {  // drawing row from the top: logits 0, layers, tokens last
-    if (n.feature_type === "logit") return 0;
-    if (n.feature_type === "embedding") return nLayers + 1;
-    return nLayers - parseInt(n.layer, 10);
-  }
-  function label(n) {
-    var t = n.feature_type;
-    var tok = g.metadata.prompt_tokens[n.ctx_idx];
-    if (t === "embedding") return "token " + shown(tok) + " @" + n.ctx_idx;
-    if (t === "logit") return n.clerp;
-    if (t === "mlp reconstruction error") return "error L" + n.layer + " @" + n.ctx_idx;
-    return "L" + n.layer + " F" + n.node_id.split("_")[1] + " @" + n.ctx_idx;
-  }
-  function byWeight(a, b) { return Math.abs(b.weight) - Math.abs(a.weight); }
-  function fmt(x) { return x === null || x === undefined ? "-" : Number(x).toPrecision(4); }
-  // layout: one column per position, wide enough for its busiest cell
-  var nPos = g.metadata.prompt_tokens.length, cells = {}, width = [];
-  nodes.forEach(function (n) {
-    var key = row(n) + ":" + n.ctx_idx;
-    (cells[key] = cells[key] || []).push(n);
-  });
-  for (var p = 0; p < nPos; p++) {
-    var most = 1;
-    for (var r = 0; r <= nLayers + 1; r++) most = Math.max(most, (cells[r + ":" + p] || []).length);
-    width.push(Math.max(56, 16 * most + 8));
-  }
-  var left = 60, x0 = [], acc = left;
-  width.forEach(function (w) { x0.push(acc); acc += w; });
-  var rowH = 70, top = 30, H = top + rowH * (nLayers + 2) + 40;
-  var svg = el("svg", {width: acc + 20, height: H, class: "interp-graph-svg",
-                       role: "img", "aria-label": "attribution graph"});
-  var box = document.getElementById("interp-graph");
-  box.appendChild(svg);
-  box.scrollLeft = box.scrollWidth;  // the logits sit at the last position
-  var pos = {};
-  Object.keys(cells).forEach(function (key) {
-    var list = cells[key], r = +key.split(":")[0], p = +key.split(":")[1];
-    list.forEach(function (n, i) {
-      var x = x0[p] + width[p] / 2 + (i - (list.length - 1) / 2) * 16;
-      pos[n.node_id] = [x, top + rowH * r + rowH / 2];
-    });
-  });
-  for (var r2 = 0; r2 <= nLayers + 1; r2++) {
-    var name = r2 === 0 ? "logits" : r2 === nLayers + 1 ? "tokens" : "L" + (nLayers - r2);
-    var t = el("text", {x: 4, y: top + rowH * r2 + rowH / 2 + 4, class: "interp-graph-row"}, svg);
-    t.textContent = name;
-  }
-  g.metadata.prompt_tokens.forEach(function (tok, p) {
-    var t = el("text", {x: x0[p] + width[p] / 2, y: H - 12, "text-anchor": "middle",
-                        class: "interp-graph-token"}, svg);
-    t.textContent = shown(tok);
-  });
-  var maxW = 0;
-  links.forEach(function (l) { maxW = Math.max(maxW, Math.abs(l.weight)); });
-  var edgeLayer = el("g", {}, svg), nodeLayer = el("g", {}, svg), edgeEls = [];
-  links.slice(0, data.max_drawn_links).forEach(function (l) {
-    var a = pos[l.source], b = pos[l.target];
-    var e = el("line", {x1: a[0], y1: a[1], x2: b[0], y2: b[1],
-      stroke: l.weight > 0 ? "#2563eb" : "#dc2626",
-      "stroke-width": (0.4 + 4 * Math.abs(l.weight) / (maxW || 1)).toFixed(2),
-      "stroke-opacity": 0.45, class: "interp-graph-edge"}, edgeLayer);
-    e.dataset.source = l.source; e.dataset.target = l.target;
-    edgeEls.push(e);
-  });
-  var COLORS = {"cross layer transcoder": "#f59e0b", "mlp reconstruction error": "#9ca3af",
-                "embedding": "#10b981", "logit": "#8b5cf6"};
-  var nodeEls = {};
-  nodes.forEach(function (n) {
-    var c = pos[n.node_id], e;
-    if (n.feature_type === "cross layer transcoder") {
-      e = el("circle", {cx: c[0], cy: c[1], r: 6}, nodeLayer);
-    } else {
-      e = el("rect", {x: c[0] - 6, y: c[1] - 6, width: 12, height: 12}, nodeLayer);
-    }
-    e.setAttribute("fill", COLORS[n.feature_type]);
-    e.setAttribute("class", "interp-graph-node");
-    e.dataset.id = n.node_id;
-    el("title", {}, e).textContent = label(n);
-    e.addEventListener("click", function (ev) { select(n.node_id, ev.shiftKey); });
-    nodeEls[n.node_id] = e;
-  });
+_PANEL_JS = r"""
   var panel = document.getElementById("interp-graph-panel"), picked = [];
   function listEdges(parent, title, list, end) {
     h("h3", title, parent);
@@ -147,7 +47,7 @@ GRAPH_JS = r"""
   }
   function checks(parent, n) {
     var list = ins[n.node_id].filter(function (l) {
-      return byId[l.source].feature_type === "cross layer transcoder"; });
+      return byId[l.source].feature_type === FEATURE; });
     if (!list.length) return;
     h("h3", "checks by intervention (frozen replacement model)", parent);
     var ul = h("ul", null, parent, "interp-graph-list");
@@ -162,9 +62,10 @@ GRAPH_JS = r"""
     panel.textContent = "";
     h("h2", label(n), panel);
     var facts = h("p", null, panel);
-    facts.textContent = "kind: " + n.feature_type + "\nactivation: " + fmt(n.activation) +
-      "\ninfluence: " + fmt(n.influence) + "\nnode id: " + n.node_id;
-    var isFeature = n.feature_type === "cross layer transcoder";
+    facts.textContent = "kind: " + (KIND[n.feature_type] || n.feature_type) +
+      "\nactivation: " + fmt(n.activation) + "\ninfluence: " + fmt(n.influence) +
+      "\nnode id: " + n.node_id;
+    var isFeature = n.feature_type === FEATURE;
     var key = isFeature ? n.node_id.split("_").slice(0, 2).join("_") : null;
     var d = key && details[key];
     if (d) {
@@ -180,10 +81,7 @@ GRAPH_JS = r"""
     picked = add ? picked.concat([id]) : [id];
     Object.keys(nodeEls).forEach(function (k) {
       nodeEls[k].classList.toggle("interp-picked", picked.indexOf(k) >= 0); });
-    edgeEls.forEach(function (e) {
-      var on = e.dataset.source === id || e.dataset.target === id;
-      e.setAttribute("stroke-opacity", on ? 0.9 : 0.12);
-    });
+    highlight(id);
     show(byId[id]);
     document.body.dataset.clicked = id;
   }
@@ -217,8 +115,35 @@ GRAPH_JS = r"""
     setTimeout(function () { URL.revokeObjectURL(a.href); }, 1000);
   });
   drawSupers();
-  window.interpGraph = {supernodes: supers, select: select,
-                        json: function () { return JSON.stringify(g); }};
+  function highlight(id) {
+    edgeEls.forEach(function (e) {
+      var on = e.dataset.source === id || e.dataset.target === id;
+      e.classList.toggle("interp-on", on);
+      e.classList.toggle("interp-off", !on);
+    });
+  }
+  // start: at the left, every row labelled; the whole width when it fits at 40% or more
+  function home() {
+    var fit = fitZoom();
+    zoomTo(fit >= 0.4 ? Math.min(1, fit) : 1);
+    box.scrollLeft = 0;
+    box.scrollTop = 0;
+  }
+  home();
+  drawOverview();
+  readFilters();
+  window.interpGraph = {
+    supernodes: supers, select: select, home: home,
+    zoom: function (z, at) { if (z !== undefined) zoomTo(z, at); return zoom; },
+    json: function () { return JSON.stringify(g); }};
+  document.body.dataset.readyMs = performance.now().toFixed(0);
   document.body.dataset.ready = "1";
-})();
-""".strip()
+"""
+
+GRAPH_JS = (
+    '(function () {\n  "use strict";\n'
+    + VIEW_JS.strip("\n")
+    + "\n"
+    + _PANEL_JS.strip("\n")
+    + "\n})();"
+)
