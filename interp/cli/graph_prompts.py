@@ -23,7 +23,7 @@ from interp.cli.output import OutputError, UsageError, staged_output
 
 __all__ = ["INDEX", "folder_names", "read_prompts", "run_prompts"]
 
-INDEX = "index.json"
+INDEX = "index.json"  # the file listing the prompts' folders, in --out
 _FOLDER = re.compile(r"prompt_\d+")
 
 
@@ -83,9 +83,11 @@ def run_prompts(
             model,
             prompts,
             tc,
-            max_feature_nodes=args.max_feature_nodes,
-            max_bytes=args.max_bytes,
-            batch_size=args.batch_size,
+            {
+                "max_feature_nodes": args.max_feature_nodes,
+                "max_bytes": args.max_bytes,
+                "batch_size": args.batch_size,
+            },
         )
     except ValueError as exc:  # a prompt too long for the context, say
         raise UsageError(f"--prompts {args.prompts}: {exc}") from None

@@ -113,7 +113,9 @@ def attribution_graph(
     from interp.graphs.many import graphs_of_prompts, many_prompts
 
     if many_prompts(tokens_or_text):  # a list of prompts: a list of graphs (graphs.many)
-        return graphs_of_prompts(attribution_graph, **options)
+        for name in ("model", "tokens_or_text", "tc"):
+            del options[name]
+        return graphs_of_prompts(attribution_graph, model, tokens_or_text, tc, options)
     if is_task(tokens_or_text):  # a Task: its rows' graphs aligned and averaged
         return task_graph_of(attribution_graph, locals())
     start = time.perf_counter()

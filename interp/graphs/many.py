@@ -20,7 +20,7 @@ sits below :mod:`interp.graphs.attribute`, which dispatches here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -106,23 +106,28 @@ def _weights_read_once(cache: dict) -> Iterator[None]:
         frozen.value_path_weights = read
 
 
-def iter_graphs(one_graph: Callable, model, prompts: Sequence, tc, **options) -> Iterator:
+def iter_graphs(
+    one_graph: Callable, model, prompts: Sequence, tc, options: Mapping | None = None
+) -> Iterator:
     """The graph of each prompt in turn, each built by ``one_graph(model, tokens, tc,
-    **options)``. Every prompt and the transcoders are checked here, before the first graph
-    (module docstring); a caller that writes each graph and lets it go holds one at a time.
-    The model's weights must not change while iterating (their reads are shared)."""
+    **options)`` (``options``: ``attribution_graph``'s keyword arguments). Every prompt and the
+    transcoders are checked here, before the first graph (module docstring); a caller that
+    writes each graph and lets it go holds one at a time. The model's weights must not change
+    while iterating (their reads are shared)."""
     tokens = prompt_tokens(model, prompts)
     tc = _shared_transcoders(model, tc)
     cache: dict = {}
 
     def build(ids: Tensor):
         with _weights_read_once(cache):
-            return one_graph(model, ids, tc, **options)
+            return one_graph(model, ids, tc, **(options or {}))
 
     return (build(ids) for ids in tokens)
 
 
-def graphs_of_prompts(one_graph: Callable, model, tokens_or_text: Sequence, tc, **options) -> list:
+def graphs_of_prompts(
+    one_graph: Callable, model, tokens_or_text: Sequence, tc, options: Mapping | None = None
+) -> list:
     """Every prompt's graph, in the order given (:func:`iter_graphs`, collected):
     ``attribution_graph``'s arguments with a list of prompts in ``tokens_or_text``."""
-    return list(iter_graphs(one_graph, model, tokens_or_text, tc, **options))
+    return list(iter_graphs(one_graph, model, tokens_or_text, tc, options))
