@@ -31,6 +31,7 @@ class Peer:
     module: str  # imported to check a Python given for the peer
     dists: tuple[str, ...]  # distributions whose versions the report names
     env_var: str  # the environment variable that gives a ready Python
+    remove: tuple[str, ...] = ()  # distributions uninstalled after the install (see PEERS)
 
 
 PEERS = {
@@ -43,8 +44,12 @@ PEERS = {
         # EleutherAI's sparsify is eai-sparsify on PyPI (PyPI's "sparsify" is another project)
         Peer("sparsify", ("eai-sparsify==1.3.3",), "sparsify", ("eai-sparsify",),
              "INTERP_SPARSIFY_PYTHON"),
+        # nnsight 0.3 (dictionary-learning's) requires torchvision but never imports it; PyPI's
+        # torchvision is built for PyPI's CUDA torch, whose operators a CPU torch lacks, and
+        # transformers imports it when it is there: "operator torchvision::nms does not exist"
         Peer("dictionary_learning", ("dictionary-learning==0.1.0",), "dictionary_learning",
-             ("dictionary-learning",), "INTERP_DICTIONARY_LEARNING_PYTHON"),
+             ("dictionary-learning",), "INTERP_DICTIONARY_LEARNING_PYTHON",
+             remove=("torchvision",)),
     )
 }  # fmt: skip
 
@@ -62,7 +67,8 @@ def ensure_env(peer: Peer, envs: Path, torch_req: str, log: Path) -> Path:
     """The Python of ``envs/peer.name``, made with torch and the peer's requirements unless a
     finished one is there; raises ``RuntimeError`` (the env removed) when pip fails."""
     folder = envs / peer.name
-    want = {"torch": torch_req, "requirements": list(peer.requirements)}
+    want = {"torch": torch_req, "requirements": list(peer.requirements),
+            "removed": list(peer.remove)}  # fmt: skip
     marker = folder / MARKER
     if marker.is_file() and json.loads(marker.read_text()) == want and _python(folder).exists():
         return _python(folder)
@@ -74,7 +80,8 @@ def ensure_env(peer: Peer, envs: Path, torch_req: str, log: Path) -> Path:
         [str(_python(folder)), "-m", "pip", "install", "--disable-pip-version-check", torch_req],
         [str(_python(folder)), "-m", "pip", "install", "--disable-pip-version-check", torch_req,
          *peer.requirements],
-    ]  # fmt: skip
+    ] + ([[str(_python(folder)), "-m", "pip", "uninstall", "--yes", *peer.remove]]
+         if peer.remove else [])  # fmt: skip
     with log.open("a") as out:
         for cmd in steps:
             out.write(f"$ {' '.join(cmd)}\n")
@@ -82,7 +89,7 @@ def ensure_env(peer: Peer, envs: Path, torch_req: str, log: Path) -> Path:
             done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=plain_env())
             if done.returncode:
                 shutil.rmtree(folder, ignore_errors=True)
-                what = f"pip install {' '.join(cmd[5:])}" if "pip" in cmd else "python -m venv"
+                what = f"pip {' '.join(cmd[3:])}" if "pip" in cmd else "python -m venv"
                 raise RuntimeError(f"{what} failed (exit {done.returncode}; see {log})")
     marker.write_text(json.dumps(want))
     return _python(folder)
