@@ -229,3 +229,23 @@ def test_a_scaling_factor_not_saved_can_be_given(tmp_path):
     f_ref, out_ref = saelens_reference(w, _x(), {"architecture": "standard", "scale": 0.37})
     assert torch.allclose(sae.encode(_x()).double(), f_ref, atol=ATOL)
     assert torch.allclose(sae(_x()).double(), out_ref, atol=ATOL)
+
+
+def test_a_batchtopk_checkpoint_saves_its_topk_threshold_and_one_without_is_refused(tmp_path):
+    """SAELens's ``BatchTopKTrainingSAE`` refuses a folder without ``topk_threshold`` (found by
+    experiments/parity.py): ``save`` writes the one read, in its dtype, folded as SAELens
+    folds it with a scaling factor; a batchtopk SAE without one is refused before writing."""
+    from interp.saes.sae import SAE
+
+    saelens_folder(tmp_path / "a", "batchtopk", flags={"k": 6.5})
+    load_sae(tmp_path / "a").save(tmp_path / "b")
+    saved = load_file(str(tmp_path / "b" / "sae_weights.safetensors"))
+    assert saved["topk_threshold"].dtype == torch.float64 and saved["topk_threshold"] == 0.1
+    flags = {"k": 6.5, "normalize_activations": "expected_average_only_in"}
+    saelens_folder(tmp_path / "s", "batchtopk", flags=flags, scaling_factor=0.5)
+    assert load_sae(tmp_path / "s").topk_threshold == 0.1 / 0.5  # fold_activation_norm_...
+    bare = SAE(torch.eye(4, 8), torch.zeros(8), torch.eye(8, 4), torch.zeros(4),
+               architecture="batchtopk", k=2.0, hook_name=RESID)  # fmt: skip
+    with pytest.raises(ValueError, match="cannot load without its topk_threshold"):
+        bare.save(tmp_path / "never")
+    assert not (tmp_path / "never").exists()
