@@ -7,7 +7,9 @@ the state dict plus the trainer's ``config.json``), loads it back with the libra
 (``SparseCoder.load_from_disk``, ``load_dictionary``) and writes the input, the library's
 features and output to the folder.
 
-    python benchmarks/formats_side.py OUT_DIR D_IN D_SAE BATCH
+    python benchmarks/formats_side.py OUT_DIR D_IN D_SAE BATCH [sparsify|dictionary_learning]
+
+With a library named, only that library's cases are built (a Python that has only it).
 """
 
 from __future__ import annotations
@@ -19,11 +21,6 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-
-sys.modules.setdefault("nnsight", types.SimpleNamespace(LanguageModel=object))  # unused here
-
-from dictionary_learning.utils import load_dictionary  # noqa: E402
-from sparsify import SparseCoder, SparseCoderConfig  # noqa: E402
 
 K = 32
 DICTIONARIES = ("AutoEncoder", "AutoEncoderNew", "GatedAutoEncoder", "JumpReluAutoEncoder",
@@ -40,6 +37,8 @@ def fill(module, g: torch.Generator) -> None:
 
 
 def sparsify_cases(out: Path, d_in: int, d_sae: int, x: torch.Tensor) -> None:
+    from sparsify import SparseCoder, SparseCoderConfig
+
     for name, transcode, skip in (("layers.6", False, False), ("layers.6.mlp", True, True),
                                   ("layers.7", False, True)):  # fmt: skip
         cfg = SparseCoderConfig(num_latents=d_sae, k=K, transcode=transcode, skip_connection=skip)
@@ -56,8 +55,11 @@ def sparsify_cases(out: Path, d_in: int, d_sae: int, x: torch.Tensor) -> None:
 
 
 def dictionary_cases(out: Path, d_in: int, d_sae: int, x: torch.Tensor) -> None:
+    # dictionary_learning.utils imports nnsight's LanguageModel (unused here) at import time
+    sys.modules.setdefault("nnsight", types.SimpleNamespace(LanguageModel=object))
     from dictionary_learning import dictionary as d
     from dictionary_learning.trainers import batch_top_k, matryoshka_batch_top_k, top_k
+    from dictionary_learning.utils import load_dictionary
 
     classes = {"AutoEncoder": d.AutoEncoder, "AutoEncoderNew": d.AutoEncoderNew,
                "GatedAutoEncoder": d.GatedAutoEncoder, "JumpReluAutoEncoder":
@@ -91,12 +93,16 @@ def dictionary_cases(out: Path, d_in: int, d_sae: int, x: torch.Tensor) -> None:
         save_file({"x": x, "features": f, "output": y}, str(folder / "ref_outputs.safetensors"))
 
 
-def main(out: str, d_in: str, d_sae: str, batch: str) -> None:
+def main(out: str, d_in: str, d_sae: str, batch: str, which: str = "both") -> None:
+    if which not in ("both", "sparsify", "dictionary_learning"):
+        raise SystemExit(f"formats_side.py: {which!r} is not sparsify or dictionary_learning")
     torch.set_num_threads(1)
     x = torch.randn(int(batch), int(d_in), generator=torch.Generator().manual_seed(1)) * 1.5
-    sparsify_cases(Path(out), int(d_in), int(d_sae), x)
-    dictionary_cases(Path(out), int(d_in), int(d_sae), x)
+    if which in ("both", "sparsify"):
+        sparsify_cases(Path(out), int(d_in), int(d_sae), x)
+    if which in ("both", "dictionary_learning"):
+        dictionary_cases(Path(out), int(d_in), int(d_sae), x)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

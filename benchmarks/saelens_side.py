@@ -7,10 +7,14 @@ checkpoint), loads it back with ``SAE.load_from_disk`` (``TrainingSAE`` for ``ba
 which SAELens has only as a training SAE), and writes the input, SAELens's features and
 output, and the median seconds of ``encode`` to the case's folder.
 
-    python benchmarks/saelens_side.py CASES.json OUT_DIR [build|time]
+    python benchmarks/saelens_side.py CASES.json OUT_DIR [build|time|readback]
 
 ``time`` loads the folders built before and only times ``encode`` again, so that the caller
 can alternate rounds of SAELens and interp (load on a shared machine hits both alike).
+``readback`` loads each case's ``interp_saved`` folder (interp's ``SAE.save`` of the case, which
+experiments/parity.py writes) with SAELens's ``load_from_disk`` and writes its features and
+output of the same input to ``interp_saved/saelens_readback.safetensors``, or SAELens's error
+to ``interp_saved/saelens_readback_error.txt``.
 """
 
 from __future__ import annotations
@@ -59,11 +63,33 @@ def time_again(cases: list[dict], out: str) -> None:
         (folder / "saelens_time.json").write_text(json.dumps(seconds))
 
 
+def read_back(cases: list[dict], out: str) -> None:
+    for case in cases:
+        folder = Path(out) / case["name"] / "interp_saved"
+        cls = TrainingSAE if case["training"] else SAE
+        x = torch.randn(case["x_shape"], generator=torch.Generator().manual_seed(1)) * 1.5
+        try:
+            loaded = cls.load_from_disk(str(folder))
+            loaded.eval()
+            with torch.no_grad():
+                f = loaded.encode(x)
+                out_ = (
+                    loaded.forward(x) if "skip" in case["cfg"]["architecture"] else loaded.decode(f)
+                )
+        except Exception as error:  # the caller reports what SAELens refused
+            (folder / "saelens_readback_error.txt").write_text(f"{type(error).__name__}: {error}")
+            continue
+        save_file({"features": f.contiguous(), "output": out_.contiguous()},
+                  str(folder / "saelens_readback.safetensors"))  # fmt: skip
+
+
 def main(cases_path: str, out: str, mode: str = "build") -> None:
     torch.set_num_threads(1)
     cases = json.loads(Path(cases_path).read_text())
     if mode == "time":
         return time_again(cases, out)
+    if mode == "readback":
+        return read_back(cases, out)
     for case in cases:
         folder = Path(out) / case["name"]
         cls = TrainingSAE if case["training"] else SAE

@@ -16,6 +16,7 @@ circuit-tracer has error nodes at position 0 (always zero); they are dropped bef
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -150,6 +151,19 @@ def compare(out: Path) -> None:
     edges = pruned.edge_mask[keep][:, keep][kept][:, kept]
     print("same kept nodes:", torch.equal(kept, ours["kept"]), "| same kept edges:",
           torch.equal(edges, ours["kept_edges"]), int(edges.sum()))  # fmt: skip
+    theirs_scores = dict(zip(("replacement", "completeness"), compute_graph_scores(g), strict=True))
+    metrics = {
+        "kind": ours["kind"], "input_hook": ours.get("input_hook", "mlp.hook_in"),
+        "features": n_f, "nodes": A.shape[0], "interp_nodes": ours["adjacency"].shape[0],
+        "same_features": same_features,
+        "same_logits": torch.equal(g.logit_token_ids, ours["logit_ids"]),
+        "entry_diff": diff, "largest_entry": A.abs().max().item(),
+        "score_diff": max(abs(theirs_scores[k] - ours["scores"][k]) for k in theirs_scores),
+        "same_kept_nodes": torch.equal(kept, ours["kept"]),
+        "same_kept_edges": torch.equal(edges, ours["kept_edges"]),
+        "kept_edges": int(edges.sum()),
+    }  # fmt: skip
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ largest differences. Position 0 is left out of the activations: circuit-tracer z
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -68,11 +69,11 @@ def compare(out: Path) -> None:
     from graph_vs_circuit_tracer import _model
 
     ours = torch.load(out / "interp_runs.pt", weights_only=False)
-    worst = 0.0
+    worst, metrics = 0.0, []
     for kind in KINDS:
         (out / "transcoders").unlink(missing_ok=True)
         (out / "transcoders").symlink_to(out / kind)  # where _model reads them
-        model, _ = _model(out, kind)
+        model, _ = _model(out, kind, "mlp.hook_in")
         for (k, layers, freeze), run in ours.items():
             if k != kind:
                 continue
@@ -84,11 +85,16 @@ def compare(out: Path) -> None:
             d_act = (acts[:, 1:] - run["acts"][:, 1:]).abs().max().item()
             moved = (run["logits"] - run["clean"]).abs().max().item()
             worst = max(worst, d_logit, d_act)
+            metrics.append({"kind": kind, "constrained": layers, "freeze_attention": freeze,
+                            "logit_diff": d_logit, "largest_logit": logits.abs().max().item(),
+                            "act_diff": d_act, "largest_act": acts.abs().max().item(),
+                            "moved": moved})  # fmt: skip
             print(f"{kind:11} constrained {str(layers):9} freeze_attention {freeze!s:5}: "
                   f"logits differ by {d_logit:.2g} (largest {logits.abs().max().item():.3g}), "
                   f"activations by {d_act:.2g} (largest {acts.abs().max().item():.3g}); "
                   f"the edits move the logits by up to {moved:.3g}")  # fmt: skip
     print(f"largest difference over every case: {worst:.2g}")
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ saves an input, its features (``encode``) and output (``forward``, the skip term
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -54,11 +55,11 @@ def interp(out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from interp import load_transcoders
 
-    worst = 0.0
+    worst, metrics = 0.0, []
     for arch in ARCHS:
         tc = load_transcoders(out / arch)
-        d_feat = d_out = 0.0
-        active = []
+        d_feat = d_out = largest = 0.0
+        active, same_active = [], True
         for layer in range(N_LAYERS):
             ref = load_file(out / arch / f"saelens_{layer}.safetensors")
             feats = tc.encode(ref["x"], layer)
@@ -66,11 +67,16 @@ def interp(out: Path) -> None:
             d_feat = max(d_feat, (feats - ref["features"]).abs().max().item())
             d_out = max(d_out, (recon - ref["out"]).abs().max().item())
             same = torch.equal(feats > 0, ref["features"] > 0)
+            same_active &= same
+            largest = max(largest, ref["out"].abs().max().item())
             active.append(f"{(ref['features'] > 0).float().mean().item():.2f}{'' if same else '!'}")
         worst = max(worst, d_feat, d_out)
+        metrics.append({"architecture": arch, "feature_diff": d_feat, "output_diff": d_out,
+                        "same_active": same_active, "largest_output": largest})  # fmt: skip
         print(f"{arch:25} {tc!r}\n{'':25} features differ by {d_feat:.2g}, outputs by "
               f"{d_out:.2g}; active fraction per layer {', '.join(active)}")  # fmt: skip
     print(f"largest difference: {worst:.2g}")
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ moves each position's logits by a constant).
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -161,6 +162,7 @@ def compare(out: Path) -> None:
     from interp import load_model, load_transcoders, run_cached
 
     tokens = torch.tensor([TOKENS])
+    metrics: dict[str, list] = {"hooks": [], "transcoders": []}
     for arch, folder in MODELS.items():
         model = load_model(out / folder, device="cpu")
         ref = load_file(out / f"tl3_normalized_{arch}.safetensors")
@@ -172,23 +174,34 @@ def compare(out: Path) -> None:
         print(f"{arch:8} ln2.hook_normalized: bridge vs HookedTransformer (fold_ln) differ by "
               f"{diff:.2g} (largest |value| {size:.3g}; the bridge's mlp.hook_in by "
               f"{other:.2g})")  # fmt: skip
+        metrics["hooks"].append({"model": arch, "diff": diff, "largest": size,
+                                 "mlp_hook_in_diff": other})  # fmt: skip
     model = load_model(out / MODELS["gpt2"], device="cpu")
     for sae_arch in SAE_ARCHS:
         tc = load_transcoders(out / "saelens" / sae_arch)
         ref = load_file(out / f"saelens_{sae_arch}.safetensors")
         outs = [tc.output_hook(lay) for lay in range(tc.n_layers)]
         run = run_cached(model, tokens, transcoders=tc, use_error_term=False, hooks=outs)
-        d_feat = d_recon = 0.0
+        d_feat = d_recon = largest = largest_f = 0.0
         active = []
         for layer in range(tc.n_layers):
             feats = run[f"blocks.{layer}.hook_transcoder_acts"][0]
             d_feat = max(d_feat, (feats - ref[f"features_{layer}"]).abs().max().item())
             d_recon = max(d_recon, (run[outs[layer]][0] - ref[f"recon_{layer}"]).abs().max().item())
             active.append(f"{(ref[f'features_{layer}'] > 0).float().mean().item():.2f}")
+            largest = max(largest, ref[f"recon_{layer}"].abs().max().item())
+            largest_f = max(largest_f, ref[f"features_{layer}"].abs().max().item())
         d_logp = (run.logits[0].log_softmax(-1) - ref["logprobs"]).abs().max().item()
         print(f"{sae_arch:25} {tc!r}\n{'':25} features differ by {d_feat:.2g}, reconstructions "
               f"by {d_recon:.2g}, log-probs by {d_logp:.2g}; active fraction per layer "
               f"{', '.join(active)}")  # fmt: skip
+        metrics["transcoders"].append({
+            "architecture": sae_arch, "feature_diff": d_feat, "largest_feature": largest_f,
+            "recon_diff": d_recon,
+            "largest_recon": largest, "logprob_diff": d_logp,
+            "largest_logprob": ref["logprobs"].abs().max().item(),
+        })  # fmt: skip
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
 
 
 if __name__ == "__main__":

@@ -102,6 +102,8 @@ class SAE(torch.nn.Module):
             else (None, None, None)
         )
         self.W_skip = None if W_skip is None else param(W_skip)
+        # SAELens's batchtopk training state (not used to encode), kept so that save writes it
+        self.register_buffer("topk_threshold", None)
         self.architecture, self.hook_name, self.k = architecture, hook_name, k
         self.apply_b_dec_to_input = bool(apply_b_dec_to_input)
         self.rescale_acts_by_decoder_norm = bool(rescale_acts_by_decoder_norm)
@@ -236,7 +238,7 @@ class SAE(torch.nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         names = ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "b_gate", "r_mag", "b_mag")
-        tensors = {n: getattr(self, n) for n in (*names, "W_skip")}
+        tensors = {n: getattr(self, n) for n in (*names, "W_skip", "topk_threshold")}
         save_file(
             {n: t.detach().contiguous().cpu() for n, t in tensors.items() if t is not None},
             str(folder / "sae_weights.safetensors"),

@@ -96,7 +96,8 @@ def read_saelens(
     dtype_name = str(cfg6.get("dtype", "float32")).removeprefix("torch.")
     if dtype_name not in DTYPES:
         _refuse("dtype", cfg6.get("dtype"), f"SAELens reads {', '.join(DTYPES)}")
-    tensors = {n: t.to(DTYPES[dtype_name]) for n, t in tensors.items()}
+    tensors = {n: t if n == "topk_threshold" else t.to(DTYPES[dtype_name])  # SAELens: float64
+               for n, t in tensors.items()}  # fmt: skip
     _scaling_factor_tensor(tensors, cfg6)
     normalize = cfg6.get("normalize_activations", "none")
     reshape = cfg6.get("reshape_activations", "none")
@@ -139,7 +140,7 @@ def read_saelens(
     k = cfg6.get("k", 100) if kind in ("topk", "batchtopk") else None
     if kind in ("topk", "batchtopk") and k is None:
         _refuse("k", None, f"a {arch} SAE needs k")
-    return SAE(
+    sae = SAE(
         tensors["W_enc"], tensors.get("b_enc"), tensors["W_dec"], tensors["b_dec"],
         architecture=kind, hook_name=hook, threshold=tensors.get("threshold"),
         k=None if k is None else (int(k) if kind == "topk" else float(k)),
@@ -149,6 +150,9 @@ def read_saelens(
         reshape_activations=reshape, output_hook_name=out_hook,
         W_skip=tensors.get("W_skip"), cfg=cfg, source="saelens",
     )  # fmt: skip
+    if kind == "batchtopk":
+        sae.topk_threshold = tensors.get("topk_threshold")  # save writes it: SAELens needs it
+    return sae
 
 
 def _scaling_factor_tensor(tensors: dict, cfg6: dict) -> None:
@@ -175,6 +179,8 @@ def _fold_scaling_factor(folder: Path, tensors: dict, factor: float | None) -> N
     tensors["W_enc"] = tensors["W_enc"] * factor
     tensors["W_dec"] = tensors["W_dec"] / factor
     tensors["b_dec"] = tensors["b_dec"] / factor
+    if "topk_threshold" in tensors:  # SAELens's BatchTopKTrainingSAE folds it too
+        tensors["topk_threshold"] = tensors["topk_threshold"] / factor
 
 
 def _check_tensors(arch: str, kind: str, skip: bool, tensors: dict) -> None:

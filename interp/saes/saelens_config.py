@@ -33,6 +33,11 @@ def saelens_config(sae) -> dict:
             f"{'transcoder' if shape[1] else 'SAE'}{' with a skip connection' if shape[2] else ''}"
             f"; this {sae.source} SAE cannot be saved in SAELens's format"
         )
+    if arch == "batchtopk" and getattr(sae, "topk_threshold", None) is None:
+        raise ValueError(
+            "SAELens's batchtopk SAE (BatchTopKTrainingSAE) cannot load without its "
+            "topk_threshold, which this SAE does not have; it cannot be saved in SAELens's format"
+        )
     meta = dict(sae.cfg.get("metadata") or {})
     meta |= {"hook_name": sae.hook_name, "hook_head_index": sae.hook_head_index,
              "sae_lens_version": SAELENS_VERSION}  # fmt: skip

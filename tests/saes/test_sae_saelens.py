@@ -5,8 +5,11 @@ the spliced logits; missing keys read as SAELens's config dataclasses default th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from interp import load_sae
 from tests.sae_folders import check_splice, pre6_folder, saelens_folder
@@ -195,11 +198,24 @@ def test_topk_ties_keep_exactly_k_of_the_largest():
     assert torch.equal(f, torch.zeros(n).scatter(0, indices, values.relu()))
 
 
-def test_save_writes_a_folder_saelens_reads_back_the_same(tmp_path):
-    saelens_folder(tmp_path / "a", "topk", flags={"rescale_acts_by_decoder_norm": True},
-                   leave_out=("apply_b_dec_to_input",))  # fmt: skip
+def test_save_writes_the_weights_and_every_flag_and_interp_reads_back_the_same(tmp_path):
+    """What ``SAE.save`` writes, and interp's reading of it. SAELens's own reading of saved
+    folders (``load_from_disk``, every architecture and flag) is checked where SAELens runs,
+    in its environment: experiments/parity.py (docs/testing.md)."""
+    w = saelens_folder(tmp_path / "a", "topk", flags={"rescale_acts_by_decoder_norm": True},
+                       leave_out=("apply_b_dec_to_input",))  # fmt: skip
     sae = load_sae(tmp_path / "a")
     sae.save(tmp_path / "b")
+    cfg = json.loads((tmp_path / "b" / "cfg.json").read_text())
+    written = {k: cfg.get(k) for k in ("architecture", "d_in", "d_sae", "k",
+                                       "apply_b_dec_to_input", "rescale_acts_by_decoder_norm",
+                                       "normalize_activations", "reshape_activations")}  # fmt: skip
+    assert written == {"architecture": "topk", "d_in": 64, "d_sae": 96, "k": 8,
+                       "apply_b_dec_to_input": True, "rescale_acts_by_decoder_norm": True,
+                       "normalize_activations": "none", "reshape_activations": "none"}  # fmt: skip
+    assert cfg["metadata"]["hook_name"] == RESID
+    saved = load_file(str(tmp_path / "b" / "sae_weights.safetensors"))
+    assert sorted(saved) == sorted(w) and all(torch.equal(saved[k], w[k]) for k in w)
     back = load_sae(tmp_path / "b")
     x = _x()
     assert torch.equal(back.encode(x), sae.encode(x))
@@ -213,3 +229,23 @@ def test_a_scaling_factor_not_saved_can_be_given(tmp_path):
     f_ref, out_ref = saelens_reference(w, _x(), {"architecture": "standard", "scale": 0.37})
     assert torch.allclose(sae.encode(_x()).double(), f_ref, atol=ATOL)
     assert torch.allclose(sae(_x()).double(), out_ref, atol=ATOL)
+
+
+def test_a_batchtopk_checkpoint_saves_its_topk_threshold_and_one_without_is_refused(tmp_path):
+    """SAELens's ``BatchTopKTrainingSAE`` refuses a folder without ``topk_threshold`` (found by
+    experiments/parity.py): ``save`` writes the one read, in its dtype, folded as SAELens
+    folds it with a scaling factor; a batchtopk SAE without one is refused before writing."""
+    from interp.saes.sae import SAE
+
+    saelens_folder(tmp_path / "a", "batchtopk", flags={"k": 6.5})
+    load_sae(tmp_path / "a").save(tmp_path / "b")
+    saved = load_file(str(tmp_path / "b" / "sae_weights.safetensors"))
+    assert saved["topk_threshold"].dtype == torch.float64 and saved["topk_threshold"] == 0.1
+    flags = {"k": 6.5, "normalize_activations": "expected_average_only_in"}
+    saelens_folder(tmp_path / "s", "batchtopk", flags=flags, scaling_factor=0.5)
+    assert load_sae(tmp_path / "s").topk_threshold == 0.1 / 0.5  # fold_activation_norm_...
+    bare = SAE(torch.eye(4, 8), torch.zeros(8), torch.eye(8, 4), torch.zeros(4),
+               architecture="batchtopk", k=2.0, hook_name=RESID)  # fmt: skip
+    with pytest.raises(ValueError, match="cannot load without its topk_threshold"):
+        bare.save(tmp_path / "never")
+    assert not (tmp_path / "never").exists()
