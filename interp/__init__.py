@@ -64,7 +64,7 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-__version__ = "0.4.3"
+__version__ = "0.5.0"
 
 
 def __getattr__(name: str):
