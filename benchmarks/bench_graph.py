@@ -6,6 +6,7 @@ vocabulary) with a 3,072-wide ReLU transcoder per layer (~1% of features active)
 circuit-tracer needs TransformerLens < 4, so the benchmark runs in two environments:
 
     python benchmarks/bench_graph.py interp DIR [--positions 16,64,256] [--cap 7500] [--device cuda]
+        [--layers 12] [--max-bytes 3GB]
     /path/to/circuit-tracer-venv/bin/python benchmarks/bench_graph.py circuit-tracer DIR
 
 ``interp`` writes the checkpoint (an HF GPT-2 folder with its tokenizer), the transcoders (a
@@ -49,7 +50,14 @@ def _transcoders(model):
     )
 
 
-def run_interp(out: Path, positions: list[int], cap: int, device: str = "cpu") -> None:
+def run_interp(
+    out: Path,
+    positions: list[int],
+    cap: int,
+    device: str = "cpu",
+    n_layers: int = 12,
+    max_bytes: str | None = None,
+) -> None:
     sys.path.insert(0, str(ROOT))
     from interp import attribution_graph, load_model
     from tests.checkpoints import make_checkpoint
@@ -57,7 +65,7 @@ def run_interp(out: Path, positions: list[int], cap: int, device: str = "cpu") -
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model_dir = make_checkpoint(
-        out / "model", arch="gpt2", n_layers=12, n_heads=12, d_model=768, n_ctx=max(positions),
+        out / "model", arch="gpt2", n_layers=n_layers, n_heads=12, d_model=768, n_ctx=max(positions),
         vocab_size=1000,
     )  # fmt: skip
     model = load_model(model_dir, device="cpu")
@@ -75,7 +83,9 @@ def run_interp(out: Path, positions: list[int], cap: int, device: str = "cpu") -
         limit = None if n_pos <= 16 else cap
         _sync(device)
         start, cpu = time.perf_counter(), time.process_time()
-        g = attribution_graph(model, tokens, tc, max_feature_nodes=limit, batch_size=BATCH)
+        g = attribution_graph(
+            model, tokens, tc, max_feature_nodes=limit, batch_size=BATCH, max_bytes=max_bytes
+        )
         _sync(device)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         feats = g.nodes[g.nodes.kind == "feature"][["layer", "pos", "feature"]].to_numpy()
@@ -151,6 +161,13 @@ if __name__ == "__main__":
     if mode == "interp":
         where.mkdir(parents=True, exist_ok=True)
         positions = [int(p) for p in opts.get("--positions", "16,64,256").split(",")]
-        run_interp(where, positions, int(opts.get("--cap", 7500)), opts.get("--device", "cpu"))
+        run_interp(
+            where,
+            positions,
+            int(opts.get("--cap", 7500)),
+            opts.get("--device", "cpu"),
+            int(opts.get("--layers", 12)),
+            opts.get("--max-bytes"),
+        )
     else:
         run_circuit_tracer(where)

@@ -79,6 +79,20 @@ def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) 
     return out
 
 
+def _kept_columns(
+    computed: Tensor, row_nodes: Tensor, selected: Tensor, n_feat: int, chunk: int = 256
+) -> tuple[Tensor, Tensor]:
+    """The rows with only the kept features' columns (and every other node's), and their
+    nodes' indices in the graph."""
+    columns = torch.cat([selected, torch.arange(n_feat, computed.shape[1])])
+    out = torch.empty(computed.shape[0], len(columns), dtype=computed.dtype)
+    for i in range(0, len(out), chunk):
+        out[i : i + chunk] = computed[i : i + chunk][:, columns]
+    moved = torch.full((computed.shape[1],), -1, dtype=torch.long)
+    moved[columns] = torch.arange(len(columns))
+    return out, moved[row_nodes]
+
+
 def attribution_graph(
     model,
     tokens_or_text,
@@ -145,12 +159,10 @@ def attribution_graph(
             batch_size //= 2
 
     total_cols = src.n_cols + n_logits
-    # every feature kept: rows go straight into the adjacency (no N² copies); otherwise into
-    # rows in the order computed, which rank the features still to visit
-    full = keep == n_feat
-    shape = (n_nodes, n_nodes) if full else (keep + n_logits, total_cols)
-    computed = torch.zeros(shape, dtype=dtype)
-    row_nodes = torch.zeros(keep + n_logits, dtype=torch.long)
+    # the rows computed (logits first, then features in the order visited), every source's
+    # column; under a cap they rank the features still to visit
+    computed = torch.zeros(keep + n_logits, total_cols, dtype=dtype)
+    row_nodes = torch.zeros(keep + n_logits, dtype=torch.long)  # each row's column
     with no_param_grads(model):
         fp = frozen_pass(model, tokens, tc, batch_size)
         device = fp.embed.device
@@ -165,12 +177,12 @@ def attribution_graph(
                 logit_vecs[chunk],
             )
             row_nodes[chunk] = torch.arange(chunk.start, chunk.stop) + src.n_cols
-            computed[row_nodes[chunk] if full else chunk, : src.n_cols] = rows.cpu()
+            computed[chunk, : src.n_cols] = rows.cpu()
         visited = torch.zeros(n_feat, dtype=torch.bool)
         filled = n_logits
         bar = tqdm(total=keep, desc="attribution graph: features", disable=not progress)
         while filled < n_logits + keep:
-            if full:
+            if keep == n_feat:
                 pending = torch.arange(n_feat)
             else:
                 influence = partial_influences(computed[:filled], logit_p, row_nodes[:filled])
@@ -186,8 +198,7 @@ def attribution_graph(
                     src.feat_pos[batch].to(device),
                     src.encoders[batch.to(device)],
                 )
-                where = batch if full else slice(filled, filled + len(batch))
-                computed[where, : src.n_cols] = rows.cpu()
+                computed[filled : filled + len(batch), : src.n_cols] = rows.cpu()
                 row_nodes[filled : filled + len(batch)] = batch
                 visited[batch] = True
                 filled += len(batch)
@@ -196,18 +207,13 @@ def attribution_graph(
         del fp
 
     selected = torch.nonzero(visited).flatten()
-    if full:
-        adjacency = computed
-    else:
-        columns = torch.cat([selected, torch.arange(n_feat, total_cols)])
-        adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
-        order = torch.argsort(row_nodes[n_logits:])  # features in (layer, pos, feature) order
-        adjacency[:keep] = computed[n_logits:][order][:, columns]
-        adjacency[-n_logits:] = computed[:n_logits][:, columns]
+    if keep < n_feat:  # the unvisited features' columns go: the rows in place, chunk by chunk
+        computed, row_nodes = _kept_columns(computed, row_nodes, selected, n_feat)
     nodes = node_table(src, selected, tc.n_layers, tokens, logit_ids, logit_p)
     return AttributionGraph(
         nodes=nodes,
-        adjacency=adjacency,
+        rows=computed,
+        row_nodes=row_nodes,
         tokens=tokens.cpu(),
         logit_token_ids=logit_ids.cpu(),
         logit_probabilities=logit_p.cpu(),
