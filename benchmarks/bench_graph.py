@@ -65,8 +65,8 @@ def run_interp(
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model_dir = make_checkpoint(
-        out / "model", arch="gpt2", n_layers=n_layers, n_heads=12, d_model=768, n_ctx=max(positions),
-        vocab_size=1000,
+        out / "model", arch="gpt2", n_layers=n_layers, n_heads=12, d_model=768,
+        n_ctx=max(positions), vocab_size=1000,
     )  # fmt: skip
     model = load_model(model_dir, device="cpu")
     tc = _transcoders(model)

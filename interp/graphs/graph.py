@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
@@ -96,7 +95,9 @@ class AttributionGraph:
             shape = None if row_nodes is None else (len(row_nodes), n)
             raise ValueError(f"rows {tuple(rows.shape)} do not match {shape} (row_nodes, nodes)")
         if tokens is None or logit_token_ids is None or logit_probabilities is None:
-            raise ValueError("an AttributionGraph needs tokens, logit_token_ids, logit_probabilities")
+            raise ValueError(
+                "an AttributionGraph needs tokens, logit_token_ids, logit_probabilities"
+            )
         values = dict(
             nodes=nodes, rows=rows, row_nodes=row_nodes.long(), tokens=tokens,
             logit_token_ids=logit_token_ids, logit_probabilities=logit_probabilities,
