@@ -17,6 +17,8 @@ logits first, then features, ranked by influence in rounds under ``max_feature_n
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
 
 import torch
@@ -25,8 +27,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.engine import run_cached, to_tokens
+from interp.engine.allocator import return_freed_memory
 from interp.engine.estimates import parse_size
 from interp.engine.plan import MemoryBudgetError
+from interp.foundation.sizes import format_size
+from interp.graphs.budget import choose_batch, estimate_graph_bytes, free_bytes, graph_bytes
 from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
 from interp.graphs.graph import AttributionGraph
 from interp.graphs.influence import partial_influences
@@ -35,14 +40,13 @@ from interp.transcoders.loading import check_transcoders_fit
 
 __all__ = ["attribution_graph", "estimate_graph_bytes"]
 
+logger = logging.getLogger(__name__)
 
-def estimate_graph_bytes(model, n_pos: int, n_nodes: int, n_rows: int, batch_size: int) -> int:
-    """Bytes a graph build holds at its peak: the adjacency ``[n_nodes n_nodes]`` and the
-    computed rows (float32), and the frozen pass's retained graph for ``batch_size`` rows."""
-    cfg = model.cfg
-    per_row_layer = 10 * n_pos * cfg.d_model + 2 * cfg.n_heads * n_pos * n_pos
-    frozen = batch_size * 4 * (cfg.n_layers * per_row_layer + n_pos * cfg.d_vocab)
-    return 4 * n_nodes * n_nodes + 4 * n_rows * n_nodes + frozen
+
+def _source_bytes(src: Sources) -> int:
+    tensors = [src.encoders, src.errors, src.embed] + [v for v, _ in src.writers]
+    tensors += [c for _, c in src.writers]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) -> Tensor:
@@ -101,7 +105,7 @@ def attribution_graph(
     max_n_logits: int = 10,
     desired_logit_prob: float = 0.95,
     max_feature_nodes: int | None = None,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     max_bytes: int | str | None = None,
     progress: bool = False,
 ) -> AttributionGraph:
@@ -115,8 +119,11 @@ def attribution_graph(
             cumulative probability reaches ``desired_logit_prob``, at most ``max_n_logits``.
         max_feature_nodes: keep at most this many features, the most influential (ranked by
             influence through the rows computed so far, in rounds), as circuit-tracer does.
-        batch_size: targets per backward pass (rows of the frozen pass).
-        max_bytes: a budget for the adjacency, the rows and the frozen pass; a graph that needs
+        batch_size: targets per backward pass (rows of the frozen pass); None: 64, halved
+            while the build's estimate (:func:`interp.estimate_graph_bytes`) exceeds the
+            memory free on the model's device (a warning where even one row does not fit).
+        max_bytes: a budget for what the build holds (the sources, rows, frozen pass, pruning;
+            not the model): the batch is halved until the estimate fits; a graph that needs
             more even with one row per pass is refused (``MemoryBudgetError``) with what it needs.
         progress: show a progress bar over the features.
     """
@@ -142,21 +149,33 @@ def attribution_graph(
     keep = n_feat if max_feature_nodes is None else min(int(max_feature_nodes), n_feat)
     n_logits, n_pos = len(logit_ids), len(tokens)
     n_nodes = keep + src.n_cols - n_feat + n_logits
-    batch_size = max(1, min(int(batch_size), keep + n_logits))
+    del clean  # read: its activations and logits are not held through the build
+    sized = functools.partial(
+        graph_bytes, model, tc, n_pos, n_active=n_feat, keep=keep, n_logits=n_logits,
+        source_bytes=_source_bytes(src),
+    )  # fmt: skip
+    chosen = 64 if batch_size is None else int(batch_size)
+    chosen = max(1, min(chosen, keep + n_logits))
     if max_bytes is not None:
         budget = parse_size(max_bytes)
-        need = estimate_graph_bytes(model, n_pos, n_nodes, keep + n_logits, 1)
+        need = sized(batch=1)
         if need > budget:
             raise MemoryBudgetError(
                 f"this graph ({n_nodes} nodes, {n_pos} positions) needs at least {need} bytes "
-                f"(its adjacency alone {4 * n_nodes * n_nodes}); raise max_bytes to {need} or "
+                f"({format_size(need)}) with one row per pass; raise max_bytes to {need} or "
                 "lower max_feature_nodes"
             )
-        while (
-            batch_size > 1
-            and estimate_graph_bytes(model, n_pos, n_nodes, keep + n_logits, batch_size) > budget
-        ):
-            batch_size //= 2
+        return_freed_memory()  # freed blocks go back at once: the process's size is its use
+        chosen = choose_batch(lambda b: sized(batch=b), chosen, budget)
+    elif batch_size is None:
+        budget = free_bytes(model.cfg.device)
+        chosen = choose_batch(lambda b: sized(batch=b), chosen, budget)
+        if sized(batch=chosen) > budget:
+            logger.warning(
+                "this graph needs about %s with one row per pass, more than the %s free on %s",
+                format_size(sized(batch=chosen)), format_size(budget), model.cfg.device,
+            )  # fmt: skip
+    batch_size = chosen
 
     total_cols = src.n_cols + n_logits
     # the rows computed (logits first, then features in the order visited), every source's
@@ -223,6 +242,7 @@ def attribution_graph(
             "active_features": n_feat,
             "seconds": time.perf_counter() - start,
             "batch_size": batch_size,
+            "estimated_bytes": sized(batch=batch_size),
             "hook": FINAL_HOOK,
         },
     )
