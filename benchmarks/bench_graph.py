@@ -6,8 +6,9 @@ vocabulary) with a 3,072-wide ReLU transcoder per layer (~1% of features active)
 circuit-tracer needs TransformerLens < 4, so the benchmark runs in two environments:
 
     python benchmarks/bench_graph.py interp DIR [--positions 16,64,256] [--cap 7500] [--device cuda]
-        [--layers 12] [--max-bytes 3GB]
+        [--layers 12] [--max-bytes 3GB] [--threads 1]
     /path/to/circuit-tracer-venv/bin/python benchmarks/bench_graph.py circuit-tracer DIR
+        [--threads 1]
 
 ``interp`` writes the checkpoint (an HF GPT-2 folder with its tokenizer), the transcoders (a
 circuit-tracer folder) and each case's tokens into DIR, times ``interp.attribution_graph`` and
@@ -32,6 +33,7 @@ D_TC = 3072  # GPT-2 small's d_mlp: circuit-tracer's published GPT-2 transcoders
 ACTIVE = 0.01  # share of features active on a typical token (b_enc sets it)
 BATCH = 64  # targets per backward pass, both libraries
 SEED = 0
+THREADS = 0  # torch's threads, both libraries (--threads; 0: torch's default)
 
 
 def _transcoders(model):
@@ -63,7 +65,7 @@ def run_interp(
     from tests.checkpoints import make_checkpoint
     from tests.transcoder_folders import write_raw_folder
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(THREADS or max(1, torch.get_num_threads()))
     model_dir = make_checkpoint(
         out / "model", arch="gpt2", n_layers=n_layers, n_heads=12, d_model=768,
         n_ctx=max(positions), vocab_size=1000,
@@ -123,6 +125,8 @@ def run_circuit_tracer(out: Path) -> None:
     from circuit_tracer.graph import compute_graph_scores
     from graph_vs_circuit_tracer import _model
 
+    if THREADS:
+        torch.set_num_threads(THREADS)
     ours = torch.load(out / "interp.pt", weights_only=False)
     model, n_layers = _model(out, "per-layer", "mlp.hook_in")
     attribute(torch.tensor([0, 5, 9, 11]), model, batch_size=BATCH)  # warm up
@@ -158,6 +162,7 @@ def run_circuit_tracer(out: Path) -> None:
 if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
     opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=False))
+    THREADS = int(opts.get("--threads", 0))  # one thread: CPU seconds that load inflates less
     if mode == "interp":
         where.mkdir(parents=True, exist_ok=True)
         positions = [int(p) for p in opts.get("--positions", "16,64,256").split(",")]
