@@ -140,7 +140,7 @@ def test_measured_peak_stays_within_the_budget(tmp_path):
         return json.loads(out.stdout.split("RESULT ", 1)[1])
 
     free = run({})
-    budget = free["estimate"] // 2
+    budget = (free["estimate"] + free["one"]) // 2  # fits with a smaller batch
     bound = run({"max_bytes": budget})
     assert bound["batch"] < free["batch"]
     assert bound["peak"] <= 1.10 * budget
