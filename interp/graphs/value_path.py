@@ -170,9 +170,10 @@ def _one_position(path: ValuePath, pattern: Tensor, grad: Tensor) -> Tensor | No
     g = grad[torch.arange(b, device=grad.device), q]  # [b d_model]
     n_kv, _, d_head = path.W_V.shape
     n_heads = path.W_O.shape[0]
-    gz = (g @ path.O.to(grad.dtype).T).view(b, n_heads, 1, d_head)
+    gz = (g @ path.O.to(grad.dtype).T).view(b, n_heads, d_head).transpose(0, 1)
     V_t = path.V_t.to(grad.dtype).view(n_kv, d_head, d_model)
-    V_t = V_t.repeat_interleave(n_heads // n_kv, dim=0)  # each head's key/value head
-    u = (gz @ V_t).squeeze(2)  # [b head d_model]
-    rows = pattern[:, q, :p].to(grad.dtype).transpose(0, 1)  # [b head k_pos]
-    return torch.bmm(rows.transpose(1, 2), u)  # [b k_pos d_model]
+    if n_kv != n_heads:  # each head's key/value head
+        V_t = V_t.repeat_interleave(n_heads // n_kv, dim=0)
+    u = torch.bmm(gz, V_t).transpose(0, 1)  # [b head d_model]
+    rows = pattern[:, q, :p].to(grad.dtype).permute(1, 2, 0)  # [b k_pos head]
+    return torch.bmm(rows, u)  # [b k_pos d_model]
