@@ -108,10 +108,17 @@ def run_interp(
         )
         print(
             f"interp {n_pos} positions: {g.info['active_features']} active features, "
-            f"{len(feats)} kept, {len(g.nodes)} nodes, {seconds:.1f} s ({cpu:.1f} s CPU)",
+            f"{len(feats)} kept, {len(g.nodes)} nodes, {seconds:.1f} s ({cpu:.1f} s CPU), "
+            f"batch {g.info['batch_size']}, process peak RSS {_peak_rss() / 2**30:.2f} GiB",
             flush=True,
         )
     torch.save(results, out / "interp.pt")
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
 def _sync(device: str) -> None:
