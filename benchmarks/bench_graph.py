@@ -84,6 +84,7 @@ def run_interp(
         )
         limit = None if n_pos <= 16 else cap
         _sync(device)
+        before = _rss()
         start, cpu = time.perf_counter(), time.process_time()
         g = attribution_graph(
             model, tokens, tc, max_feature_nodes=limit, batch_size=BATCH, max_bytes=max_bytes
@@ -109,16 +110,26 @@ def run_interp(
         print(
             f"interp {n_pos} positions: {g.info['active_features']} active features, "
             f"{len(feats)} kept, {len(g.nodes)} nodes, {seconds:.1f} s ({cpu:.1f} s CPU), "
-            f"batch {g.info['batch_size']}, process peak RSS {_peak_rss() / 2**30:.2f} GiB",
+            f"batch {g.info['batch_size']}, peak RSS {_rss('VmHWM') / 2**30:.2f} GiB, "
+            f"{(_rss('VmHWM') - before) / 2**30:.2f} GiB over the {before / 2**30:.2f} GiB "
+            f"before the call (estimate {g.info['estimated_bytes'] / 2**30:.2f} GiB)",
             flush=True,
         )
     torch.save(results, out / "interp.pt")
 
 
-def _peak_rss() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+def _rss(field: str = "VmRSS") -> int:
+    """The process's resident size (``VmHWM``: its peak, reset by ``_rss()``'s caller before
+    each case through ``/proc/self/clear_refs``), in bytes; 0 where /proc is absent."""
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return 0
+    if field == "VmRSS":
+        Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
+    for line in status.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def _sync(device: str) -> None:
