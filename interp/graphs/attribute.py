@@ -155,6 +155,9 @@ def attribution_graph(
         source_bytes=_source_bytes(src),
     )  # fmt: skip
     chosen = 64 if batch_size is None else int(batch_size)
+    # a round visits 4 x the batch asked for (circuit-tracer's rounds), whatever batch the
+    # memory allows: the same features are kept under any budget
+    round_size = 4 * chosen
     chosen = max(1, min(chosen, keep + n_logits))
     if max_bytes is not None:
         budget = parse_size(max_bytes)
@@ -206,7 +209,7 @@ def attribution_graph(
             else:
                 influence = partial_influences(computed[:filled], logit_p, row_nodes[:filled])
                 rank = torch.argsort(influence[:n_feat], descending=True)
-                pending = rank[~visited[rank]][: min(4 * batch_size, n_logits + keep - filled)]
+                pending = rank[~visited[rank]][: min(round_size, n_logits + keep - filled)]
                 # a round's rows in (layer, pos) order: each batch then reaches fewer positions
                 pending = pending.sort().values
             for batch in torch.split(pending, batch_size):

@@ -150,3 +150,18 @@ def _env() -> dict:
     import os
 
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def test_a_budget_keeps_the_same_features(model):
+    """Rounds follow the batch asked for, not the one the budget allows."""
+    tc = random_transcoders(model, d_tc=48, seed=2)
+    free = attribution_graph(model, TOKENS, tc, max_feature_nodes=20, batch_size=8)
+    one = estimate_graph_bytes(model, tc, len(TOKENS), 20, 1,
+                               n_active=free.info["active_features"],
+                               n_logits=len(free.logit_token_ids))  # fmt: skip
+    budget = (one + free.info["estimated_bytes"]) // 2
+    bound = attribution_graph(model, TOKENS, tc, max_feature_nodes=20, batch_size=8,
+                              max_bytes=budget)  # fmt: skip
+    assert bound.info["batch_size"] < 8
+    cols = ["layer", "pos", "feature"]
+    assert bound.nodes[cols].equals(free.nodes[cols])
