@@ -16,11 +16,12 @@ position 0 (its MLP output is a constant, as in circuit-tracer). Columns:
 column = source; signed, raw): only feature and logit rows are nonzero. The graph holds just
 those: ``rows [r n]``, the row of node ``row_nodes[i]`` in ``rows[i]`` (any order), so its size
 grows with the nodes that have inputs, not with ``n²``; ``adjacency`` builds the dense matrix
-on demand (refused past :data:`DENSE_LIMIT` bytes).
+on demand (with a warning past :data:`DENSE_LIMIT` bytes: read ``rows`` instead).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -33,7 +34,9 @@ from interp.graphs.influence import graph_scores, prune_masks
 
 __all__ = ["DENSE_LIMIT", "NODE_COLUMNS", "NODE_KINDS", "AttributionGraph"]
 
-DENSE_LIMIT = 4 * 2**30  # bytes: a larger dense adjacency is refused (read ``rows`` instead)
+logger = logging.getLogger(__name__)
+
+DENSE_LIMIT = 4 * 2**30  # bytes: a larger dense adjacency is built with a warning
 
 NODE_KINDS = ("feature", "error", "token", "logit")  # in adjacency order
 # the columns of AttributionGraph.nodes
@@ -109,14 +112,15 @@ class AttributionGraph:
 
     @property
     def adjacency(self) -> Float[Tensor, "node node"]:
-        """The dense ``[n n]`` matrix (built on each call; refused past :data:`DENSE_LIMIT`)."""
+        """The dense ``[n n]`` matrix (built on each call; a warning past :data:`DENSE_LIMIT`)."""
         n = len(self.nodes)
         size = n * n * self.rows.element_size()
         if size > DENSE_LIMIT:
-            raise MemoryError(
-                f"this graph's dense adjacency ({n} x {n}) would take {size} bytes: read its "
-                "rows (graph.rows, graph.row_nodes) or prune it first"
-            )
+            logger.warning(
+                "building this graph's dense adjacency (%d x %d, %d bytes): its rows "
+                "(graph.rows, graph.row_nodes) hold the same entries in %d",
+                n, n, size, self.rows.numel() * self.rows.element_size(),
+            )  # fmt: skip
         dense = self.rows.new_zeros(n, n)
         dense[self.row_nodes] = self.rows
         return dense

@@ -36,7 +36,7 @@ def _row_nodes(rows: Tensor, row_nodes: Tensor | None) -> Tensor:
         return row_nodes
     if rows.shape[0] != rows.shape[1]:
         raise ValueError(f"rows {tuple(rows.shape)} need their row_nodes (the graph's node ids)")
-    return torch.arange(rows.shape[0])
+    return torch.arange(rows.shape[0], device=rows.device)
 
 
 def normalise_rows(adjacency: Float[Tensor, "r n"]) -> Float[Tensor, "r n"]:
@@ -135,7 +135,7 @@ def prune_masks(
 
     def narrow(mask: Tensor) -> None:
         mask[inner] &= edge_mask[:, inner].any(0)
-        has_output = torch.zeros(n, dtype=torch.bool)
+        has_output = torch.zeros(n, dtype=torch.bool, device=mask.device)
         has_output[row_nodes[feature_rows]] = edge_mask[feature_rows].any(1)
         mask[:n_features] &= has_output[:n_features]
 
