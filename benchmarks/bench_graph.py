@@ -6,7 +6,9 @@ vocabulary) with a 3,072-wide ReLU transcoder per layer (~1% of features active)
 circuit-tracer needs TransformerLens < 4, so the benchmark runs in two environments:
 
     python benchmarks/bench_graph.py interp DIR [--positions 16,64,256] [--cap 7500] [--device cuda]
+        [--layers 12] [--max-bytes 3GB] [--threads 1]
     /path/to/circuit-tracer-venv/bin/python benchmarks/bench_graph.py circuit-tracer DIR
+        [--threads 1]
 
 ``interp`` writes the checkpoint (an HF GPT-2 folder with its tokenizer), the transcoders (a
 circuit-tracer folder) and each case's tokens into DIR, times ``interp.attribution_graph`` and
@@ -31,6 +33,7 @@ D_TC = 3072  # GPT-2 small's d_mlp: circuit-tracer's published GPT-2 transcoders
 ACTIVE = 0.01  # share of features active on a typical token (b_enc sets it)
 BATCH = 64  # targets per backward pass, both libraries
 SEED = 0
+THREADS = 0  # torch's threads, both libraries (--threads; 0: torch's default)
 
 
 def _transcoders(model):
@@ -49,16 +52,23 @@ def _transcoders(model):
     )
 
 
-def run_interp(out: Path, positions: list[int], cap: int, device: str = "cpu") -> None:
+def run_interp(
+    out: Path,
+    positions: list[int],
+    cap: int,
+    device: str = "cpu",
+    n_layers: int = 12,
+    max_bytes: str | None = None,
+) -> None:
     sys.path.insert(0, str(ROOT))
     from interp import attribution_graph, load_model
     from tests.checkpoints import make_checkpoint
     from tests.transcoder_folders import write_raw_folder
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(THREADS or max(1, torch.get_num_threads()))
     model_dir = make_checkpoint(
-        out / "model", arch="gpt2", n_layers=12, n_heads=12, d_model=768, n_ctx=max(positions),
-        vocab_size=1000,
+        out / "model", arch="gpt2", n_layers=n_layers, n_heads=12, d_model=768,
+        n_ctx=max(positions), vocab_size=1000,
     )  # fmt: skip
     model = load_model(model_dir, device="cpu")
     tc = _transcoders(model)
@@ -74,8 +84,11 @@ def run_interp(out: Path, positions: list[int], cap: int, device: str = "cpu") -
         )
         limit = None if n_pos <= 16 else cap
         _sync(device)
+        before = _rss()
         start, cpu = time.perf_counter(), time.process_time()
-        g = attribution_graph(model, tokens, tc, max_feature_nodes=limit, batch_size=BATCH)
+        g = attribution_graph(
+            model, tokens, tc, max_feature_nodes=limit, batch_size=BATCH, max_bytes=max_bytes
+        )
         _sync(device)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         feats = g.nodes[g.nodes.kind == "feature"][["layer", "pos", "feature"]].to_numpy()
@@ -96,10 +109,27 @@ def run_interp(out: Path, positions: list[int], cap: int, device: str = "cpu") -
         )
         print(
             f"interp {n_pos} positions: {g.info['active_features']} active features, "
-            f"{len(feats)} kept, {len(g.nodes)} nodes, {seconds:.1f} s ({cpu:.1f} s CPU)",
+            f"{len(feats)} kept, {len(g.nodes)} nodes, {seconds:.1f} s ({cpu:.1f} s CPU), "
+            f"batch {g.info['batch_size']}, peak RSS {_rss('VmHWM') / 2**30:.2f} GiB, "
+            f"{(_rss('VmHWM') - before) / 2**30:.2f} GiB over the {before / 2**30:.2f} GiB "
+            f"before the call (estimate {g.info['estimated_bytes'] / 2**30:.2f} GiB)",
             flush=True,
         )
     torch.save(results, out / "interp.pt")
+
+
+def _rss(field: str = "VmRSS") -> int:
+    """The process's resident size (``VmHWM``: its peak, reset by ``_rss()``'s caller before
+    each case through ``/proc/self/clear_refs``), in bytes; 0 where /proc is absent."""
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return 0
+    if field == "VmRSS":
+        Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
+    for line in status.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def _sync(device: str) -> None:
@@ -113,6 +143,8 @@ def run_circuit_tracer(out: Path) -> None:
     from circuit_tracer.graph import compute_graph_scores
     from graph_vs_circuit_tracer import _model
 
+    if THREADS:
+        torch.set_num_threads(THREADS)
     ours = torch.load(out / "interp.pt", weights_only=False)
     model, n_layers = _model(out, "per-layer", "mlp.hook_in")
     attribute(torch.tensor([0, 5, 9, 11]), model, batch_size=BATCH)  # warm up
@@ -148,9 +180,17 @@ def run_circuit_tracer(out: Path) -> None:
 if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
     opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=False))
+    THREADS = int(opts.get("--threads", 0))  # one thread: CPU seconds that load inflates less
     if mode == "interp":
         where.mkdir(parents=True, exist_ok=True)
         positions = [int(p) for p in opts.get("--positions", "16,64,256").split(",")]
-        run_interp(where, positions, int(opts.get("--cap", 7500)), opts.get("--device", "cpu"))
+        run_interp(
+            where,
+            positions,
+            int(opts.get("--cap", 7500)),
+            opts.get("--device", "cpu"),
+            int(opts.get("--layers", 12)),
+            opts.get("--max-bytes"),
+        )
     else:
         run_circuit_tracer(where)

@@ -57,6 +57,7 @@ _EXPORTS = {
     "TranscoderSet": "interp.transcoders.transcoder",
     "train_transcoder": "interp.transcoders.train",
     "attribution_graph": "interp.graphs.attribute",
+    "estimate_graph_bytes": "interp.graphs.budget",
     "AttributionGraph": "interp.graphs.graph",
     "frozen_feature_run": "interp.graphs.interventions",
     "feature_intervention": "interp.graphs.interventions",

@@ -29,10 +29,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.engine import forward, run_cached
+from interp.engine import run_cached
 from interp.engine.plan import MemoryBudgetError
 from interp.foundation.sizes import parse_size
-from interp.graphs.frozen import FINAL_HOOK, frozen_hooks
+from interp.graphs.frozen import FINAL_HOOK, frozen_hooks, run_frozen
 from interp.graphs.nodes import Sources, read_sources
 from interp.graphs.norm_path import norm_paths
 from interp.graphs.value_path import Scope, ValuePath, value_path_weights
@@ -195,7 +195,7 @@ def _attention_pass(model, tokens, tc, rows, open_attention, qk_layer, norms) ->
             if name in model.hook_dict:
                 hooks.append((name, record(site)))
     batch = tokens[None].expand(rows, -1)
-    forward(model, batch, hooks, grad=True)
+    run_frozen(model, batch, hooks)  # stops at the final norm's output (no logits)
     if qk_layer is not None:
         qk = _queries_keys(model, qk_layer, qk)
     wrong = [

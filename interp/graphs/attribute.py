@@ -17,6 +17,8 @@ logits first, then features, ranked by influence in rounds under ``max_feature_n
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
 
 import torch
@@ -25,8 +27,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.engine import run_cached, to_tokens
+from interp.engine.allocator import return_freed_memory
 from interp.engine.estimates import parse_size
 from interp.engine.plan import MemoryBudgetError
+from interp.foundation.sizes import format_size
+from interp.graphs.budget import choose_batch, estimate_graph_bytes, free_bytes, graph_bytes
 from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
 from interp.graphs.graph import AttributionGraph
 from interp.graphs.influence import partial_influences
@@ -36,14 +41,13 @@ from interp.transcoders.loading import check_transcoders_fit
 
 __all__ = ["attribution_graph", "estimate_graph_bytes"]
 
+logger = logging.getLogger(__name__)
 
-def estimate_graph_bytes(model, n_pos: int, n_nodes: int, n_rows: int, batch_size: int) -> int:
-    """Bytes a graph build holds at its peak: the adjacency ``[n_nodes n_nodes]`` and the
-    computed rows (float32), and the frozen pass's retained graph for ``batch_size`` rows."""
-    cfg = model.cfg
-    per_row_layer = 10 * n_pos * cfg.d_model + 2 * cfg.n_heads * n_pos * n_pos
-    frozen = batch_size * 4 * (cfg.n_layers * per_row_layer + n_pos * cfg.d_vocab)
-    return 4 * n_nodes * n_nodes + 4 * n_rows * n_nodes + frozen
+
+def _source_bytes(src: Sources) -> int:
+    tensors = [src.encoders, src.errors, src.embed] + [v for v, _ in src.writers]
+    tensors += [c for _, c in src.writers]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) -> Tensor:
@@ -80,6 +84,20 @@ def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) 
     return out
 
 
+def _kept_columns(
+    computed: Tensor, row_nodes: Tensor, selected: Tensor, n_feat: int, chunk: int = 256
+) -> tuple[Tensor, Tensor]:
+    """The rows with only the kept features' columns (and every other node's), and their
+    nodes' indices in the graph."""
+    columns = torch.cat([selected, torch.arange(n_feat, computed.shape[1])])
+    out = torch.empty(computed.shape[0], len(columns), dtype=computed.dtype)
+    for i in range(0, len(out), chunk):
+        out[i : i + chunk] = computed[i : i + chunk][:, columns]
+    moved = torch.full((computed.shape[1],), -1, dtype=torch.long)
+    moved[columns] = torch.arange(len(columns))
+    return out, moved[row_nodes]
+
+
 def attribution_graph(
     model,
     tokens_or_text,
@@ -88,7 +106,7 @@ def attribution_graph(
     max_n_logits: int = 10,
     desired_logit_prob: float = 0.95,
     max_feature_nodes: int | None = None,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     max_bytes: int | str | None = None,
     progress: bool = False,
 ) -> AttributionGraph:
@@ -102,8 +120,11 @@ def attribution_graph(
             cumulative probability reaches ``desired_logit_prob``, at most ``max_n_logits``.
         max_feature_nodes: keep at most this many features, the most influential (ranked by
             influence through the rows computed so far, in rounds), as circuit-tracer does.
-        batch_size: targets per backward pass (rows of the frozen pass).
-        max_bytes: a budget for the adjacency, the rows and the frozen pass; a graph that needs
+        batch_size: targets per backward pass (rows of the frozen pass); None: 64, halved
+            while the build's estimate (:func:`interp.estimate_graph_bytes`) exceeds the
+            memory free on the model's device (a warning where even one row does not fit).
+        max_bytes: a budget for what the build holds (the sources, rows, frozen pass, pruning;
+            not the model): the batch is halved until the estimate fits; a graph that needs
             more even with one row per pass is refused (``MemoryBudgetError``) with what it needs.
         progress: show a progress bar over the features.
 
@@ -140,29 +161,42 @@ def attribution_graph(
     keep = n_feat if max_feature_nodes is None else min(int(max_feature_nodes), n_feat)
     n_logits, n_pos = len(logit_ids), len(tokens)
     n_nodes = keep + src.n_cols - n_feat + n_logits
-    batch_size = max(1, min(int(batch_size), keep + n_logits))
+    del clean  # read: its activations and logits are not held through the build
+    sized = functools.partial(
+        graph_bytes, model, tc, n_pos, n_active=n_feat, keep=keep, n_logits=n_logits,
+        source_bytes=_source_bytes(src),
+    )  # fmt: skip
+    chosen = 64 if batch_size is None else int(batch_size)
+    # a round visits 4 x the batch asked for (circuit-tracer's rounds), whatever batch the
+    # memory allows: the same features are kept under any budget
+    round_size = 4 * chosen
+    chosen = max(1, min(chosen, keep + n_logits))
     if max_bytes is not None:
         budget = parse_size(max_bytes)
-        need = estimate_graph_bytes(model, n_pos, n_nodes, keep + n_logits, 1)
+        need = sized(batch=1)
         if need > budget:
             raise MemoryBudgetError(
                 f"this graph ({n_nodes} nodes, {n_pos} positions) needs at least {need} bytes "
-                f"(its adjacency alone {4 * n_nodes * n_nodes}); raise max_bytes to {need} or "
+                f"({format_size(need)}) with one row per pass; raise max_bytes to {need} or "
                 "lower max_feature_nodes"
             )
-        while (
-            batch_size > 1
-            and estimate_graph_bytes(model, n_pos, n_nodes, keep + n_logits, batch_size) > budget
-        ):
-            batch_size //= 2
+        return_freed_memory()  # freed blocks go back at once: the process's size is its use
+        chosen = choose_batch(lambda b: sized(batch=b), chosen, budget)
+    elif batch_size is None:
+        budget = free_bytes(model.cfg.device)
+        chosen = choose_batch(lambda b: sized(batch=b), chosen, budget)
+        if sized(batch=chosen) > budget:
+            logger.warning(
+                "this graph needs about %s with one row per pass, more than the %s free on %s",
+                format_size(sized(batch=chosen)), format_size(budget), model.cfg.device,
+            )  # fmt: skip
+    batch_size = chosen
 
     total_cols = src.n_cols + n_logits
-    # every feature kept: rows go straight into the adjacency (no N² copies); otherwise into
-    # rows in the order computed, which rank the features still to visit
-    full = keep == n_feat
-    shape = (n_nodes, n_nodes) if full else (keep + n_logits, total_cols)
-    computed = torch.zeros(shape, dtype=dtype)
-    row_nodes = torch.zeros(keep + n_logits, dtype=torch.long)
+    # the rows computed (logits first, then features in the order visited), every source's
+    # column; under a cap they rank the features still to visit
+    computed = torch.zeros(keep + n_logits, total_cols, dtype=dtype)
+    row_nodes = torch.zeros(keep + n_logits, dtype=torch.long)  # each row's column
     with no_param_grads(model):
         fp = frozen_pass(model, tokens, tc, batch_size)
         device = fp.embed.device
@@ -177,17 +211,17 @@ def attribution_graph(
                 logit_vecs[chunk],
             )
             row_nodes[chunk] = torch.arange(chunk.start, chunk.stop) + src.n_cols
-            computed[row_nodes[chunk] if full else chunk, : src.n_cols] = rows.cpu()
+            computed[chunk, : src.n_cols] = rows.cpu()
         visited = torch.zeros(n_feat, dtype=torch.bool)
         filled = n_logits
         bar = tqdm(total=keep, desc="attribution graph: features", disable=not progress)
         while filled < n_logits + keep:
-            if full:
+            if keep == n_feat:
                 pending = torch.arange(n_feat)
             else:
                 influence = partial_influences(computed[:filled], logit_p, row_nodes[:filled])
                 rank = torch.argsort(influence[:n_feat], descending=True)
-                pending = rank[~visited[rank]][: min(4 * batch_size, n_logits + keep - filled)]
+                pending = rank[~visited[rank]][: min(round_size, n_logits + keep - filled)]
                 # a round's rows in (layer, pos) order: each batch then reaches fewer positions
                 pending = pending.sort().values
             for batch in torch.split(pending, batch_size):
@@ -198,8 +232,7 @@ def attribution_graph(
                     src.feat_pos[batch].to(device),
                     src.encoders[batch.to(device)],
                 )
-                where = batch if full else slice(filled, filled + len(batch))
-                computed[where, : src.n_cols] = rows.cpu()
+                computed[filled : filled + len(batch), : src.n_cols] = rows.cpu()
                 row_nodes[filled : filled + len(batch)] = batch
                 visited[batch] = True
                 filled += len(batch)
@@ -208,18 +241,13 @@ def attribution_graph(
         del fp
 
     selected = torch.nonzero(visited).flatten()
-    if full:
-        adjacency = computed
-    else:
-        columns = torch.cat([selected, torch.arange(n_feat, total_cols)])
-        adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
-        order = torch.argsort(row_nodes[n_logits:])  # features in (layer, pos, feature) order
-        adjacency[:keep] = computed[n_logits:][order][:, columns]
-        adjacency[-n_logits:] = computed[:n_logits][:, columns]
+    if keep < n_feat:  # the unvisited features' columns go: the rows in place, chunk by chunk
+        computed, row_nodes = _kept_columns(computed, row_nodes, selected, n_feat)
     nodes = node_table(src, selected, tc.n_layers, tokens, logit_ids, logit_p)
     return AttributionGraph(
         nodes=nodes,
-        adjacency=adjacency,
+        rows=computed,
+        row_nodes=row_nodes,
         tokens=tokens.cpu(),
         logit_token_ids=logit_ids.cpu(),
         logit_probabilities=logit_p.cpu(),
@@ -229,6 +257,7 @@ def attribution_graph(
             "active_features": n_feat,
             "seconds": time.perf_counter() - start,
             "batch_size": batch_size,
+            "estimated_bytes": sized(batch=batch_size),
             "hook": FINAL_HOOK,
         },
         context={"model": model, "tc": tc},  # for head loadings and QK attribution

@@ -35,7 +35,14 @@ from interp.graphs.value_path import Scope, ValuePath, value_path_weights
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FINAL_HOOK", "FrozenPass", "frozen_hooks", "frozen_pass", "no_param_grads"]
+__all__ = [
+    "FINAL_HOOK",
+    "FrozenPass",
+    "frozen_hooks",
+    "frozen_pass",
+    "no_param_grads",
+    "run_frozen",
+]
 
 FINAL_HOOK = "unembed.hook_in"  # the final norm's output: where logit vectors are read
 
@@ -70,9 +77,14 @@ def _detach(act: Tensor, hook) -> Tensor:
     return act.detach()
 
 
+class _Stop(Exception):
+    """Raised at :data:`FINAL_HOOK` once its input is kept: the logits are never read."""
+
+
 def _attention_hooks(layer: int, path: ValuePath, keep: dict, scope: Scope) -> list:
     """The attention of ``layer`` without a graph of its own, its value path added at its
-    output; ``keep["checks"][layer]`` holds row 0's input, pattern and output for
+    output (it runs on every row: TransformerLens 4.3 sizes its output by the mask's batch);
+    ``keep["checks"][layer]`` holds row 0's input, pattern and output for
     :meth:`ValuePath.check`. Some bridges fire ``hook_pattern`` after ``hook_out`` (OPT): the
     backward reads the pattern from there, once the pass has recorded it."""
     seen: dict = {}
@@ -160,6 +172,7 @@ def frozen_hooks(
 
     def final(act: Tensor, hook) -> None:
         keep["final"] = act
+        raise _Stop  # the unembedding's full-vocabulary logits are never read
 
     hooks.append(("hook_embed", embed))
     for layer in range(tc.n_layers):
@@ -176,6 +189,15 @@ def _busy(tc) -> set[str]:
     for layer in range(tc.n_layers):
         names |= {tc.input_hook(layer), tc.output_hook(layer)}
     return names
+
+
+def run_frozen(model, batch: Tensor, hooks: list) -> None:
+    """The frozen pass up to :data:`FINAL_HOOK` (the hooks record what it holds)."""
+    try:
+        forward(model, batch, hooks, grad=True)
+    except _Stop:
+        return
+    raise RuntimeError(f"the frozen pass did not reach {FINAL_HOOK}")
 
 
 def frozen_pass(model, tokens: Int[Tensor, " pos"], tc, rows: int) -> FrozenPass:
@@ -204,7 +226,7 @@ def frozen_pass(model, tokens: Int[Tensor, " pos"], tc, rows: int) -> FrozenPass
         )
     for value, norm in tries:
         keep: dict = {}
-        forward(model, batch, frozen_hooks(model, tc, keep, value, scope, norm), grad=True)
+        run_frozen(model, batch, frozen_hooks(model, tc, keep, value, scope, norm))
         mismatch = [
             layer
             for layer, seen in enumerate(keep["checks"])
@@ -244,5 +266,5 @@ def frozen_pass(model, tokens: Int[Tensor, " pos"], tc, rows: int) -> FrozenPass
         )
         break
     keep = {}
-    forward(model, batch, frozen_hooks(model, tc, keep), grad=True)
+    run_frozen(model, batch, frozen_hooks(model, tc, keep))
     return FrozenPass(keep["inputs"], keep["outputs"], keep["embed"], keep["final"], scope)

@@ -7,6 +7,11 @@ zero) and ``w`` the logit probabilities on the logit nodes (zero elsewhere), a n
 is ``(w Â + w Â² + ...)`` at that node: the share of the logits' probability-weighted input that
 reaches it through every path. The graph is acyclic (targets read only earlier sources), so the
 series ends after at most as many steps as the longest path.
+
+Only feature and logit nodes have inputs, so every function here works on the graph's rows: a
+block ``rows [r n]`` of the adjacency's nonzero rows with ``row_nodes [r]`` their node indices
+(any order); a square adjacency with no ``row_nodes`` is every node's row. ``w Â`` is then
+``w[row_nodes] R̂``: no ``[n n]`` matrix is built and only nonzero entries are sorted.
 """
 
 from __future__ import annotations
@@ -26,41 +31,58 @@ __all__ = [
 ]
 
 
-def normalise_rows(adjacency: Float[Tensor, "n n"]) -> Float[Tensor, "n n"]:
-    """``|A|`` with each row divided by its sum (rows of zeros stay zero)."""
+def _row_nodes(rows: Tensor, row_nodes: Tensor | None) -> Tensor:
+    if row_nodes is not None:
+        return row_nodes
+    if rows.shape[0] != rows.shape[1]:
+        raise ValueError(f"rows {tuple(rows.shape)} need their row_nodes (the graph's node ids)")
+    return torch.arange(rows.shape[0], device=rows.device)
+
+
+def normalise_rows(adjacency: Float[Tensor, "r n"]) -> Float[Tensor, "r n"]:
+    """``|A|`` with each row divided by its sum (rows of zeros stay zero): one new tensor."""
     a = adjacency.abs()
-    return a / a.sum(dim=1, keepdim=True).clamp(min=1e-10)
+    return a.div_(a.sum(dim=1, keepdim=True).clamp(min=1e-10))
 
 
-def _series(normalised: Tensor, weights: Tensor, max_iter: int = 1000) -> Tensor:
-    current = weights @ normalised
+def _series(
+    normalised: Tensor, weights: Tensor, row_nodes: Tensor, max_iter: int = 1000
+) -> Float[Tensor, " n"]:
+    current = weights[row_nodes] @ normalised
     influence = current.clone()
     for _ in range(max_iter):
         if not current.any():
             return influence
-        current = current @ normalised
+        current = current[row_nodes] @ normalised
         influence += current
     raise RuntimeError(f"influence did not converge in {max_iter} steps: the graph has a cycle")
 
 
-def node_influence(adjacency: Tensor, weights: Tensor) -> Float[Tensor, " n"]:
+def node_influence(
+    adjacency: Tensor, weights: Tensor, row_nodes: Tensor | None = None
+) -> Float[Tensor, " n"]:
     """Each node's influence on the weighted logits (module docstring)."""
-    return _series(normalise_rows(adjacency), weights)
+    return _series(normalise_rows(adjacency), weights, _row_nodes(adjacency, row_nodes))
 
 
-def edge_influence(adjacency: Tensor, weights: Tensor) -> Float[Tensor, "n n"]:
-    """Each edge's influence: its normalised weight times its target's influence (plus the
-    target's own logit weight)."""
+def edge_influence(
+    adjacency: Tensor, weights: Tensor, row_nodes: Tensor | None = None
+) -> Float[Tensor, "r n"]:
+    """Each edge's influence (on the rows given): its normalised weight times its target's
+    influence (plus the target's own logit weight)."""
+    row_nodes = _row_nodes(adjacency, row_nodes)
     normalised = normalise_rows(adjacency)
-    target = _series(normalised, weights) + weights
-    return normalised * target[:, None]
+    target = _series(normalised, weights, row_nodes) + weights
+    return normalised.mul_(target[row_nodes][:, None])
 
 
-def find_threshold(scores: Tensor, threshold: float) -> Tensor:
+def find_threshold(scores: Tensor, threshold: float, size: int | None = None) -> Tensor:
     """The smallest score among the highest ones that together make ``threshold`` of the total
     (scores are >= 0). Only the nonzero scores are sorted: the zeros after them add nothing to
-    the cumulative sum, so the result is circuit-tracer's, at a fraction of an N² sort."""
+    the cumulative sum, so the result is circuit-tracer's, at a fraction of an N² sort.
+    ``size``: how many scores the full set holds (``scores`` and zeros left out; default all)."""
     flat = scores.flatten()
+    size = len(flat) if size is None else size
     ordered = torch.sort(flat[flat > 0], descending=True).values
     if len(ordered) == 0:
         return flat.new_zeros(())
@@ -69,46 +91,61 @@ def find_threshold(scores: Tensor, threshold: float) -> Tensor:
     if index < len(ordered):
         return ordered[index]
     # past the last nonzero score: circuit-tracer's index runs into the zeros (if any)
-    return flat.new_zeros(()) if len(ordered) < len(flat) else ordered[-1]
+    return flat.new_zeros(()) if len(ordered) < size else ordered[-1]
 
 
 def prune_masks(
-    adjacency: Float[Tensor, "n n"],
+    adjacency: Float[Tensor, "r n"],
     weights: Float[Tensor, " n"],
     *,
     n_features: int,
     n_kept_tail: int,
     node_threshold: float,
     edge_threshold: float,
-) -> tuple[Bool[Tensor, " n"], Bool[Tensor, "n n"], Float[Tensor, " n"], Float[Tensor, " n"]]:
+    row_nodes: Tensor | None = None,
+) -> tuple[Bool[Tensor, " n"], Bool[Tensor, "r n"], Float[Tensor, " n"], Float[Tensor, " n"]]:
     """circuit-tracer's ``prune_graph``: ``(node_mask, edge_mask, cumulative_scores)``, and
-    each node's influence.
+    each node's influence; ``edge_mask`` has the shape of the rows given (every other row's
+    edges are none).
 
     Nodes are kept to ``node_threshold`` of the total influence, then edges (among kept nodes)
     to ``edge_threshold`` of the total edge influence; feature and error nodes without a kept
     outgoing edge, and feature nodes without a kept incoming edge, are dropped until none is
-    left. The last ``n_kept_tail`` nodes (tokens and logits) are always kept."""
+    left. The last ``n_kept_tail`` nodes (tokens and logits) are always kept; every feature
+    must have a row."""
     for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must be between 0 and 1, got {value}")
-    influence = node_influence(adjacency, weights)
+    row_nodes = _row_nodes(adjacency, row_nodes)
+    n = adjacency.shape[1]
+    influence = node_influence(adjacency, weights, row_nodes)
     node_mask = influence >= find_threshold(influence, node_threshold)
     node_mask[-n_kept_tail:] = True
-    pruned = adjacency.clone()
-    pruned[~node_mask] = 0
+    # the edge influence of the graph without the dropped nodes, in one copy of the rows
+    pruned = adjacency.abs()
+    pruned[~node_mask[row_nodes]] = 0
     pruned[:, ~node_mask] = 0
-    scores = edge_influence(pruned, weights)
-    edge_mask = scores >= find_threshold(scores, edge_threshold)
-    inner = slice(0, adjacency.shape[0] - n_kept_tail)
+    pruned.div_(pruned.sum(dim=1, keepdim=True).clamp(min=1e-10))
+    target = _series(pruned, weights, row_nodes) + weights
+    scores = pruned.mul_(target[row_nodes][:, None])
+    edge_mask = scores >= find_threshold(scores, edge_threshold, size=n * n)
+    del scores, pruned
+    inner = slice(0, n - n_kept_tail)
+    feature_rows = row_nodes < n_features
+
+    def narrow(mask: Tensor) -> None:
+        mask[inner] &= edge_mask[:, inner].any(0)
+        has_output = torch.zeros(n, dtype=torch.bool, device=mask.device)
+        has_output[row_nodes[feature_rows]] = edge_mask[feature_rows].any(1)
+        mask[:n_features] &= has_output[:n_features]
+
     old = node_mask.clone()
-    node_mask[inner] &= edge_mask[:, inner].any(0)
-    node_mask[:n_features] &= edge_mask[:n_features].any(1)
+    narrow(node_mask)
     while not torch.equal(node_mask, old):
         old = node_mask.clone()
-        edge_mask[~node_mask] = False
+        edge_mask[~node_mask[row_nodes]] = False
         edge_mask[:, ~node_mask] = False
-        node_mask[inner] &= edge_mask[:, inner].any(0)
-        node_mask[:n_features] &= edge_mask[:n_features].any(1)
+        narrow(node_mask)
     ordered, order = torch.sort(influence, descending=True)
     cumulative = torch.zeros_like(influence)
     cumulative[order] = torch.cumsum(ordered, dim=0) / ordered.sum()
@@ -116,16 +153,23 @@ def prune_masks(
 
 
 def graph_scores(
-    adjacency: Tensor, weights: Tensor, *, errors: slice, tokens: slice
+    adjacency: Tensor,
+    weights: Tensor,
+    *,
+    errors: slice,
+    tokens: slice,
+    row_nodes: Tensor | None = None,
 ) -> dict[str, float]:
     """circuit-tracer's ``compute_graph_scores``: ``replacement`` = token influence / (token +
     error influence); ``completeness`` = the share of each node's normalised input not from
     error nodes, averaged with weights (influence + logit weight)."""
+    row_nodes = _row_nodes(adjacency, row_nodes)
     normalised = normalise_rows(adjacency)
-    influence = _series(normalised, weights)
+    influence = _series(normalised, weights, row_nodes)
     token, error = influence[tokens].sum(), influence[errors].sum()
     replacement = token / (token + error)
-    non_error = 1 - normalised[:, errors].sum(dim=-1)
+    non_error = torch.ones_like(influence)  # a node without inputs has none from errors
+    non_error[row_nodes] = 1 - normalised[:, errors].sum(dim=-1)
     output = influence + weights
     completeness = (non_error * output).sum() / output.sum()
     return {"replacement": float(replacement), "completeness": float(completeness)}

@@ -167,21 +167,50 @@ class _Linear(torch.autograd.Function):
         pattern = ctx.recorded["pattern"][0]
         rows, n_pos, d_model = grad.shape
         b, p = min(scope.rows or rows, rows), min(scope.positions or n_pos, n_pos)
-        n_kv, _, d_head = path.W_V.shape
-        n_heads = path.W_O.shape[0]
-        g = grad[:b, :p].reshape(b * p, d_model)
-        gz = (g @ path.O.to(grad.dtype).T).view(b, p, n_heads, d_head)
-        # heads as the batch of the pattern's product, (rows, d_head) as its columns: the
-        # pattern is never repeated over rows
-        gz = gz.permute(2, 1, 0, 3).reshape(n_heads, p, b * d_head)
-        pat_t = pattern[:, :p, :p].transpose(1, 2).to(grad.dtype)  # [head k_pos q_pos]
-        gv = torch.bmm(pat_t, gz)  # [head k_pos (b d_head)]
-        if n_kv != n_heads:  # grouped query heads share a key/value head
-            gv = gv.view(n_kv, n_heads // n_kv, p, b * d_head).sum(1)
-        gv = gv.view(n_kv, p, b, d_head).permute(2, 1, 0, 3).reshape(b * p, n_kv * d_head)
-        gx = gv @ path.V_t.to(grad.dtype)
+        gx = _one_position(path, pattern, grad[:b, :p])
+        if gx is None:
+            gx = _dense(path, pattern, grad[:b, :p])
         if b == rows and p == n_pos:
-            return None, gx.view(rows, n_pos, d_model), None, None, None
+            return None, gx, None, None, None
         full = grad.new_zeros(grad.shape)
-        full[:b, :p] = gx.view(b, p, d_model)
+        full[:b, :p] = gx
         return None, full, None, None, None
+
+
+def _dense(path: ValuePath, pattern: Tensor, grad: Tensor) -> Tensor:
+    """The value path's transpose on ``grad [b p d_model]``."""
+    b, p, d_model = grad.shape
+    n_kv, _, d_head = path.W_V.shape
+    n_heads = path.W_O.shape[0]
+    g = grad.reshape(b * p, d_model)
+    gz = (g @ path.O.to(grad.dtype).T).view(b, p, n_heads, d_head)
+    # heads as the batch of the pattern's product, (rows, d_head) as its columns: the
+    # pattern is never repeated over rows
+    gz = gz.permute(2, 1, 0, 3).reshape(n_heads, p, b * d_head)
+    pat_t = pattern[:, :p, :p].transpose(1, 2).to(grad.dtype)  # [head k_pos q_pos]
+    gv = torch.bmm(pat_t, gz)  # [head k_pos (b d_head)]
+    if n_kv != n_heads:  # grouped query heads share a key/value head
+        gv = gv.view(n_kv, n_heads // n_kv, p, b * d_head).sum(1)
+    gv = gv.view(n_kv, p, b, d_head).permute(2, 1, 0, 3).reshape(b * p, n_kv * d_head)
+    return (gv @ path.V_t.to(grad.dtype)).view(b, p, d_model)
+
+
+def _one_position(path: ValuePath, pattern: Tensor, grad: Tensor) -> Tensor | None:
+    """The transpose where each row's gradient sits at one position at most (the first
+    attention below a target): per row and head, the value path's vector ``[d_model]`` once,
+    spread over the keys by that position's pattern row; None where a row has more."""
+    b, p, d_model = grad.shape
+    where = grad.abs().amax(-1) > 0  # [b p]
+    if b == 0 or int(where.sum(1).max()) > 1:
+        return None
+    q = where.to(torch.uint8).argmax(1)  # each row's position (0 where none: its g is 0)
+    g = grad[torch.arange(b, device=grad.device), q]  # [b d_model]
+    n_kv, _, d_head = path.W_V.shape
+    n_heads = path.W_O.shape[0]
+    gz = (g @ path.O.to(grad.dtype).T).view(b, n_heads, d_head).transpose(0, 1)
+    V_t = path.V_t.to(grad.dtype).view(n_kv, d_head, d_model)
+    if n_kv != n_heads:  # each head's key/value head
+        V_t = V_t.repeat_interleave(n_heads // n_kv, dim=0)
+    u = torch.bmm(gz, V_t).transpose(0, 1)  # [b head d_model]
+    rows = pattern[:, q, :p].to(grad.dtype).permute(1, 2, 0)  # [b k_pos head]
+    return torch.bmm(rows, u)  # [b k_pos d_model]

@@ -1,0 +1,174 @@
+"""The peak memory of ``interp.attribution_graph`` against ``interp.estimate_graph_bytes``'s
+estimate and against ``max_bytes``, over a grid: positions, capped and uncapped, per-layer and
+cross-layer transcoders, float32 and bfloat16 models.
+
+Each point runs in a fresh child process: it loads a small random GPT-2-shaped model
+(tests/checkpoints.py) and random ReLU transcoders (~1% of features active), counts the prompt's
+active features, and then measures the build's peak: on CPU the host's resident size (VmHWM,
+reset just before the call through ``/proc/self/clear_refs``) less the resident size before
+it; on CUDA ``torch.cuda.max_memory_allocated`` less the memory allocated before it. The
+estimate is ``estimate_graph_bytes`` with the prompt's active features and the batch the build
+chose. Budgeted points run with ``max_bytes`` halfway between the estimate with one row per pass
+and the unbudgeted estimate (so the batch must shrink) and report the peak against it. Every
+point frees memory back to the system at once (glibc's ``M_MMAP_THRESHOLD``, what interp does
+under ``max_bytes``), so the resident size is the use.
+
+    python benchmarks/bench_graph_memory.py [--quick] [--device cuda] [--layers 2]
+        [--d-model 128] [--d-tc 512]
+
+Prints one line per point (estimate / measured, peak / budget) and a summary: the largest
+deviation of the estimate and the largest peak over a budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ACTIVE = 0.01
+
+FULL = {
+    "positions": [16, 64, 256, 512, 1024, 2048],
+    "uncapped_up_to": 512,  # an uncapped graph of more positions takes long on two CPU cores
+    "cap": 256,
+    "kinds": ["per-layer", "cross-layer"],
+    "dtypes": ["float32", "bfloat16"],
+}
+QUICK = {
+    "positions": [32, 256],
+    "uncapped_up_to": 32,
+    "cap": 64,
+    "kinds": ["per-layer", "cross-layer"],
+    "dtypes": ["float32", "bfloat16"],
+}
+
+
+def _child(spec: dict) -> dict:
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 2**20)  # M_MMAP_THRESHOLD: freed tensors go back to the system at once
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from interp import attribution_graph, estimate_graph_bytes, load_model
+    from interp.transcoders.transcoder import TranscoderSet
+    from tests.checkpoints import make_checkpoint
+
+    torch.manual_seed(0)
+    device, n_pos = spec["device"], spec["n_pos"]
+    folder = Path(spec["dir"]) / f"model{spec['layers']}_{spec['d_model']}"
+    if not (folder / "config.json").exists():
+        make_checkpoint(folder, arch="gpt2", n_layers=spec["layers"], n_heads=4,
+                        d_model=spec["d_model"], n_ctx=2048, vocab_size=1000)  # fmt: skip
+    dtype = getattr(torch, spec["dtype"])
+    model = load_model(folder, device=device, dtype=dtype)
+    n, d, d_tc = spec["layers"], spec["d_model"], spec["d_tc"]
+    gen = torch.Generator().manual_seed(0)
+    z = torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - ACTIVE)).item()
+    cross = spec["kind"] == "cross-layer"
+    W_dec = [
+        torch.randn(d_tc, n - lay, d, generator=gen) / d_tc**0.5
+        if cross
+        else torch.randn(d_tc, d, generator=gen) / d_tc**0.5
+        for lay in range(n)
+    ]
+    tc = TranscoderSet(
+        [torch.randn(d_tc, d, generator=gen) / d**0.5 for _ in range(n)],
+        [torch.full((d_tc,), -z) for _ in range(n)],
+        W_dec,
+        [torch.zeros(d) for _ in range(n)],
+        kind=spec["kind"],
+        name="bench-memory",
+    ).to(device)
+    tokens = torch.cat(
+        [torch.zeros(1, dtype=torch.long), torch.randint(1, 400, (n_pos - 1,), generator=gen)]
+    )
+    attribution_graph(model, tokens[:8], tc, batch_size=8)  # warm up
+    cap, budget = spec["cap"], spec.get("max_bytes")
+
+    def rss() -> int:
+        lines = Path("/proc/self/status").read_text().splitlines()
+        pairs = (line.split(":", 1) for line in lines)
+        return {k: int(v.split()[0]) * 1024 for k, v in pairs if k in ("VmRSS", "VmHWM")}
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        Path("/proc/self/clear_refs").write_text("5")
+        before = rss()["VmRSS"]
+    g = attribution_graph(model, tokens, tc, max_feature_nodes=cap, max_bytes=budget)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        peak = rss()["VmHWM"] - before
+    n_active = g.info["active_features"]
+    estimate = estimate_graph_bytes(model, tc, n_pos, cap, g.info["batch_size"],
+                                    n_active=n_active, n_logits=len(g.logit_token_ids))  # fmt: skip
+    one = estimate_graph_bytes(model, tc, n_pos, cap, 1, n_active=n_active,
+                               n_logits=len(g.logit_token_ids))  # fmt: skip
+    return {"peak": peak, "estimate": estimate, "one": one, "batch": g.info["batch_size"],
+            "active": n_active, "seconds": g.info["seconds"]}  # fmt: skip
+
+
+def _run(spec: dict) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"point {spec} failed:\n{out.stderr[-3000:]}")
+
+
+def main(argv: list[str]) -> None:
+    opts = dict(zip(argv[::2], argv[1::2], strict=False)) if "--quick" not in argv else {}
+    if "--quick" in argv:
+        rest = [a for a in argv if a != "--quick"]
+        opts = dict(zip(rest[::2], rest[1::2], strict=False))
+    grid = QUICK if "--quick" in argv else FULL
+    base = {"device": opts.get("--device", "cpu"), "layers": int(opts.get("--layers", 2)),
+            "d_model": int(opts.get("--d-model", 128)), "d_tc": int(opts.get("--d-tc", 512)),
+            "dir": opts.get("--dir") or tempfile.mkdtemp(prefix="graph-memory-")}  # fmt: skip
+    worst_estimate, worst_budget = 0.0, 0.0
+    print("kind dtype positions cap | batch active | estimate measured ratio | budget peak/budget")
+    for kind in grid["kinds"]:
+        for dtype in grid["dtypes"]:
+            for n_pos in grid["positions"]:
+                for cap in (None, grid["cap"]):
+                    if cap is None and n_pos > grid["uncapped_up_to"]:
+                        continue
+                    spec = dict(base, kind=kind, dtype=dtype, n_pos=n_pos, cap=cap)
+                    r = _run(spec)
+                    ratio = r["estimate"] / r["peak"]
+                    worst_estimate = max(worst_estimate, abs(ratio - 1))
+                    budget = (r["estimate"] + r["one"]) // 2  # fits, with a smaller batch
+                    b = _run(dict(spec, max_bytes=budget)) if r["batch"] > 1 else None
+                    over = ""
+                    if b is not None:
+                        over = f"{budget / 2**20:.0f} MiB {b['peak'] / budget:.2f} "
+                        over += f"(batch {b['batch']})"
+                    if b is not None:
+                        worst_budget = max(worst_budget, b["peak"] / budget - 1)
+                    print(f"{kind} {dtype} {n_pos} {cap} | {r['batch']} {r['active']} | "
+                          f"{r['estimate'] / 2**20:.1f} MiB {r['peak'] / 2**20:.1f} MiB "
+                          f"{ratio:.2f} | {over}", flush=True)  # fmt: skip
+    print(f"largest estimate deviation {worst_estimate:.1%}; largest peak over budget "
+          f"{worst_budget:+.1%}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        print("RESULT " + json.dumps(_child(json.loads(sys.argv[2]))), flush=True)
+    else:
+        main(sys.argv[1:])

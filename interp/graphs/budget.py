@@ -1,0 +1,132 @@
+"""What an attribution graph's build holds at its peak, and the batch a memory budget allows.
+
+The build holds, in the work dtype (float32, float64 for a float64 model) unless said:
+
+* the sources: the active features' encoder rows, their decoder vectors by layer written to
+  (grouped by position, zero-padded), the error vectors and token embeddings;
+* the rows: ``(kept features + logits) x (active features + errors + tokens + logits)``;
+* the frozen pass of ``batch`` rows (model dtype): per layer the transcoder's input and
+  output and the graph around them, ``_FROZEN`` numbers per row, position and ``d_model``;
+  while it runs, one layer's attention scores and pattern (``_ATTENTION`` per row, head and
+  position pair); during a backward pass, a gradient per layer and the targets' injections
+  (``_BACKWARD``), and the ``[batch columns]`` block of rows computed;
+* under a cap, one copy of the rows while ranking (``partial_influences``) and the kept
+  columns' copy at the end; afterwards pruning needs one more copy of the kept rows and a
+  mask.
+
+The coefficients were fitted to peaks measured by benchmarks/bench_graph_memory.py (host RSS
+of a fresh process with freed memory returned to the system at once; CUDA's
+``max_memory_allocated``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["choose_batch", "estimate_graph_bytes", "free_bytes", "graph_bytes"]
+
+_FIXED = 10 * 2**20  # the allocator's and autograd's own (fitted: 16 to 512 positions)
+# (per layer, fixed) [batch pos d_model] tensors the frozen pass holds: fitted to a 2-layer
+# model (21 in all at 128 and 512 positions), so the split between the two is a guess
+_FROZEN = (6.0, 9.0)
+_ATTENTION = 3.0  # [batch head pos pos] tensors alive at one layer's attention
+_BACKWARD = (1.0, 4.0)  # (per layer, fixed) [batch pos d_model] tensors of one backward pass
+
+
+def graph_bytes(
+    model,
+    tc,
+    n_pos: int,
+    *,
+    n_active: int,
+    keep: int,
+    n_logits: int,
+    batch: int,
+    source_bytes: int | None = None,
+) -> int:
+    """Bytes the build of a graph of ``n_active`` active features (``keep`` kept) holds at its
+    peak (module docstring); ``source_bytes``: the sources' exact size where known."""
+    cfg = model.cfg
+    d, n_heads, n_layers = int(cfg.d_model), int(cfg.n_heads), int(tc.n_layers)
+    work = 8 if cfg.dtype == torch.float64 else 4
+    item = torch.empty((), dtype=cfg.dtype).element_size()
+    if source_bytes is None:
+        writes = 1.0 if tc.kind == "per-layer" else (n_layers + 1) / 2
+        source_bytes = int(n_active * d * work * (1 + 1.25 * writes))
+        source_bytes += (n_layers + 1) * n_pos * d * work
+    rows = keep + n_logits
+    columns = n_active + n_layers * (n_pos - 1) + n_pos + n_logits
+    kept_columns = columns - n_active + keep
+    block = rows * columns * work
+    token = batch * n_pos * d
+    frozen = token * item * (_FROZEN[0] * n_layers + _FROZEN[1])
+    attention = _ATTENTION * batch * n_heads * n_pos * n_pos * item
+    backward = token * work * (_BACKWARD[0] * n_layers + _BACKWARD[1]) + batch * columns * work
+    capped = keep < n_active
+    ranking = block if capped else 0
+    end = rows * kept_columns * work if capped else 0
+    pruning = rows * kept_columns * (work + 1)
+    during = frozen + max(attention, backward, ranking)
+    return int(_FIXED + source_bytes + block + max(during, end, pruning))
+
+
+def estimate_graph_bytes(
+    model,
+    tc,
+    n_pos: int,
+    max_feature_nodes: int | None = None,
+    batch_size: int | None = None,
+    *,
+    n_active: int | None = None,
+    n_logits: int = 10,
+) -> int:
+    """Bytes :func:`interp.attribution_graph` holds at its peak for a prompt of ``n_pos`` tokens
+    through transcoders ``tc`` (the model's own weights not counted).
+
+    Args:
+        max_feature_nodes: the cap on kept features (None: every active feature kept).
+        batch_size: targets per backward pass (None: 64, attribution_graph's default).
+        n_active: the active features (positions 1 onwards). None counts every feature at
+            every position active: an upper bound. ``attribution_graph`` counts them itself.
+        n_logits: the logit nodes (at most ``max_n_logits``).
+    """
+    if n_pos < 2:
+        raise ValueError(f"a graph needs at least 2 positions, got {n_pos}")
+    if n_active is None:
+        n_active = int(tc.n_layers) * int(tc.d_tc) * (n_pos - 1)
+    keep = n_active if max_feature_nodes is None else min(int(max_feature_nodes), n_active)
+    batch = 64 if batch_size is None else int(batch_size)
+    batch = max(1, min(batch, keep + n_logits))
+    return graph_bytes(
+        model, tc, n_pos, n_active=n_active, keep=keep, n_logits=n_logits, batch=batch
+    )
+
+
+def free_bytes(device: torch.device | str) -> int:
+    """Memory free for a build on ``device``: CUDA's free memory, or the host's available RAM
+    (``MemAvailable``)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def choose_batch(need, batch: int, budget: int) -> int:
+    """The largest of ``batch``, ``batch // 2``, ... whose ``need(batch)`` fits ``budget``
+    (at least 1)."""
+    while batch > 1 and need(batch) > budget:
+        batch //= 2
+    return batch
