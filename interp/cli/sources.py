@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from interp.cli.output import UsageError
 from interp.models.sources import (
     BUNDLED_DIR,
     ModelLoadError,
@@ -22,15 +23,19 @@ from interp.models.sources import (
 
 __all__ = ["BUNDLED_DIR", "ModelSourceError", "bundled_models", "check_source", "load_model"]
 
-ModelSourceError = ModelLoadError  # the loader's own error: the command exits 1
+ModelSourceError = ModelLoadError  # the loader's own error (a hub name's): the command exits 1
 
 
 def check_source(name: str | os.PathLike) -> None:
     """Refuse a bundled or local model that cannot load, as the loader would, without its
-    imports; a hub name passes (the loader checks it). Raises :class:`ModelSourceError`."""
-    kind, location = resolve_source(name)
-    if kind != "hub":
-        check_checkpoint_dir(Path(location), allow_pickle=False)
+    imports: a ``UsageError`` (exit 2, before any work) naming the folder or file; a hub name
+    passes (the loader checks it)."""
+    try:
+        kind, location = resolve_source(name)
+        if kind != "hub":
+            check_checkpoint_dir(Path(location), allow_pickle=False)
+    except ModelLoadError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def load_model(

@@ -289,9 +289,9 @@ def test_duplicates_are_dropped(gpt2_dir, tmp_path):
 
 
 @pytest.mark.parametrize("command", [*sorted(FOLDER_COMMANDS), "attention"])
-def test_missing_model_exits_1(command, tmp_path, capsys):
+def test_missing_model_exits_2(command, tmp_path, capsys):
     out = tmp_path / ("o.html" if command == "attention" else "o")
-    assert main(argv_for(command, tmp_path / "no-such-model", out)) == 1
+    assert main(argv_for(command, tmp_path / "no-such-model", out)) == 2  # before any work
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"interp {command}: error: ")
     assert list(tmp_path.iterdir()) == []
 

@@ -52,7 +52,7 @@ def test_same_seed_same_bytes(report_dir, tmp_path):
 
 def test_bad_model_is_one_line_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["induction", "--model", str(tmp_path / "nope"), "--out", str(out)]) == 1
+    assert main(["induction", "--model", str(tmp_path / "nope"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("interp induction: error: no such directory")
     assert not out.exists()

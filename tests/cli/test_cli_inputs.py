@@ -123,7 +123,7 @@ def test_a_truncated_model_folder_is_refused_naming_the_file(gpt2_dir, tc_dir, t
     model = _copy(gpt2_dir, tmp_path / "model")
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    assert main(_graph(model, tc_dir, tmp_path / "o")) == 1  # as every unloadable --model
+    assert main(_graph(model, tc_dir, tmp_path / "o")) == 2  # refused before loading
     err = _one_line(capsys)
     assert str(weights) in err and "cut short" in err
     assert not (tmp_path / "o").exists()

@@ -129,7 +129,7 @@ def test_refused_command_lines_import_nothing_heavy(places):
 
 
 def test_a_model_that_does_not_exist_fails_before_the_heavy_imports(places):
-    """Exit code 1 (the model did not load), with the loader's own message."""
+    """Exit code 2 (refused before any work), with the loader's own message."""
     lines = [
         [name, "--model", model, "--out", places["out"], *extra]
         for model in (places["missing"], places["empty"])
@@ -144,7 +144,7 @@ def test_a_model_that_does_not_exist_fails_before_the_heavy_imports(places):
         ["attention", "--model", places["missing"], "--prompt", "a", "--out", places["page"]]
     )
     report = probe(lines)
-    assert_light(report, 1)
+    assert_light(report, 2)
     for case in report:
         last = case["err"].strip().splitlines()[-1]
         assert last.startswith(f"interp {case['argv'][0]}: error: "), case
@@ -223,7 +223,8 @@ def _loader_refusal(name: str | os.PathLike) -> str | None:
 
 
 def test_model_sources_are_refused_as_the_loader_refuses_them(tmp_path):
-    from interp.cli.sources import ModelSourceError, check_source
+    from interp.cli.output import UsageError
+    from interp.cli.sources import check_source
 
     def folder(name: str, *files: str) -> str:
         (tmp_path / name).mkdir()
@@ -255,6 +256,6 @@ def test_model_sources_are_refused_as_the_loader_refuses_them(tmp_path):
         if expected is None:
             check_source(name)
         else:
-            with pytest.raises(ModelSourceError) as refused:
+            with pytest.raises(UsageError) as refused:  # exit 2, before any work
                 check_source(name)
             assert str(refused.value) == expected, name
