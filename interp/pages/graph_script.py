@@ -88,6 +88,7 @@ _PANEL_JS = r"""
       h("span", fmt(x[2]), li, x[2] > 0 ? "interp-pos" : "interp-neg");
       if (x[0] < 0) { h("span", " residual (no head)", li); return; }
       var b = h("button", "L" + x[0] + "H" + x[1], li, "interp-head");
+      b.title = "its strongest QK pairs at query " + t.ctx_idx + ", key " + s.ctx_idx;
       b.type = "button";
       b.dataset.head = x[0] + "," + x[1];
       b.addEventListener("click", function () { showQK(box, x[0], x[1], t.ctx_idx, s.ctx_idx); });
@@ -103,8 +104,8 @@ _PANEL_JS = r"""
         " strongest (head, query, key) only (interp.graphs.qk.qk_attribution computes any).",
         box, "interp-note");
     } else {
-      h("p", "pre-softmax score " + fmt(e.score) + "; its " + e.pairs.length +
-        " largest terms (query-side node \u00d7 key-side node):", box);
+      h("p", "pre-softmax score " + fmt(e.score) + " (before any soft cap), a sum over " +
+        "pairs (query-side node \u00d7 key-side node); the " + e.pairs.length + " largest:", box);
       var ul = h("ul", null, box, "interp-graph-list interp-qk-pairs");
       e.pairs.forEach(function (p) {
         var li = h("li", null, ul);
