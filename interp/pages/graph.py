@@ -219,7 +219,7 @@ def _render(data: dict, title, info, reading, n_nodes: int, n_links: int, budget
     )
     if data["graph"].get("qk") is not None:  # interp graph --attention
         help_text += (
-            " In a node's panel, the \"heads\" button beside an edge lists the attention heads "
+            ' In a node\'s panel, the "heads" button beside an edge lists the attention heads '
             "carrying it (its head loadings); click a head for its strongest QK pairs at the "
             "positions the edge joins (query: the target's, key: the source's)."
         )
