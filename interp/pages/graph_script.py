@@ -22,6 +22,7 @@ _PANEL_JS = r"""
       h("span", fmt(l.weight), li, l.weight > 0 ? "interp-pos" : "interp-neg");
       h("span", " " + label(byId[l[end]]), li);
       if (carried(l)) {
+        li.appendChild(document.createTextNode(" "));
         var b = h("button", "heads", li, "interp-heads-button");
         b.type = "button";
         b.title = "the attention heads carrying this edge";
@@ -87,6 +88,7 @@ _PANEL_JS = r"""
       var li = h("li", null, ul);
       h("span", fmt(x[2]), li, x[2] > 0 ? "interp-pos" : "interp-neg");
       if (x[0] < 0) { h("span", " residual (no head)", li); return; }
+      li.appendChild(document.createTextNode(" "));
       var b = h("button", "L" + x[0] + "H" + x[1], li, "interp-head");
       b.title = "its strongest QK pairs at query " + t.ctx_idx + ", key " + s.ctx_idx;
       b.type = "button";
