@@ -15,8 +15,9 @@ transcoder's are "transcoder features", never "cross-layer" (the feature_type ci
 activation and influence, and for a feature the tokens it promotes and suppresses, its top
 contexts (when a text was scanned) and the interventions that check its input edges. With
 ``interp graph --attention`` (links with ``heads``, the graph with ``qk``:
-:mod:`interp.cli.graph_attention`) a "heads" button beside an edge in the panel lists the heads
-carrying it, and a head's button its strongest QK pairs at the positions the edge joins. Nodes
+:mod:`interp.cli.graph_attention`) a drawn edge, or the "heads" button beside one in the
+panel, lists the heads carrying it, and a head's button its strongest QK pairs at the positions
+the edge joins. Nodes
 picked (shift-click adds) can be grouped into named supernodes, which the "download
 graph.json" button saves in ``qParams.supernodes`` of circuit-tracer's format.
 
@@ -69,6 +70,7 @@ main { max-width: none; }
 .interp-graph-edge { vector-effect: non-scaling-stroke; stroke-opacity: 0.45;
                      pointer-events: none; }
 .interp-graph-edge.interp-on { stroke-opacity: 0.95; }
+.interp-graph-edge.interp-clickable { pointer-events: visibleStroke; cursor: pointer; }
 .interp-graph-edge.interp-off { stroke-opacity: 0.08; }
 .interp-graph-row { font: 600 11px ui-monospace, monospace; fill: #57606a; }
 .interp-graph-token, .interp-graph-logit-label { font: 11px ui-monospace, monospace;
@@ -219,7 +221,8 @@ def _render(data: dict, title, info, reading, n_nodes: int, n_links: int, budget
     )
     if data["graph"].get("qk") is not None:  # interp graph --attention
         help_text += (
-            ' In a node\'s panel, the "heads" button beside an edge lists the attention heads '
+            ' Click a drawn edge, or the "heads" button beside one in a node\'s panel, for the '
+            "heads "
             "carrying it (its head loadings); click a head for its strongest QK pairs at the "
             "positions the edge joins (query: the target's, key: the source's)."
         )

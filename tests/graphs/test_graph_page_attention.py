@@ -1,6 +1,7 @@
 """The graph page's attention section on a graph carrying ``heads`` and ``qk``
 (:mod:`interp.cli.graph_attention`'s fields; the real ones are checked in
-tests/cli/test_cli_graph_attention.py): hostile token text in the edge's and the pairs' labels
+tests/cli/test_cli_graph_attention.py): a click on the drawn edge or its "heads" button lists its
+heads, hostile token text in the edge's and the pairs' labels
 stays text, and a page without the fields has no heads buttons."""
 
 from __future__ import annotations
@@ -56,7 +57,15 @@ def test_an_edges_heads_and_a_heads_pairs_show_hostile_tokens_as_text(browser, d
     assert "heads" in page and '"qk"' in page
     path = tmp_path / "graph.html"
     path.write_text(page, encoding="utf-8")
+    line = (
+        f"line[data-source={json.dumps(link['source'])}][data-target={json.dumps(link['target'])}]"
+    )
     checks = {
+        "clickable": "document.querySelectorAll('.interp-graph-edge.interp-clickable').length",
+        "hit": f"getComputedStyle(document.querySelector('{line}')).pointerEvents",
+        "drawn_edge": f"(document.querySelector('{line}').dispatchEvent("
+        "new MouseEvent('click', {bubbles: true})),"
+        " [document.body.dataset.edge, document.querySelectorAll('.interp-edge-heads li').length])",
         "edge": f"(window.interpGraph.select({json.dumps(link['target'])}, false),"
         " [...document.querySelectorAll('button.interp-heads-button')].map(b => b.click()),"
         " document.body.dataset.edge)",
@@ -77,7 +86,9 @@ def test_an_edges_heads_and_a_heads_pairs_show_hostile_tokens_as_text(browser, d
     v = result.values
     assert result.exceptions == [] and result.errors == [] and result.dialogs == []
     assert v["pwned"] == "undefined" and v["on_attributes"] == 0
-    assert v["edge"] == f"{link['source']}>{link['target']}"  # the one link with heads
+    assert v["clickable"] == 1 and v["hit"] == "visiblestroke"  # the one link with heads
+    assert v["drawn_edge"] == [f"{link['source']}>{link['target']}", 2]
+    assert v["edge"] == f"{link['source']}>{link['target']}"
     assert [t.split(" ")[-1] for t in v["heads"]] == ["L1H0", "L0H1"]
     assert "Not decomposed" in v["absent"]
     shown = PWNED[token["ctx_idx"] % len(PWNED)].replace(" ", "\u00b7")
