@@ -98,7 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--attention",
         action="store_true",
-        help="add each kept edge's head loadings to edges.csv and graph.json (a 'heads' field)",
+        help="add each kept edge's head loadings to edges.csv and graph.json (a 'heads' field) "
+        "and its heads' strongest QK pairs to graph.json ('qk') and the page",
     )
 
 
@@ -250,10 +251,6 @@ def run(args: argparse.Namespace) -> int:
     built = time.perf_counter() - start
     pruned = graph.prune(args.node_threshold, args.edge_threshold)
     files, summary = graph_outputs(model, tc, graph, pruned, args, texts, built)
-    if args.attention:  # head loadings of the kept edges (interp/cli/graph_attention.py)
-        from interp.cli.graph_attention import add_head_loadings
-
-        add_head_loadings(model, graph.context["tc"], pruned, files)
     summary["seconds"]["total"] = round(time.perf_counter() - start, 3)
     files["summary.json"] = json.dumps(summary, indent=2) + "\n"
     with staged_output(out, owns=FILES) as stage:

@@ -44,6 +44,10 @@ def graph_outputs(
     nodes = pruned.nodes.copy()
     nodes.insert(0, "node_id", ids)
     edges = edge_table(pruned, ids)
+    if getattr(args, "attention", False):  # head loadings and QK pairs (graph_attention.py)
+        from interp.cli.graph_attention import add_attention
+
+        edges = add_attention(model, graph.context["tc"], pruned, data, edges)
     features = pruned.nodes[pruned.nodes["kind"] == "feature"]
     wanted = sorted({(int(r.layer), int(r.feature)) for r in features.itertuples()})
     details = feature_details(model, tc, wanted, texts=texts, n_tokens=16384)

@@ -13,7 +13,11 @@ buttons) and pans (drag or scroll); it filters nodes by layer and position range
 transcoder's are "transcoder features", never "cross-layer" (the feature_type circuit-tracer's
 ``graph.json`` gives every feature). Clicking a node lists its strongest inputs and outputs, its
 activation and influence, and for a feature the tokens it promotes and suppresses, its top
-contexts (when a text was scanned) and the interventions that check its input edges. Nodes
+contexts (when a text was scanned) and the interventions that check its input edges. With
+``interp graph --attention`` (links with ``heads``, the graph with ``qk``:
+:mod:`interp.cli.graph_attention`) a drawn edge, or the "heads" button beside one in the
+panel, lists the heads carrying it, and a head's button its strongest QK pairs at the positions
+the edge joins. Nodes
 picked (shift-click adds) can be grouped into named supernodes, which the "download
 graph.json" button saves in ``qParams.supernodes`` of circuit-tracer's format.
 
@@ -66,6 +70,7 @@ main { max-width: none; }
 .interp-graph-edge { vector-effect: non-scaling-stroke; stroke-opacity: 0.45;
                      pointer-events: none; }
 .interp-graph-edge.interp-on { stroke-opacity: 0.95; }
+.interp-graph-edge.interp-clickable { pointer-events: visibleStroke; cursor: pointer; }
 .interp-graph-edge.interp-off { stroke-opacity: 0.08; }
 .interp-graph-row { font: 600 11px ui-monospace, monospace; fill: #57606a; }
 .interp-graph-token, .interp-graph-logit-label { font: 11px ui-monospace, monospace;
@@ -89,6 +94,7 @@ main { max-width: none; }
 .interp-graph-legend { display: flex; flex-wrap: wrap; gap: 4px 16px; font-size: 0.85em;
                        color: #57606a; margin: 0.2em 0 0.6em; }
 .interp-graph-legend span { display: inline-flex; align-items: center; gap: 5px; }
+.interp-heads-button, .interp-head { margin-left: 6px; font-size: 0.85em; padding: 0 4px; }
 """
 
 _CONTROLS = (
@@ -213,6 +219,13 @@ def _render(data: dict, title, info, reading, n_nodes: int, n_links: int, budget
         "Name the selection and group it into a supernode; download graph.json to keep the "
         "groups (circuit-tracer's format, qParams.supernodes)."
     )
+    if data["graph"].get("qk") is not None:  # interp graph --attention
+        help_text += (
+            ' Click a drawn edge, or the "heads" button beside one in a node\'s panel, for the '
+            "heads "
+            "carrying it (its head loadings); click a head for its strongest QK pairs at the "
+            "positions the edge joins (query: the target's, key: the source's)."
+        )
     return "".join(
         [
             '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',

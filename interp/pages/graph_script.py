@@ -21,6 +21,13 @@ _PANEL_JS = r"""
       var li = h("li", null, ul);
       h("span", fmt(l.weight), li, l.weight > 0 ? "interp-pos" : "interp-neg");
       h("span", " " + label(byId[l[end]]), li);
+      if (carried(l)) {
+        li.appendChild(document.createTextNode(" "));
+        var b = h("button", "heads", li, "interp-heads-button");
+        b.type = "button";
+        b.title = "the attention heads carrying this edge";
+        b.addEventListener("click", function () { showEdge(l); });
+      }
     });
     if (!sorted.length) h("li", "none", ul);
   }
@@ -57,6 +64,58 @@ _PANEL_JS = r"""
       h("li", "FeatureEdit(layer=" + s.layer + ", feature=" + parts[1] + ", pos=" + s.ctx_idx +
         ", value=0): this node moves by " + fmt(-l.weight), ul);
     });
+  }
+  // attention (interp graph --attention): an edge's heads, a head's strongest QK pairs
+  var qk = {};
+  (g.qk || []).forEach(function (e) {
+    qk[[e.layer, e.head, e.query_pos, e.key_pos].join(",")] = e; });
+  function carried(l) {
+    return (l.heads || []).some(function (x) { return x[0] >= 0; }); }
+  function itemLabel(id) { return byId[id] ? label(byId[id]) : id; }
+  function showEdge(l) {
+    panel.textContent = "";
+    var s = byId[l.source], t = byId[l.target];
+    h("h2", "edge " + label(s) + " \u2192 " + label(t), panel);
+    h("p", "weight: " + fmt(l.weight) + "\nquery position (target): " + t.ctx_idx +
+      "\nkey position (source): " + s.ctx_idx, panel);
+    var back = h("button", "back to " + label(t), panel);
+    back.type = "button";
+    back.addEventListener("click", function () { show(t); });
+    h("h3", "heads carrying it (head loadings, summing to the weight)", panel);
+    var ul = h("ul", null, panel, "interp-graph-list interp-edge-heads");
+    var box = h("div", null, panel, "interp-qk");
+    l.heads.forEach(function (x) {
+      var li = h("li", null, ul);
+      h("span", fmt(x[2]), li, x[2] > 0 ? "interp-pos" : "interp-neg");
+      if (x[0] < 0) { h("span", " residual (no head)", li); return; }
+      li.appendChild(document.createTextNode(" "));
+      var b = h("button", "L" + x[0] + "H" + x[1], li, "interp-head");
+      b.title = "its strongest QK pairs at query " + t.ctx_idx + ", key " + s.ctx_idx;
+      b.type = "button";
+      b.dataset.head = x[0] + "," + x[1];
+      b.addEventListener("click", function () { showQK(box, x[0], x[1], t.ctx_idx, s.ctx_idx); });
+    });
+    document.body.dataset.edge = l.source + ">" + l.target;
+  }
+  function showQK(box, layer, head, q, k) {
+    box.textContent = "";
+    var e = qk[[layer, head, q, k].join(",")], name = "L" + layer + "H" + head;
+    h("h3", name + "'s score at query " + q + ", key " + k, box);
+    if (!e) {
+      h("p", "Not decomposed: graph.json keeps the QK pairs of its " + (g.qk || []).length +
+        " strongest (head, query, key) only (interp.graphs.qk.qk_attribution computes any).",
+        box, "interp-note");
+    } else {
+      h("p", "pre-softmax score " + fmt(e.score) + " (before any soft cap), a sum over " +
+        "pairs (query-side node \u00d7 key-side node); the " + e.pairs.length + " largest:", box);
+      var ul = h("ul", null, box, "interp-graph-list interp-qk-pairs");
+      e.pairs.forEach(function (p) {
+        var li = h("li", null, ul);
+        h("span", fmt(p[2]), li, p[2] > 0 ? "interp-pos" : "interp-neg");
+        h("span", " " + itemLabel(p[0]) + " \u00d7 " + itemLabel(p[1]), li);
+      });
+    }
+    document.body.dataset.head = layer + "," + head;
   }
   function show(n) {
     panel.textContent = "";
@@ -133,7 +192,7 @@ _PANEL_JS = r"""
   drawOverview();
   readFilters();
   window.interpGraph = {
-    supernodes: supers, select: select, home: home,
+    supernodes: supers, select: select, home: home, showEdge: showEdge,
     zoom: function (z, at) { if (z !== undefined) zoomTo(z, at); return zoom; },
     json: function () { return JSON.stringify(g); }};
   document.body.dataset.readyMs = performance.now().toFixed(0);

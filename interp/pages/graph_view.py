@@ -6,7 +6,8 @@ position, each as wide as its busiest cell), draws it as SVG built with DOM call
 token string is ``textContent``), keeps the row labels in a column that stays at the left,
 zooms the positions axis (ctrl + wheel, or the buttons) and pans (drag, scroll), and filters
 nodes by layer and position range and edges by ``|weight|``, saying how many edges it hides
-and why. Nodes keep their size at every zoom; edges stretch with it (``vector-effect``).
+and why. An edge with head loadings (``interp graph --attention``) is clickable: it lists its
+heads in the panel. Nodes keep their size at every zoom; edges stretch with it (``vector-effect``).
 """
 
 from __future__ import annotations
@@ -282,6 +283,11 @@ VIEW_JS = r"""
         "stroke-width": (0.5 + 4 * Math.abs(l.weight) / (maxW || 1)).toFixed(2),
         class: "interp-graph-edge"}, edgeLayer);
       e.dataset.source = l.source; e.dataset.target = l.target;
+      if (carried(l)) {  // --attention: a click lists the heads carrying it (graph_script.py)
+        e.classList.add("interp-clickable");
+        el("title", {}, e).textContent = "click: the heads carrying this edge";
+        e.addEventListener("click", function () { showEdge(l); });
+      }
       edgeEls.push(e);
     });
     counts.shown = edgeEls.length;
