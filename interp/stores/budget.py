@@ -1,0 +1,116 @@
+"""What a training from a store holds besides its reading, so that ``max_bytes`` bounds the
+whole :func:`interp.train_sae` / :func:`interp.train_transcoder` call, not the reading alone.
+
+A training call has two phases, and its parameters live through both::
+
+    state        parameters x 4 x 4       each float32 parameter, its gradient and Adam's two
+                                          moments
+    steps        the reading (reading.py) and one step's tensors at batch_tokens
+    evaluation   the folded weights, the held-out activations and the model's forward pass
+                 on the held-out rows (interp.engine.estimate_run_bytes), the figures' chunks
+    margin       :data:`MARGIN`: what the C allocator and the interpreter keep besides (measured)
+
+The reading is given what is left: ``max_bytes - state - margin - one step's tensors``; the
+evaluation, which runs after the reading is freed, must fit ``max_bytes - state - margin``.
+Large freed tensors go back to the operating system at once (``return_freed_memory``), and
+what the heap holds is trimmed once the reading is freed, or glibc would keep the freed reading
+resident under the evaluation. A budget that cannot hold the state, a step, the least reading
+(a buffer of two batches) or the evaluation is refused before anything is read, naming the
+least that would do.
+benchmarks/bench_store_memory.py measures the whole call's peak resident size against these
+estimates (tests/stores/test_stores_streaming.py asserts it stays under ``max_bytes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from interp.engine import estimate_run_bytes, return_freed_memory
+from interp.foundation.sizes import parse_size
+
+__all__ = [
+    "ADAM_COPIES",
+    "MARGIN",
+    "TrainingBudget",
+    "evaluation_bytes",
+    "split_budget",
+    "step_bytes",
+]
+
+FLOAT = 4  # bytes of a float32
+ADAM_COPIES = 4  # a parameter, its gradient and Adam's two moments
+FOLD_COPIES = 2  # at the evaluation: the folded weights and their temporaries
+STEP_COPIES = 8  # one step's tensors (forward, saved for backward, gradients) per number
+EVAL_COPIES = 4  # the held-out activations: the list of passes, their concatenation, (x - mean)²
+CHUNK_COPIES = 6  # the figures' tensors per number of a chunk (features, reconstruction, ...)
+# bytes the allocator, the interpreter and the model's passes hold beyond the counts above:
+# the largest gap measured by benchmarks/bench_store_memory.py (an SAE's evaluation on the
+# bundled model peaked 1.3 MB above its estimate), rounded up
+MARGIN = 2 * 2**20
+
+
+@dataclass(frozen=True)
+class TrainingBudget:
+    """How ``max_bytes`` is shared: bytes of each part of a training call."""
+
+    max_bytes: int
+    state: int  # parameters, gradients, Adam's moments
+    steps: int  # one step's tensors
+    evaluation: int  # the held-out figures' peak
+    margin: int
+    reading: int  # what is left for the reading
+
+    @property
+    def planned(self) -> int:
+        """The most the call should hold: the state and the larger of its two phases."""
+        return self.state + self.margin + max(self.steps + self.reading, self.evaluation)
+
+
+def step_bytes(batch_tokens: int, numbers_per_token: int, extra: int = 0) -> int:
+    """One step's tensors: :data:`STEP_COPIES` float32 copies of ``numbers_per_token`` numbers
+    for each of ``batch_tokens`` tokens, and ``extra`` numbers that do not scale with it."""
+    return STEP_COPIES * (batch_tokens * numbers_per_token + extra) * FLOAT
+
+
+def evaluation_bytes(
+    model, batches: Sequence[Tensor], hooks: list[str], row_bytes: int, params: int,
+    chunk: int, chunk_numbers: int,
+) -> int:  # fmt: skip
+    """The held-out evaluation's peak: ``batches`` run through the model one at a time with
+    ``hooks`` cached, ``row_bytes`` kept per token, ``params`` parameters folded, and the
+    figures computed ``chunk`` tokens at a time with ``chunk_numbers`` numbers per token."""
+    tokens = sum(int(b.numel()) for b in batches)
+    forward = max(
+        estimate_run_bytes(model, tuple(b.shape), hooks=hooks, keep_logits=False) for b in batches
+    )
+    held = EVAL_COPIES * tokens * row_bytes
+    figures = CHUNK_COPIES * min(chunk, tokens) * chunk_numbers * FLOAT
+    return FOLD_COPIES * params * FLOAT + held + forward + figures
+
+
+def split_budget(
+    max_bytes: int | str, *, params: int, steps: int, evaluation: int, least_reading: int,
+    what: str, reading_what: str = "a buffer of two batches",
+) -> TrainingBudget:  # fmt: skip
+    """Share ``max_bytes`` (module docstring) for a training of ``params`` parameters whose step
+    holds ``steps`` bytes (:func:`step_bytes`); a ValueError naming the least budget when it
+    cannot hold the training, the least reading (``reading_what``) and the evaluation."""
+    limit = parse_size(max_bytes)
+    state = ADAM_COPIES * params * FLOAT
+    reading = limit - state - MARGIN - steps
+    least = state + MARGIN + max(steps + least_reading, evaluation)
+    if reading < least_reading or state + MARGIN + evaluation > limit:
+        raise ValueError(
+            f"max_bytes {limit:,} is too small to train {what} from a store: the training "
+            f"itself holds {state:,} bytes (parameters, gradients and Adam's moments) and a "
+            f"margin of {MARGIN:,}, then one step's tensors ({steps:,}) and the least reading "
+            f"({least_reading:,}: {reading_what}), then the held-out evaluation "
+            f"({evaluation:,}); at least {least:,} bytes would do: raise max_bytes, or lower "
+            "batch_tokens or the dictionary's size"
+        )
+    # glibc's heap would keep the freed reading and passes resident (engine.allocator)
+    return_freed_memory()
+    return TrainingBudget(limit, state, steps, evaluation, MARGIN, reading)
