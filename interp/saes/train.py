@@ -49,7 +49,9 @@ from tqdm.auto import tqdm
 from interp.engine import check_hook_names, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows, activations_at
+from interp.saes.held_out import streamed_figures
 from interp.saes.sae import SAE
+from interp.stores.budget import split_rows
 from interp.stores.training import activation_source, sae_budget
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "train_sae"]
@@ -171,11 +173,12 @@ def train_sae(
     rows = TokenRows(model, texts, gen)
     k = k if architecture == "topk" else None
 
-    if store is not None and max_bytes is not None:  # the whole call within max_bytes
-        held_out = rows.held_out(EVAL_TOKENS, EVAL_SEED)
+    held_out = rows.held_out(EVAL_TOKENS, EVAL_SEED)
+    budgeted = store is not None and max_bytes is not None
+    if budgeted:  # the whole call within max_bytes (interp.stores.budget)
         store, budget = sae_budget(model, hook, store, max_bytes, batch_tokens=batch_tokens,
                                    d_sae=d_sae, held_out=held_out, chunk=EVAL_CHUNK)  # fmt: skip
-        max_bytes = budget.reading
+        max_bytes, held_out = budget.reading, split_rows(held_out, budget.eval_rows)
     source = activation_source(model, hook, rows, gen, batch_tokens, store, max_bytes)
     acts = source.next().to(device)
     d_in = acts.shape[1]
@@ -237,11 +240,14 @@ def train_sae(
                     l0=f"{history[-1]['l0']:.1f}", ev=f"{history[-1]['explained_variance']:.3f}"
                 )
     del source, acts, x, f, x_hat, mse, sparsity, loss  # the reading and the last step freed
-    if max_bytes is not None:
+    if budgeted:
         trim_freed_memory()  # so that the evaluation's peak is not on top of it
     sae = _fold(p, scale, architecture, k, hook, rows.window)
-    held = activations_at(model, hook, rows.held_out(EVAL_TOKENS, EVAL_SEED)).to(device)
-    figures = _figures(sae, held)
+    if budgeted:  # pass by pass: never every held-out activation at once
+        passes = (activations_at(model, hook, [rows_]).to(device) for rows_ in held_out)
+        figures = streamed_figures(sae, passes, EVAL_CHUNK)
+    else:
+        figures = _figures(sae, activations_at(model, hook, held_out).to(device))
     report = TrainingReport(
         steps=steps,
         tokens=steps * batch_tokens,

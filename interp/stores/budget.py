@@ -6,8 +6,10 @@ A training call has two phases, and its parameters live through both::
     state        parameters x 4 x 4       each float32 parameter, its gradient and Adam's two
                                           moments
     steps        the reading (reading.py) and one step's tensors at batch_tokens
-    evaluation   the folded weights, the held-out activations and the model's forward pass
-                 on the held-out rows (interp.engine.estimate_run_bytes), the figures' chunks
+    evaluation   the folded weights, and pass by pass (:mod:`interp.stores.evaluation`; as
+                 few rows a pass as the budget needs) the model's forward pass on held-out
+                 rows (interp.engine.estimate_run_bytes), its activations and the figures'
+                 chunks: the held-out tokens are never all held at once
     margin       :data:`MARGIN`: what the C allocator and the interpreter keep besides (measured)
 
 The reading is given what is left: ``max_bytes - state - margin - one step's tensors``; the
@@ -35,8 +37,10 @@ __all__ = [
     "ADAM_COPIES",
     "MARGIN",
     "TrainingBudget",
-    "evaluation_bytes",
+    "evaluation_plan",
+    "evaluation_room",
     "split_budget",
+    "split_rows",
     "step_bytes",
 ]
 
@@ -44,7 +48,8 @@ FLOAT = 4  # bytes of a float32
 ADAM_COPIES = 4  # a parameter, its gradient and Adam's two moments
 FOLD_COPIES = 2  # at the evaluation: the folded weights and their temporaries
 STEP_COPIES = 8  # one step's tensors (forward, saved for backward, gradients) per number
-EVAL_COPIES = 4  # the held-out activations: the list of passes, their concatenation, (x - mean)²
+# one evaluation pass's activations: the cache, the copy kept, float64 and centred float64
+PASS_COPIES = 6
 CHUNK_COPIES = 6  # the figures' tensors per number of a chunk (features, reconstruction, ...)
 # bytes the allocator, the interpreter and the model's passes hold beyond the counts above:
 # the largest gap measured by benchmarks/bench_store_memory.py (an SAE's evaluation on the
@@ -62,6 +67,7 @@ class TrainingBudget:
     evaluation: int  # the held-out figures' peak
     margin: int
     reading: int  # what is left for the reading
+    eval_rows: int  # rows of held-out tokens per forward pass of the evaluation
 
     @property
     def planned(self) -> int:
@@ -75,30 +81,52 @@ def step_bytes(batch_tokens: int, numbers_per_token: int, extra: int = 0) -> int
     return STEP_COPIES * (batch_tokens * numbers_per_token + extra) * FLOAT
 
 
-def evaluation_bytes(
+def evaluation_plan(
     model, batches: Sequence[Tensor], hooks: list[str], row_bytes: int, params: int,
-    chunk: int, chunk_numbers: int,
-) -> int:  # fmt: skip
-    """The held-out evaluation's peak: ``batches`` run through the model one at a time with
-    ``hooks`` cached, ``row_bytes`` kept per token, ``params`` parameters folded, and the
-    figures computed ``chunk`` tokens at a time with ``chunk_numbers`` numbers per token."""
-    tokens = sum(int(b.numel()) for b in batches)
-    forward = max(
-        estimate_run_bytes(model, tuple(b.shape), hooks=hooks, keep_logits=False) for b in batches
-    )
-    held = EVAL_COPIES * tokens * row_bytes
-    figures = CHUNK_COPIES * min(chunk, tokens) * chunk_numbers * FLOAT
-    return FOLD_COPIES * params * FLOAT + held + forward + figures
+    chunk: int, chunk_numbers: int, limit: int,
+) -> tuple[int, int]:  # fmt: skip
+    """``(rows per pass, bytes)`` of the held-out evaluation, computed pass by pass
+    (:mod:`interp.stores.evaluation`): ``batches`` run through the model with ``hooks``
+    cached, that many rows a pass (the most whose peak fits ``limit``, at least one), each
+    pass's ``row_bytes`` per token kept while its figures are taken ``chunk`` tokens at a time
+    with ``chunk_numbers`` numbers per token, and ``params`` parameters folded."""
+    fixed = FOLD_COPIES * params * FLOAT
+
+    def peak(rows: int) -> int:
+        return max(
+            estimate_run_bytes(model, (n, b.shape[1]), hooks=hooks, keep_logits=False)
+            + PASS_COPIES * n * b.shape[1] * row_bytes
+            + CHUNK_COPIES * min(chunk, n * b.shape[1]) * chunk_numbers * FLOAT
+            for b in batches
+            for n in [min(rows, len(b))]
+        )
+
+    rows = max(len(b) for b in batches)
+    while rows > 1 and fixed + peak(rows) > limit:
+        rows //= 2
+    return rows, fixed + peak(rows)
+
+
+def evaluation_room(max_bytes: int | str, params: int) -> int:
+    """What ``max_bytes`` leaves the evaluation: all but the state and the margin."""
+    return parse_size(max_bytes) - ADAM_COPIES * params * FLOAT - MARGIN
+
+
+def split_rows(batches: Sequence[Tensor], rows: int) -> list[Tensor]:
+    """``batches`` of token rows cut into batches of at most ``rows`` rows, in order."""
+    return [b[i : i + rows] for b in batches for i in range(0, len(b), rows)]
 
 
 def split_budget(
-    max_bytes: int | str, *, params: int, steps: int, evaluation: int, least_reading: int,
-    what: str, reading_what: str = "a buffer of two batches",
+    max_bytes: int | str, *, params: int, steps: int, evaluation: tuple[int, int],
+    least_reading: int, what: str, reading_what: str = "a buffer of two batches",
 ) -> TrainingBudget:  # fmt: skip
     """Share ``max_bytes`` (module docstring) for a training of ``params`` parameters whose step
     holds ``steps`` bytes (:func:`step_bytes`); a ValueError naming the least budget when it
-    cannot hold the training, the least reading (``reading_what``) and the evaluation."""
+    cannot hold the training, the least reading (``reading_what``) and the evaluation
+    (:func:`evaluation_plan`: its rows per pass and bytes)."""
     limit = parse_size(max_bytes)
+    eval_rows, evaluation = evaluation
     state = ADAM_COPIES * params * FLOAT
     reading = limit - state - MARGIN - steps
     least = state + MARGIN + max(steps + least_reading, evaluation)
@@ -113,4 +141,4 @@ def split_budget(
         )
     # glibc's heap would keep the freed reading and passes resident (engine.allocator)
     return_freed_memory()
-    return TrainingBudget(limit, state, steps, evaluation, MARGIN, reading)
+    return TrainingBudget(limit, state, steps, evaluation, MARGIN, reading, eval_rows)

@@ -14,7 +14,13 @@ import torch
 from torch import Tensor
 
 from interp.stores.activations import ActivationStore
-from interp.stores.budget import TrainingBudget, evaluation_bytes, split_budget, step_bytes
+from interp.stores.budget import (
+    TrainingBudget,
+    evaluation_plan,
+    evaluation_room,
+    split_budget,
+    step_bytes,
+)
 from interp.stores.reading import least_reading_bytes
 
 __all__ = ["pairs_budget", "store_pairs"]
@@ -53,8 +59,9 @@ def pairs_budget(
     store, names_in, names_out = _opened(model, store, layers, hooks)
     n, d = len(layers), int(store.meta["d"][names_in[0]])
     row_bytes = 2 * n * d * 4
-    evaluation = evaluation_bytes(
-        model, held_out, names_in + names_out, row_bytes, params, chunk, n * (d_tc + 2 * d)
+    room = evaluation_room(max_bytes, params)
+    evaluation = evaluation_plan(
+        model, held_out, names_in + names_out, row_bytes, params, chunk, n * (d_tc + 2 * d), room
     )
     budget = split_budget(
         max_bytes, params=params, steps=step_bytes(batch_tokens, n * (2 * d + d_tc), w_dec),

@@ -36,7 +36,13 @@ from interp.foundation.sizes import parse_size
 from interp.models.workers import model_spec, worker_model
 from interp.saes.data import TokenRows, activations_at
 from interp.stores.activations import ActivationStore, write_meta
-from interp.stores.budget import TrainingBudget, evaluation_bytes, split_budget, step_bytes
+from interp.stores.budget import (
+    TrainingBudget,
+    evaluation_plan,
+    evaluation_room,
+    split_budget,
+    step_bytes,
+)
 from interp.stores.parts import PartWriter, kept, pass_activations
 from interp.stores.reading import least_reading_bytes
 
@@ -167,12 +173,15 @@ def sae_budget(
     d_in = int(store.meta["d"][hook])
     if store.meta["filled"]["kind"] == "training":
         least = replay_bytes(store, hook)
-        how = f"{store.path} was filled with fill_training_store, whose draws are replayed whole"
+        how = f"{store.path} was filled for a replay: draws replayed whole (one at a time)"
     else:
         least = least_reading_bytes(len(store), 4 * d_in, batch_tokens)
         how = "a buffer of two batches"
     params = 2 * d_sae * d_in + d_sae + d_in
-    evaluation = evaluation_bytes(model, held_out, [hook], 4 * d_in, params, chunk, d_sae + d_in)
+    room = evaluation_room(max_bytes, params)
+    evaluation = evaluation_plan(
+        model, held_out, [hook], 4 * d_in, params, chunk, d_sae + d_in, room
+    )
     budget = split_budget(
         max_bytes, params=params, steps=step_bytes(batch_tokens, d_in + d_sae, d_sae),
         evaluation=evaluation, least_reading=least, what="an SAE", reading_what=how,

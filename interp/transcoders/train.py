@@ -32,8 +32,10 @@ from torch import Tensor
 from interp.engine import run_cached, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows
+from interp.stores.budget import split_rows
 from interp.stores.pairs import pairs_budget, store_pairs
 from interp.transcoders import fit as fitting
+from interp.transcoders.held_out import streamed_figures
 from interp.transcoders.transcoder import TranscoderSet
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TranscoderTrainingReport", "train_transcoder"]
@@ -220,17 +222,19 @@ def train_transcoder(
     if store is None and max_bytes is not None:
         raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
     stored, hooks = None, (INPUT_HOOK, OUTPUT_HOOK)
-    if store is not None and max_bytes is not None:  # the whole call within max_bytes
+    held_out = rows.held_out(EVAL_TOKENS, EVAL_SEED)
+    budgeted = store is not None and max_bytes is not None
+    if budgeted:  # the whole call within max_bytes (interp.stores.budget)
         cross, skip = kind == "cross-layer", kind == "skip"
         w_dec = n_layers * d_tc * (n_layers if cross else 1) * d_model
         params = w_dec + n_layers * (d_model * d_tc + d_tc + d_model)  # W_enc, b_enc, b_dec
         params += n_layers * (d_model**2 * skip + d_tc * (activation == "jumprelu"))
         store, budget = pairs_budget(
             model, store, layers, hooks, max_bytes, batch_tokens=batch_tokens, d_tc=d_tc,
-            params=params, w_dec=w_dec, held_out=rows.held_out(EVAL_TOKENS, EVAL_SEED),
+            params=params, w_dec=w_dec, held_out=held_out,
             chunk=EVAL_CHUNK,
         )  # fmt: skip
-        max_bytes = budget.reading
+        max_bytes, held_out = budget.reading, split_rows(held_out, budget.eval_rows)
     if store is not None:  # shuffled batches from disk, checked before any read
         stored = store_pairs(model, store, layers, hooks, batch_tokens, gen, max_bytes)
 
@@ -269,17 +273,20 @@ def train_transcoder(
     )  # fmt: skip
     del x0, y0
     stored = None  # the reading freed before the evaluation
-    if max_bytes is not None:
+    if budgeted:
         trim_freed_memory()  # so that the evaluation's peak is not on top of it
     weights = fitting.fold(p, mask, c_in, c_out, activation)
     tc = _transcoder_set(weights, kind, activation, k, name or f"{kind}-{activation}")
-    x_held, y_held = pairs(rows.held_out(EVAL_TOKENS, EVAL_SEED))
+    if budgeted:  # pass by pass: never every held-out pair at once
+        figures = streamed_figures(tc, (pairs([r]) for r in held_out), EVAL_CHUNK)
+    else:
+        figures = _figures(tc, *pairs(held_out))
     report = TranscoderTrainingReport(
         kind=kind,
         activation=activation,
         steps=steps,
         tokens=steps * batch_tokens,
-        figures=_figures(tc, x_held, y_held),
+        figures=figures,
         history=pd.DataFrame(history),
         seconds=time.perf_counter() - start,
     )
