@@ -52,9 +52,10 @@ STEP_COPIES = 8  # one step's tensors (forward, saved for backward, gradients) p
 PASS_COPIES = 6
 CHUNK_COPIES = 6  # the figures' tensors per number of a chunk (features, reconstruction, ...)
 # bytes the allocator, the interpreter and the model's passes hold beyond the counts above:
-# the largest gap measured by benchmarks/bench_store_memory.py (an SAE's evaluation on the
-# bundled model peaked 1.3 MB above its estimate), rounded up
-MARGIN = 2 * 2**20
+# the largest gap measured by benchmarks/bench_store_memory.py was an SAE's evaluation on the
+# bundled model, 1.9 MB above its estimate (the same stretch measured 4.4-5.5 MB from run to
+# run at one budget), hence 3 MiB
+MARGIN = 3 * 2**20
 
 
 @dataclass(frozen=True)
