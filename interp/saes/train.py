@@ -51,7 +51,7 @@ from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows, activations_at
 from interp.saes.held_out import streamed_figures
 from interp.saes.sae import SAE
-from interp.stores.budget import split_rows
+from interp.stores.budget import split_rows, token_bytes
 from interp.stores.training import activation_source, sae_budget
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "train_sae"]
@@ -177,7 +177,8 @@ def train_sae(
     budgeted = store is not None and max_bytes is not None
     if budgeted:  # the whole call within max_bytes (interp.stores.budget)
         store, budget = sae_budget(model, hook, store, max_bytes, batch_tokens=batch_tokens,
-                                   d_sae=d_sae, held_out=held_out, chunk=EVAL_CHUNK)  # fmt: skip
+                                   d_sae=d_sae, held_out=held_out, chunk=EVAL_CHUNK,
+                                   tokens=token_bytes(rows))  # fmt: skip
         max_bytes, held_out = budget.reading, split_rows(held_out, budget.eval_rows)
     source = activation_source(model, hook, rows, gen, batch_tokens, store, max_bytes)
     acts = source.next().to(device)

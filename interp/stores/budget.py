@@ -4,7 +4,7 @@ whole :func:`interp.train_sae` / :func:`interp.train_transcoder` call, not the r
 A training call has two phases, and its parameters live through both::
 
     state        parameters x 4 x 4       each float32 parameter, its gradient and Adam's two
-                                          moments
+                                          moments; and the texts' token ids (TokenRows)
     steps        the reading (reading.py) and one step's tensors at batch_tokens
     evaluation   the folded weights, and pass by pass (:mod:`interp.stores.evaluation`; as
                  few rows a pass as the budget needs) the model's forward pass on held-out
@@ -42,6 +42,7 @@ __all__ = [
     "split_budget",
     "split_rows",
     "step_bytes",
+    "token_bytes",
 ]
 
 FLOAT = 4  # bytes of a float32
@@ -108,9 +109,15 @@ def evaluation_plan(
     return rows, fixed + peak(rows)
 
 
-def evaluation_room(max_bytes: int | str, params: int) -> int:
+def evaluation_room(max_bytes: int | str, params: int, tokens: int) -> int:
     """What ``max_bytes`` leaves the evaluation: all but the state and the margin."""
-    return parse_size(max_bytes) - ADAM_COPIES * params * FLOAT - MARGIN
+    return parse_size(max_bytes) - ADAM_COPIES * params * FLOAT - tokens - MARGIN
+
+
+def token_bytes(rows) -> int:
+    """Bytes of the token ids a :class:`interp.saes.data.TokenRows` holds (its texts,
+    tokenized: held through the call; making them peaked at what they hold, measured)."""
+    return sum(t.numel() * t.element_size() for t in vars(rows).values() if isinstance(t, Tensor))
 
 
 def split_rows(batches: Sequence[Tensor], rows: int) -> list[Tensor]:
@@ -120,21 +127,23 @@ def split_rows(batches: Sequence[Tensor], rows: int) -> list[Tensor]:
 
 def split_budget(
     max_bytes: int | str, *, params: int, steps: int, evaluation: tuple[int, int],
-    least_reading: int, what: str, reading_what: str = "a buffer of two batches",
+    least_reading: int, what: str, reading_what: str = "a buffer of two batches", tokens: int = 0,
 ) -> TrainingBudget:  # fmt: skip
-    """Share ``max_bytes`` (module docstring) for a training of ``params`` parameters whose step
+    """Share ``max_bytes`` (module docstring) for a training of ``params`` parameters (and
+    ``tokens`` bytes of token ids) whose step
     holds ``steps`` bytes (:func:`step_bytes`); a ValueError naming the least budget when it
     cannot hold the training, the least reading (``reading_what``) and the evaluation
     (:func:`evaluation_plan`: its rows per pass and bytes)."""
     limit = parse_size(max_bytes)
     eval_rows, evaluation = evaluation
-    state = ADAM_COPIES * params * FLOAT
+    state = ADAM_COPIES * params * FLOAT + tokens
     reading = limit - state - MARGIN - steps
     least = state + MARGIN + max(steps + least_reading, evaluation)
     if reading < least_reading or state + MARGIN + evaluation > limit:
         raise ValueError(
             f"max_bytes {limit:,} is too small to train {what} from a store: the training "
-            f"itself holds {state:,} bytes (parameters, gradients and Adam's moments) and a "
+            f"itself holds {state:,} bytes (parameters, gradients and Adam's moments, and "
+            f"{tokens:,} of its texts' token ids) and a "
             f"margin of {MARGIN:,}, then one step's tensors ({steps:,}) and the least reading "
             f"({least_reading:,}: {reading_what}), then the held-out evaluation "
             f"({evaluation:,}); at least {least:,} bytes would do: raise max_bytes, or lower "

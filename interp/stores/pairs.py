@@ -50,23 +50,24 @@ def _opened(model, store, layers: Sequence[int], hooks: tuple[str, str]):
 
 def pairs_budget(
     model, store, layers: Sequence[int], hooks: tuple[str, str], max_bytes, *,
-    batch_tokens: int, d_tc: int, params: int, w_dec: int, held_out, chunk: int,
+    batch_tokens: int, d_tc: int, params: int, w_dec: int, held_out, tokens: int, chunk: int,
 ) -> tuple[ActivationStore, TrainingBudget]:  # fmt: skip
     """``store`` checked (:func:`store_pairs`) and ``max_bytes`` shared between
     ``train_transcoder``'s ``params`` parameters (``w_dec`` of them its decoder, whose masked
-    and normed copies each step makes), its steps, its evaluation (the ``held_out`` rows,
-    ``chunk`` tokens at a time) and the reading (:mod:`interp.stores.budget`)."""
+    and normed copies each step makes) and ``tokens`` bytes of token ids, its steps, its
+    evaluation (the ``held_out`` rows, ``chunk`` tokens at a time) and the reading
+    (:mod:`interp.stores.budget`)."""
     store, names_in, names_out = _opened(model, store, layers, hooks)
     n, d = len(layers), int(store.meta["d"][names_in[0]])
     row_bytes = 2 * n * d * 4
-    room = evaluation_room(max_bytes, params)
+    room = evaluation_room(max_bytes, params, tokens)
     evaluation = evaluation_plan(
         model, held_out, names_in + names_out, row_bytes, params, chunk, n * (d_tc + 2 * d), room
     )
     budget = split_budget(
         max_bytes, params=params, steps=step_bytes(batch_tokens, n * (2 * d + d_tc), w_dec),
-        evaluation=evaluation, least_reading=least_reading_bytes(len(store), row_bytes,
-        batch_tokens), what="transcoders",
+        evaluation=evaluation, tokens=tokens, what="transcoders",
+        least_reading=least_reading_bytes(len(store), row_bytes, batch_tokens),
     )  # fmt: skip
     return store, budget
 

@@ -163,11 +163,21 @@ def activation_source(model, hook, rows, gen, batch_tokens, store=None, max_byte
 
 
 def sae_budget(
-    model, hook: str, store, max_bytes, *, batch_tokens: int, d_sae: int, held_out, chunk: int
+    model,
+    hook: str,
+    store,
+    max_bytes,
+    *,
+    batch_tokens: int,
+    d_sae: int,
+    held_out,
+    tokens: int,
+    chunk: int,
 ) -> tuple[ActivationStore, TrainingBudget]:
     """``store`` opened and checked against the model and ``hook``, and ``max_bytes`` shared
-    between ``train_sae``'s own state, steps and evaluation (on the ``held_out`` rows, ``chunk``
-    tokens at a time) and the reading (:mod:`interp.stores.budget`), before anything is read."""
+    between ``train_sae``'s own state (and ``tokens`` bytes of token ids), steps, evaluation
+    (on the ``held_out`` rows, ``chunk`` tokens at a time) and the reading
+    (:mod:`interp.stores.budget`), before anything is read."""
     store = store if isinstance(store, ActivationStore) else ActivationStore(store)
     store.check(model, hook)
     d_in = int(store.meta["d"][hook])
@@ -178,13 +188,13 @@ def sae_budget(
         least = least_reading_bytes(len(store), 4 * d_in, batch_tokens)
         how = "a buffer of two batches"
     params = 2 * d_sae * d_in + d_sae + d_in
-    room = evaluation_room(max_bytes, params)
+    room = evaluation_room(max_bytes, params, tokens)
     evaluation = evaluation_plan(
         model, held_out, [hook], 4 * d_in, params, chunk, d_sae + d_in, room
     )
     budget = split_budget(
         max_bytes, params=params, steps=step_bytes(batch_tokens, d_in + d_sae, d_sae),
-        evaluation=evaluation, least_reading=least, what="an SAE", reading_what=how,
+        evaluation=evaluation, tokens=tokens, least_reading=least, what="an SAE", reading_what=how,
     )  # fmt: skip
     return store, budget
 

@@ -32,7 +32,7 @@ from torch import Tensor
 from interp.engine import run_cached, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows
-from interp.stores.budget import split_rows
+from interp.stores.budget import split_rows, token_bytes
 from interp.stores.pairs import pairs_budget, store_pairs
 from interp.transcoders import fit as fitting
 from interp.transcoders.held_out import streamed_figures
@@ -231,7 +231,7 @@ def train_transcoder(
         params += n_layers * (d_model**2 * skip + d_tc * (activation == "jumprelu"))
         store, budget = pairs_budget(
             model, store, layers, hooks, max_bytes, batch_tokens=batch_tokens, d_tc=d_tc,
-            params=params, w_dec=w_dec, held_out=held_out,
+            params=params, w_dec=w_dec, held_out=held_out, tokens=token_bytes(rows),
             chunk=EVAL_CHUNK,
         )  # fmt: skip
         max_bytes, held_out = budget.reading, split_rows(held_out, budget.eval_rows)
