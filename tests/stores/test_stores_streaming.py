@@ -143,8 +143,9 @@ def test_max_bytes_is_refused_before_any_work_for_every_kind_of_store(
         train_transcoder(bundled_model, max_bytes=10**6, **tc)
     assert calls[0] == 0  # every refusal came before the model ran
     # a budget that holds the replay is taken, and the SAE is the one trained in memory
-    # (the whole call is in the budget: the SAE's state, a step, the evaluation: budget.py)
-    stored, _ = train_sae(bundled_model, HOOK, store=replay, max_bytes=8 * 2**20, **sae, seed=0)
+    # (the whole call is in the budget: the SAE's state with the bundled mix's token ids, a
+    # step, the evaluation: budget.py)
+    stored, _ = train_sae(bundled_model, HOOK, store=replay, max_bytes=16 * 2**20, **sae, seed=0)
     memory, _ = train_sae(bundled_model, HOOK, **sae, seed=0)
     assert torch.equal(stored.W_dec, memory.W_dec)
 
@@ -165,7 +166,7 @@ def test_several_hooks_are_read_token_for_token(tmp_path, bundled_model):
 @pytest.mark.slow
 def test_a_transcoder_trains_from_a_store(tmp_path, bundled_model):
     store = fill_store(tmp_path / "s", bundled_model, MLP, random_rows(64, 64, 5), progress=False)
-    args = dict(d_tc=32, steps=150, batch_tokens=64, progress=False, max_bytes=8 * 2**20)
+    args = dict(d_tc=32, steps=150, batch_tokens=64, progress=False, max_bytes=16 * 2**20)
     tc, report = train_transcoder(bundled_model, store=store, **args)
     again, _ = train_transcoder(bundled_model, store=store, **args)
     assert torch.equal(tc.W_dec(1), again.W_dec(1))  # the same seed, the same shuffles
