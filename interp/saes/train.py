@@ -46,11 +46,13 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.engine import check_hook_names
+from interp.engine import check_hook_names, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows, activations_at
+from interp.saes.held_out import streamed_figures
 from interp.saes.sae import SAE
-from interp.stores.training import activation_source
+from interp.stores.budget import split_rows, token_bytes
+from interp.stores.training import activation_source, sae_budget
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "train_sae"]
 
@@ -154,7 +156,10 @@ def train_sae(
         store: an :class:`interp.ActivationStore` (or its folder) of the model's activations
             at ``hook`` to train on instead of running the model (:mod:`interp.stores.training`;
             one filled by ``fill_training_store`` with these settings gives the same SAE).
-        max_bytes: with a store: the most its reading holds at once (bytes or ``"1GB"``).
+        max_bytes: with a store: the most the whole call holds at once (bytes or ``"1GB"``):
+            the SAE, its gradients and Adam's moments, each step, the held-out evaluation,
+            and the reading in what is left (:mod:`interp.stores.budget`); a budget too small
+            is refused before anything is read, naming the least that would do.
 
     Returns:
         ``(sae, report)``: the SAE in the model's units, and its figures on held-out tokens.
@@ -168,6 +173,13 @@ def train_sae(
     rows = TokenRows(model, texts, gen)
     k = k if architecture == "topk" else None
 
+    held_out = rows.held_out(EVAL_TOKENS, EVAL_SEED)
+    budgeted = store is not None and max_bytes is not None
+    if budgeted:  # the whole call within max_bytes (interp.stores.budget)
+        store, budget = sae_budget(model, hook, store, max_bytes, batch_tokens=batch_tokens,
+                                   d_sae=d_sae, held_out=held_out, chunk=EVAL_CHUNK,
+                                   tokens=token_bytes(rows))  # fmt: skip
+        max_bytes, held_out = budget.reading, split_rows(held_out, budget.eval_rows)
     source = activation_source(model, hook, rows, gen, batch_tokens, store, max_bytes)
     acts = source.next().to(device)
     d_in = acts.shape[1]
@@ -228,9 +240,15 @@ def train_sae(
                 bar.set_postfix(
                     l0=f"{history[-1]['l0']:.1f}", ev=f"{history[-1]['explained_variance']:.3f}"
                 )
+    del source, acts, x, f, x_hat, mse, sparsity, loss  # the reading and the last step freed
+    if budgeted:
+        trim_freed_memory()  # so that the evaluation's peak is not on top of it
     sae = _fold(p, scale, architecture, k, hook, rows.window)
-    held = activations_at(model, hook, rows.held_out(EVAL_TOKENS, EVAL_SEED)).to(device)
-    figures = _figures(sae, held)
+    if budgeted:  # pass by pass: never every held-out activation at once
+        passes = (activations_at(model, hook, [rows_]).to(device) for rows_ in held_out)
+        figures = streamed_figures(sae, passes, EVAL_CHUNK)
+    else:
+        figures = _figures(sae, activations_at(model, hook, held_out).to(device))
     report = TrainingReport(
         steps=steps,
         tokens=steps * batch_tokens,

@@ -48,6 +48,7 @@ __all__ = [
     "BLOCK",
     "DEFAULT_BATCHES",
     "ReadingPlan",
+    "least_reading_bytes",
     "reading_plan",
     "shuffled_batches",
 ]
@@ -71,6 +72,19 @@ class ReadingPlan:
     planned_bytes: int  # everything the module docstring counts
 
 
+def _plan(tokens: int, row_bytes: int, batch_tokens: int, capacity: int) -> ReadingPlan:
+    block = max(1, min(BLOCK, capacity // 4, capacity - batch_tokens + 1))
+    blocks = -(-tokens // block)  # at most; parts end blocks early
+    fixed = HELD_BATCHES * batch_tokens * row_bytes + blocks * BLOCK_BYTES + SMALL_OBJECTS
+    held = capacity * (row_bytes + 8) + fixed
+    return ReadingPlan(capacity, block, blocks, row_bytes, held)
+
+
+def least_reading_bytes(tokens: int, row_bytes: int, batch_tokens: int) -> int:
+    """The least budget a reading takes: a buffer of two batches (module docstring)."""
+    return _plan(tokens, row_bytes, batch_tokens, 2 * batch_tokens).planned_bytes
+
+
 def reading_plan(
     tokens: int, row_bytes: int, batch_tokens: int, max_bytes: int | str | None
 ) -> ReadingPlan:
@@ -81,11 +95,7 @@ def reading_plan(
     batch = batch_tokens * row_bytes
 
     def plan(capacity: int) -> ReadingPlan:
-        block = max(1, min(BLOCK, capacity // 4, capacity - batch_tokens + 1))
-        blocks = -(-tokens // block)  # at most; parts end blocks early
-        fixed = HELD_BATCHES * batch + blocks * BLOCK_BYTES + SMALL_OBJECTS
-        held = capacity * (row_bytes + 8) + fixed
-        return ReadingPlan(capacity, block, blocks, row_bytes, held)
+        return _plan(tokens, row_bytes, batch_tokens, capacity)
 
     if max_bytes is None:
         return plan(DEFAULT_BATCHES * batch_tokens)

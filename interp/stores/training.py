@@ -36,13 +36,22 @@ from interp.foundation.sizes import parse_size
 from interp.models.workers import model_spec, worker_model
 from interp.saes.data import TokenRows, activations_at
 from interp.stores.activations import ActivationStore, write_meta
+from interp.stores.budget import (
+    TrainingBudget,
+    evaluation_plan,
+    evaluation_room,
+    split_budget,
+    step_bytes,
+)
 from interp.stores.parts import PartWriter, kept, pass_activations
+from interp.stores.reading import least_reading_bytes
 
 __all__ = [
     "BUFFER_BATCHES",
     "activation_source",
     "fill_training_store",
     "replay_bytes",
+    "sae_budget",
     "texts_digest",
     "training_draws",
 ]
@@ -151,6 +160,43 @@ def activation_source(model, hook, rows, gen, batch_tokens, store=None, max_byte
     elif max_bytes is not None:
         raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
     return _Source(model, hook, rows, gen, batch_tokens, store, max_bytes)
+
+
+def sae_budget(
+    model,
+    hook: str,
+    store,
+    max_bytes,
+    *,
+    batch_tokens: int,
+    d_sae: int,
+    held_out,
+    tokens: int,
+    chunk: int,
+) -> tuple[ActivationStore, TrainingBudget]:
+    """``store`` opened and checked against the model and ``hook``, and ``max_bytes`` shared
+    between ``train_sae``'s own state (and ``tokens`` bytes of token ids), steps, evaluation
+    (on the ``held_out`` rows, ``chunk`` tokens at a time) and the reading
+    (:mod:`interp.stores.budget`), before anything is read."""
+    store = store if isinstance(store, ActivationStore) else ActivationStore(store)
+    store.check(model, hook)
+    d_in = int(store.meta["d"][hook])
+    if store.meta["filled"]["kind"] == "training":
+        least = replay_bytes(store, hook)
+        how = f"{store.path} was filled for a replay: draws replayed whole (one at a time)"
+    else:
+        least = least_reading_bytes(len(store), 4 * d_in, batch_tokens)
+        how = "a buffer of two batches"
+    params = 2 * d_sae * d_in + d_sae + d_in
+    room = evaluation_room(max_bytes, params, tokens)
+    evaluation = evaluation_plan(
+        model, held_out, [hook], 4 * d_in, params, chunk, d_sae + d_in, room
+    )
+    budget = split_budget(
+        max_bytes, params=params, steps=step_bytes(batch_tokens, d_in + d_sae, d_sae),
+        evaluation=evaluation, tokens=tokens, least_reading=least, what="an SAE", reading_what=how,
+    )  # fmt: skip
+    return store, budget
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ The result is a :class:`~interp.transcoders.TranscoderSet` in the model's units,
     dead features: never active on any held-out token
 
 With ``store=`` (a store of every layer's MLP input and output, :func:`interp.stores.fill_store`)
-the pairs are read from disk in shuffled batches instead, holding at most ``max_bytes``
-(:mod:`interp.stores.pairs`); the held-out figures still come from the model.
+the pairs are read from disk in shuffled batches instead (:mod:`interp.stores.pairs`), the whole
+call holding at most ``max_bytes`` (:mod:`interp.stores.budget`); the held-out figures still come
+from the model.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp.engine import run_cached
+from interp.engine import run_cached, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows
-from interp.stores.pairs import store_pairs
+from interp.stores.budget import split_rows, token_bytes
+from interp.stores.pairs import pairs_budget, store_pairs
 from interp.transcoders import fit as fitting
+from interp.transcoders.held_out import streamed_figures
 from interp.transcoders.transcoder import TranscoderSet
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TranscoderTrainingReport", "train_transcoder"]
@@ -197,7 +200,10 @@ def train_transcoder(
         store: an :class:`interp.ActivationStore` (or its folder) holding every layer's
             ``blocks.L.mlp.hook_in`` and ``blocks.L.mlp.hook_out``, to train on instead of
             running the model.
-        max_bytes: with a store: the most its reading holds at once (bytes or ``"1GB"``).
+        max_bytes: with a store: the most the whole call holds at once (bytes or ``"1GB"``):
+            the weights, their gradients and Adam's moments, each step, the held-out
+            evaluation, and the reading in what is left (:mod:`interp.stores.budget`); a
+            budget too small is refused before anything is read, naming the least that would do.
 
     Returns:
         ``(transcoders, report)``: the set in the model's units, and its figures per layer.
@@ -215,9 +221,21 @@ def train_transcoder(
 
     if store is None and max_bytes is not None:
         raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
-    stored = None
+    stored, hooks = None, (INPUT_HOOK, OUTPUT_HOOK)
+    held_out = rows.held_out(EVAL_TOKENS, EVAL_SEED)
+    budgeted = store is not None and max_bytes is not None
+    if budgeted:  # the whole call within max_bytes (interp.stores.budget)
+        cross, skip = kind == "cross-layer", kind == "skip"
+        w_dec = n_layers * d_tc * (n_layers if cross else 1) * d_model
+        params = w_dec + n_layers * (d_model * d_tc + d_tc + d_model)  # W_enc, b_enc, b_dec
+        params += n_layers * (d_model**2 * skip + d_tc * (activation == "jumprelu"))
+        store, budget = pairs_budget(
+            model, store, layers, hooks, max_bytes, batch_tokens=batch_tokens, d_tc=d_tc,
+            params=params, w_dec=w_dec, held_out=held_out, tokens=token_bytes(rows),
+            chunk=EVAL_CHUNK,
+        )  # fmt: skip
+        max_bytes, held_out = budget.reading, split_rows(held_out, budget.eval_rows)
     if store is not None:  # shuffled batches from disk, checked before any read
-        hooks = (INPUT_HOOK, OUTPUT_HOOK)
         stored = store_pairs(model, store, layers, hooks, batch_tokens, gen, max_bytes)
 
     def fresh() -> tuple[Tensor, Tensor]:  # a buffer of pairs; from a store, one shuffled batch
@@ -253,15 +271,22 @@ def train_transcoder(
         draw, p, mask, activation=activation, k=k, sparsity=sparsity, steps=steps,
         batch_tokens=batch_tokens, lr=lr, progress=progress,
     )  # fmt: skip
+    del x0, y0
+    stored = None  # the reading freed before the evaluation
+    if budgeted:
+        trim_freed_memory()  # so that the evaluation's peak is not on top of it
     weights = fitting.fold(p, mask, c_in, c_out, activation)
     tc = _transcoder_set(weights, kind, activation, k, name or f"{kind}-{activation}")
-    x_held, y_held = pairs(rows.held_out(EVAL_TOKENS, EVAL_SEED))
+    if budgeted:  # pass by pass: never every held-out pair at once
+        figures = streamed_figures(tc, (pairs([r]) for r in held_out), EVAL_CHUNK)
+    else:
+        figures = _figures(tc, *pairs(held_out))
     report = TranscoderTrainingReport(
         kind=kind,
         activation=activation,
         steps=steps,
         tokens=steps * batch_tokens,
-        figures=_figures(tc, x_held, y_held),
+        figures=figures,
         history=pd.DataFrame(history),
         seconds=time.perf_counter() - start,
     )

@@ -129,13 +129,16 @@ def test_train_sae_from_its_own_draws_is_the_same_sae(
 
 @pytest.mark.slow
 def test_an_sae_trains_from_a_store_larger_than_its_memory(tmp_path, bundled_model):
-    store = fill_store(tmp_path / "big", bundled_model, [HOOK], random_rows(420, 64, 1),
+    store = fill_store(tmp_path / "big", bundled_model, [HOOK], random_rows(1000, 64, 1),
                        shards=2, progress=False)  # fmt: skip
-    max_bytes = 640 * 1024  # the reader's least for batches of 128 is about 450 kB
-    assert store.nbytes(HOOK) > 10 * max_bytes  # 6.9 MB of activations
+    # the whole call within it (interp.stores.budget): the SAE's own state with the bundled
+    # training mix's token ids (7.9 MB), a step, the evaluation and the margin take 13 MB at
+    # least, the reading what is left; the 100x case, measured: test_stores_streaming.py
+    max_bytes = 14 * 2**20
+    assert store.nbytes(HOOK) > max_bytes  # 16.4 MB of activations
     args = dict(d_sae=64, architecture="topk", k=8, steps=100, batch_tokens=128, progress=False)
     sae, report = train_sae(bundled_model, HOOK, store=store, max_bytes=max_bytes, **args)
-    # the memory the reading holds is measured in test_reading_an_epoch_holds_max_bytes_measured
+    # the whole call's memory is measured in test_stores_streaming.py (slow)
     again, _ = train_sae(bundled_model, HOOK, store=store, max_bytes=max_bytes, **args)
     assert torch.equal(sae.W_dec, again.W_dec)  # the same seed, the same shuffles
     assert report.tokens == 100 * 128
