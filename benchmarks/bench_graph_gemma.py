@@ -81,8 +81,10 @@ class _PeakRSS:
 
 
 def run_case(bench: Path, n_pos: int, max_feature_nodes: int | None = None, *, device: str = "cuda",
-             batch: int | None = None, max_bytes: str | None = None, warm: int = WARM):  # fmt: skip
-    """Time one graph on the bench; returns (figures, graph)."""
+             batch: int | None = None, max_bytes: str | None = None, warm: int = WARM,
+             dtype: torch.dtype = torch.bfloat16):  # fmt: skip
+    """Time one graph on the bench, the model and transcoders loaded in ``dtype``; returns
+    (figures, graph); ``graph.context`` holds the model and the transcoders."""
     import interp
 
     dev = torch.device(device)
@@ -93,8 +95,8 @@ def run_case(bench: Path, n_pos: int, max_feature_nodes: int | None = None, *, d
             torch.cuda.synchronize(dev)
 
     start = time.perf_counter()
-    model = interp.load_model(bench / "model", device=device, dtype=torch.bfloat16)
-    tc = interp.load_transcoders(bench / "transcoders", device=device, dtype=torch.bfloat16)
+    model = interp.load_model(bench / "model", device=device, dtype=dtype)
+    tc = interp.load_transcoders(bench / "transcoders", device=device, dtype=dtype)
     sync()
     load_s = time.perf_counter() - start
     gen = torch.Generator().manual_seed(SEED)
@@ -123,6 +125,7 @@ def run_case(bench: Path, n_pos: int, max_feature_nodes: int | None = None, *, d
     )  # fmt: skip
     res = {
         "n_pos": n_pos, "max_feature_nodes": max_feature_nodes, "device": str(dev),
+        "dtype": str(dtype).removeprefix("torch."),
         "wall_s": round(wall_s, 3), "load_s": round(load_s, 1), "warmup_s": round(warm_s, 2),
         "n_active": n_active, "n_features": int(graph.n_features), "n_nodes": len(nodes),
         "n_logits": len(graph.logit_token_ids), "batch_requested": batch, "batch_used": chosen,
@@ -147,9 +150,10 @@ def _run_one(argv: list[str]) -> int:  # the child process of one case
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--max-bytes", default=None)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     a = ap.parse_args(argv)
     res, _ = run_case(a.bench, a.n_pos, a.cap or None, device=a.device, batch=a.batch,
-                      max_bytes=a.max_bytes)  # fmt: skip
+                      max_bytes=a.max_bytes, dtype=getattr(torch, a.dtype))  # fmt: skip
     print(json.dumps(res), flush=True)
     return 0
 
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=CASES)
     ap.add_argument("--batch", type=int, default=None, help="None: attribution_graph's choice")
     ap.add_argument("--max-bytes", default=None)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--build-limit", type=float, default=540.0, help="seconds for the build")
     a = ap.parse_args(argv)
     cases = parse_cases(a.cases)
@@ -209,10 +214,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     results["bench"] = json.loads(stats.read_text())
     for case in cases:
-        cmd = [sys.executable, str(HERE / "bench_graph_gemma.py"), "--one", str(bench),
-               str(case["n_pos"]), str(case["max_feature_nodes"] or 0), "--device", a.device]  # fmt: skip
+        cmd = [sys.executable, str(HERE / "bench_graph_gemma.py"), "--one", str(bench)]
+        cmd += [str(case["n_pos"]), str(case["max_feature_nodes"] or 0), "--device", a.device]
         cmd += ["--batch", str(a.batch)] if a.batch else []
         cmd += ["--max-bytes", a.max_bytes] if a.max_bytes else []
+        cmd += ["--dtype", a.dtype]
         status, lines, secs = _child(cmd, case["limit_s"], log)
         row = dict(case, status=status, process_s=secs, **(lines[-1] if lines else {}))
         row["target_met"] = bool(lines) and lines[-1]["wall_s"] <= case["target_s"]

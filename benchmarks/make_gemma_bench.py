@@ -191,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     stats = build(a.out, a.scale, device=a.device, seed=a.seed, n_ctx=a.n_ctx)
     mean = sum(x["density"] for x in stats["layers"]) / len(stats["layers"])
-    print(f"gemma bench ({stats['n_params'] / 1e9:.3f}B parameters, {stats['sizes']}) built on "
-          f"{stats['device']} in {stats['seconds']} s; mean feature density {mean:.4f}")  # fmt: skip
+    print(
+        f"gemma bench ({stats['n_params'] / 1e9:.3f}B parameters, {stats['sizes']}) built on "
+        f"{stats['device']} in {stats['seconds']} s; mean feature density {mean:.4f}"
+    )
     return 0
 
 
