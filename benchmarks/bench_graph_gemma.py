@@ -160,8 +160,10 @@ def _run_one(argv: list[str]) -> int:  # the child process of one case
 
 def _child(cmd: list[str], limit: float, log: Path) -> tuple[str, list[dict], float]:
     start = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get(
-        "PYTHONPATH")])), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # fmt: skip
+    path = os.pathsep.join(
+        filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])
+    )  # INTERP_SRC first
+    env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     with open(log, "a") as f:
         f.write(f"==== {' '.join(cmd)}\n")
         f.flush()

@@ -36,6 +36,17 @@ def test_sizes_at_scale_one_are_gemma_2_2b():
         sizes(0)
 
 
+def test_the_full_size_model_has_gemma_2_2b_parameter_count():
+    """Built on the meta device (no memory): google/gemma-2-2b's 2,614,341,888 parameters."""
+    from benchmarks.make_gemma_bench import _model
+
+    with torch.device("meta"):
+        model = _model(sizes(1.0), n_ctx=8192)
+    assert sum(p.numel() for p in model.parameters()) == 2_614_341_888
+    assert model.dtype == torch.bfloat16
+    assert model.config.layer_types[:2] == ["sliding_attention", "full_attention"]
+
+
 def test_cases_parse_and_bad_ones_are_refused():
     assert parse_cases("1024:0:60,8192:8192:600:900") == [
         {"n_pos": 1024, "max_feature_nodes": None, "target_s": 60, "limit_s": 300},
