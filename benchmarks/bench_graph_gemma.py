@@ -1,23 +1,25 @@
 """Attribution graphs on a random Gemma-2-2B-shaped model (benchmarks/make_gemma_bench.py: bf16
 weights, a 16,384-wide per-layer ReLU transcoder on each of its 26 layers, ~1% of features
-active) against issue 38's targets on one 80 GB GPU: 1,024 positions (every active feature) in
-<= 60 s and 8,192 positions capped at 8,192 features in <= 10 minutes::
+active) against issue 38's targets on one 80 GB GPU: 1,024 positions in <= 60 s and 8,192
+positions capped at 8,192 features in <= 10 minutes::
 
-    python benchmarks/bench_graph_gemma.py OUT [--bench DIR] [--scale 1] [--device cuda]
-        [--cases 1024:0:60,8192:8192:600] [--batch N] [--max-bytes 70GB]
+    python benchmarks/bench_graph_gemma.py OUT [--bench DIR] [--scale 1] [--density 0.01]
+        [--device cuda] [--cases 1024:8192:60,8192:8192:600] [--batch N] [--max-bytes 70GB]
 
-builds the bench into DIR (default OUT/bench; kept, and reused when its build_stats.json has the
-same --scale), then runs each case ``N_POS:MAX_FEATURE_NODES:TARGET_S[:LIMIT_S]``
-(MAX_FEATURE_NODES 0: every active feature) in its own process, killed after LIMIT_S (default
-TARGET_S + 240: loading and the warm-up are not timed). A case loads the model (bf16) and the
-transcoders, draws its tokens (BOS id 0, then ids from torch.Generator().manual_seed(7)), runs one
-warm-up graph on 16 tokens, then times ``interp.attribution_graph`` between
-``torch.cuda.synchronize()`` calls, with the peak ``torch.cuda.max_memory_allocated`` (reset
-before the timed call) and the peak host RSS. It records wall seconds, the peak, features,
-nodes, the batch chosen, ``interp.estimate_graph_bytes`` for that batch (with the active
-features counted) and whether the target was met, one ``CASE {json}`` line per case and all of
-it in OUT/gemma_graph.json (rewritten after each case). On a GPU machine with no network see
-docs/graphs.md, "GPU bench", for the command line.
+builds the bench into DIR (default OUT/bench; kept, and reused when its build_stats.json has
+the same --scale and --density), then runs each case N_POS:MAX_FEATURE_NODES:TARGET_S[:LIMIT_S]
+(MAX_FEATURE_NODES 0: every active feature; ~4.4M at 1,024 positions and 1% density, so the
+default 1,024 case is capped at 8,192 like the GPT-2 table's) in its own process, killed after
+LIMIT_S (default TARGET_S + 240: loading and the warm-up are not timed). A case loads the model
+(bf16) and the transcoders, draws its tokens (BOS id 0, then ids from
+torch.Generator().manual_seed(7)), runs one warm-up graph on 16 tokens, then times
+``interp.attribution_graph`` between ``torch.cuda.synchronize()`` calls, with the peak
+``torch.cuda.max_memory_allocated`` (reset before the timed call) and the peak host RSS. It
+records wall seconds, the peak, features, nodes, the batch chosen,
+``interp.estimate_graph_bytes`` for that batch (the active features counted) and whether the
+target was met: one ``CASE {json}`` line per case, all of it in OUT/gemma_graph.json
+(rewritten after each case). On a GPU machine with no network: benchmarks/gpu_gemma.sh and
+docs/graphs.md, "GPU bench".
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-CASES = "1024:0:60,8192:8192:600"
+CASES = "1024:8192:60,8192:8192:600"
 SEED = 7
 WARM = 16
 LOAD_S = 240  # a case's allowance for loading the model and the warm-up (not timed)
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--bench", type=Path, default=None, help="the bench folder (OUT/bench)")
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--density", type=float, default=0.01, help="the bench's feature density")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cases", default=CASES)
     ap.add_argument("--batch", type=int, default=None, help="None: attribution_graph's choice")
@@ -198,16 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     cases = parse_cases(a.cases)
     a.out.mkdir(parents=True, exist_ok=True)
     bench, log, result = a.bench or a.out / "bench", a.out / "run.log", a.out / "gemma_graph.json"
-    results = {"scale": a.scale, "device": a.device, "cases_spec": a.cases, "cases": []}
+    results = {
+        "scale": a.scale,
+        "density": a.density,
+        "device": a.device,
+        "cases_spec": a.cases,
+        "cases": [],
+    }
     stats = bench / "build_stats.json"
-    if not (stats.is_file() and json.loads(stats.read_text())["scale"] == a.scale):
-        cmd = [
-            sys.executable,
-            str(HERE / "make_gemma_bench.py"),
-            str(bench),
-            "--scale",
-            str(a.scale),
-        ]
+    built = json.loads(stats.read_text()) if stats.is_file() else {}
+    if (built.get("scale"), built.get("density")) != (a.scale, a.density):
+        cmd = [sys.executable, str(HERE / "make_gemma_bench.py"), str(bench)]
+        cmd += ["--scale", str(a.scale), "--density", str(a.density)]
         status, _, secs = _child(cmd + ["--device", a.device], a.build_limit, log)
         results["build"] = {"status": status, "seconds": secs}
         if status != "ok":
@@ -215,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"build {status} (see {log})", flush=True)
             return 1
     results["bench"] = json.loads(stats.read_text())
+    result.write_text(json.dumps(results, indent=1))
     for case in cases:
         cmd = [sys.executable, str(HERE / "bench_graph_gemma.py"), "--one", str(bench)]
         cmd += [str(case["n_pos"]), str(case["max_feature_nodes"] or 0), "--device", a.device]

@@ -134,8 +134,11 @@ def _mlp_inputs(model, sz: dict, device: str, seed: int) -> list[torch.Tensor]:
 
 
 def build(out: Path, scale: float = 1.0, *, device: str = "auto", seed: int = 2025,
-          n_ctx: int = 8192) -> dict:  # fmt: skip
-    """Write the bench into ``out`` (model/ and transcoders/) and return its build stats."""
+          n_ctx: int = 8192, density: float = DENSITY) -> dict:  # fmt: skip
+    """Write the bench into ``out`` (model/ and transcoders/) and return its build stats;
+    each feature fires on a ``density`` share of the calibration positions."""
+    if not 0 < density < 1:
+        raise ValueError(f"--density must be in (0, 1), got {density}")
     import yaml
     from safetensors.torch import save_file
 
@@ -164,7 +167,7 @@ def build(out: Path, scale: float = 1.0, *, device: str = "auto", seed: int = 20
     for layer, x in enumerate(inputs):
         W_enc = torch.randn(f, d, generator=gen) / math.sqrt(d)
         pre = x @ W_enc.to(device).T  # [cal positions, d_tc]
-        b_enc = -torch.quantile(pre, 1 - DENSITY, dim=0)  # ~1% of positions above 0
+        b_enc = -torch.quantile(pre, 1 - density, dim=0)  # that share above 0
         density = float((pre + b_enc > 0).float().mean())
         W_dec = torch.randn(f, d, generator=gen) * DEC_STD
         tensors = {"W_enc": W_enc, "W_dec": W_dec, "b_enc": b_enc.cpu(), "b_dec": torch.zeros(d)}
@@ -175,7 +178,8 @@ def build(out: Path, scale: float = 1.0, *, device: str = "auto", seed: int = 20
     config = {"model_kind": "transcoder_set", "feature_input_hook": "mlp.hook_in",
               "feature_output_hook": "mlp.hook_out", "scan": TC_NAME}  # fmt: skip
     (tc_dir / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    stats = {"scale": scale, "sizes": sz, "n_params": n_params, "device": device, "seed": seed,
+    stats = {"scale": scale, "density": density, "sizes": sz, "n_params": n_params,
+             "device": device, "seed": seed,
              "seconds": round(time.perf_counter() - start, 1), "layers": layers}  # fmt: skip
     (out / "build_stats.json").write_text(json.dumps(stats, indent=1))
     return stats
@@ -188,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", help="where the calibration runs (auto: cuda)")
     ap.add_argument("--seed", type=int, default=2025)
     ap.add_argument("--n-ctx", type=int, default=8192, help="max_position_embeddings")
+    ap.add_argument(
+        "--density", type=float, default=DENSITY, help="share of positions a feature fires on"
+    )
     a = ap.parse_args(argv)
-    stats = build(a.out, a.scale, device=a.device, seed=a.seed, n_ctx=a.n_ctx)
+    stats = build(a.out, a.scale, device=a.device, seed=a.seed, n_ctx=a.n_ctx, density=a.density)
     mean = sum(x["density"] for x in stats["layers"]) / len(stats["layers"])
     print(
         f"gemma bench ({stats['n_params'] / 1e9:.3f}B parameters, {stats['sizes']}) built on "
