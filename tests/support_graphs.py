@@ -52,12 +52,19 @@ def check_transcoder_splice(case: Case) -> None:
 
 def check_attribution_graph(case: Case) -> None:
     from interp import attribution_graph
-    from tests.frozen_model import FrozenModel
 
     tc = _transcoders(case)
     tokens = _tokens(case, 8)[0]
-    g = attribution_graph(case.model, tokens, tc)
-    fm = FrozenModel(case.model, tokens, tc)
+    check_graph_identity(case.model, tokens, tc, attribution_graph(case.model, tokens, tc))
+
+
+def check_graph_identity(model, tokens: torch.Tensor, tc, g) -> None:
+    """Taking a few sources of graph ``g`` (of ``tokens`` through ``tc``: a feature of layers 0
+    and 1, an error node, a token) out of the frozen replacement model moves every target by
+    ``-A[:, s]``, within ``RTOL_GRAPH`` of max|A| (float32 models)."""
+    from tests.frozen_model import FrozenModel
+
+    fm = FrozenModel(model, tokens, tc)
     nodes = g.nodes
     picks = [
         int(nodes[(nodes.kind == "feature") & (nodes.layer == lay)].index[0]) for lay in (0, 1)
@@ -79,7 +86,7 @@ def check_attribution_graph(case: Case) -> None:
             removed[row, layer, pos] = fm.error(layer)[pos]
         else:
             keep[row, pos] = 0
-    xs, final = fm.run(removed.to(case.model.cfg.device), keep.to(case.model.cfg.device))
+    xs, final = fm.run(removed.to(model.cfg.device), keep.to(model.cfg.device))
     feats = nodes[nodes.kind == "feature"]
     values = torch.stack(
         [
@@ -88,7 +95,7 @@ def check_attribution_graph(case: Case) -> None:
         ],
         dim=1,
     )
-    W_U = case.model.W_U.detach()
+    W_U = model.W_U.detach()
     vecs = (W_U[:, g.logit_token_ids] - W_U.mean(1, keepdim=True)).T
     values = torch.cat([values, final[:, -1] @ vecs.T], dim=1).cpu()
     moved = values[1:] - values[:1]  # [pick target]
