@@ -426,7 +426,9 @@ def test_cli_kinds_and_no_report(gpt2_dir, tmp_path):
 
 def test_cli_errors_write_nothing(tmp_path, capsys):
     out = tmp_path / "never"
-    assert cli_main(["circuits", "--model", str(tmp_path / "missing"), "--out", str(out)]) == 2  # refused before any work
+    assert (
+        cli_main(["circuits", "--model", str(tmp_path / "missing"), "--out", str(out)]) == 2
+    )  # refused before any work
     assert "interp circuits: error:" in capsys.readouterr().err
     assert not out.exists()
     a_file = tmp_path / "file.txt"
