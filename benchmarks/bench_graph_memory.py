@@ -14,7 +14,8 @@ point frees memory back to the system at once (glibc's ``M_MMAP_THRESHOLD``, wha
 under ``max_bytes``), so the resident size is the use.
 
     python benchmarks/bench_graph_memory.py [--quick] [--device cuda] [--layers 2]
-        [--d-model 128] [--d-tc 512]
+        [--d-model 128] [--d-tc 512] [--positions 16,64] [--uncapped-up-to 64] [--cap 256]
+        [--kinds per-layer,cross-layer] [--dtypes float32,bfloat16]
 
 Prints one line per point (estimate / measured, peak / budget) and a summary: the largest
 deviation of the estimate and the largest peak over a budget.
@@ -136,7 +137,13 @@ def main(argv: list[str]) -> None:
     if "--quick" in argv:
         rest = [a for a in argv if a != "--quick"]
         opts = dict(zip(rest[::2], rest[1::2], strict=False))
-    grid = QUICK if "--quick" in argv else FULL
+    grid = dict(QUICK if "--quick" in argv else FULL)
+    for key in ("positions", "kinds", "dtypes"):  # e.g. --positions 16,64 --kinds per-layer
+        if f"--{key}" in opts:
+            grid[key] = [int(v) if key == "positions" else v for v in opts[f"--{key}"].split(",")]
+    for key in ("uncapped_up_to", "cap"):
+        if f"--{key.replace('_', '-')}" in opts:
+            grid[key] = int(opts[f"--{key.replace('_', '-')}"])
     base = {"device": opts.get("--device", "cpu"), "layers": int(opts.get("--layers", 2)),
             "d_model": int(opts.get("--d-model", 128)), "d_tc": int(opts.get("--d-tc", 512)),
             "dir": opts.get("--dir") or tempfile.mkdtemp(prefix="graph-memory-")}  # fmt: skip
