@@ -8,8 +8,8 @@ active features, and then measures the build's peak: on CPU the host's resident 
 reset just before the call through ``/proc/self/clear_refs``) less the resident size before
 it; on CUDA ``torch.cuda.max_memory_allocated`` less the memory allocated before it. The
 estimate is ``estimate_graph_bytes`` with the prompt's active features and the batch the build
-chose. Budgeted points run with ``max_bytes`` halfway between the estimate with one row per pass
-and the unbudgeted estimate (so the batch must shrink) and report the peak against it. Every
+chose. Budgeted points run with ``max_bytes`` halfway between the least estimate of a smaller
+batch and the unbudgeted estimate (so the batch must shrink) and report the peak against it. Every
 point frees memory back to the system at once (glibc's ``M_MMAP_THRESHOLD``, what interp does
 under ``max_bytes``), so the resident size is the use.
 
@@ -58,6 +58,7 @@ def _child(spec: dict) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from interp import attribution_graph, estimate_graph_bytes, load_model
+    from interp.graphs.budget import least_bytes
     from interp.transcoders.transcoder import TranscoderSet
     from tests.checkpoints import make_checkpoint
 
@@ -114,8 +115,12 @@ def _child(spec: dict) -> dict:
     n_active = g.info["active_features"]
     estimate = estimate_graph_bytes(model, tc, n_pos, cap, g.info["batch_size"],
                                     n_active=n_active, n_logits=len(g.logit_token_ids))  # fmt: skip
-    one = estimate_graph_bytes(model, tc, n_pos, cap, 1, n_active=n_active,
-                               n_logits=len(g.logit_token_ids))  # fmt: skip
+
+    def at(batch: int) -> int:
+        return estimate_graph_bytes(model, tc, n_pos, cap, batch, n_active=n_active,
+                                    n_logits=len(g.logit_token_ids))  # fmt: skip
+
+    one = least_bytes(at, max(1, g.info["batch_size"] // 2))  # a smaller batch's least
     return {"peak": peak, "estimate": estimate, "one": one, "batch": g.info["batch_size"],
             "active": n_active, "seconds": g.info["seconds"]}  # fmt: skip
 

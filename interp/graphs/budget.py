@@ -28,14 +28,15 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["choose_batch", "estimate_graph_bytes", "free_bytes", "graph_bytes"]
+__all__ = ["choose_batch", "estimate_graph_bytes", "free_bytes", "graph_bytes", "least_bytes"]
 
-_FIXED = 7 * 2**20  # the allocator's and autograd's own (fitted: 16 to 512 positions)
-# a half-precision model on CPU: oneDNN compiles and caches kernels (with their scratch
-# space) per shape, and each pass has its own (rows, positions); measured on a 2-layer,
-# d_model 128 bfloat16 model, 32 positions: 11 MiB over 8 passes, gone with
-# ONEDNN_PRIMITIVE_CACHE_CAPACITY=0
-_KERNELS = 1.4 * 2**20  # bytes per pass
+_FIXED = 8.5 * 2**20  # the allocator's and autograd's own (fitted: 16 to 1,024 positions)
+# a half-precision model on CPU: oneDNN compiles and caches kernels (with their scratch space)
+# per shape, and each pass has its own (rows, positions). Measured (2-layer, d_model 128,
+# bfloat16; the peak less the peak with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0): 11 MiB over 8
+# passes, 28 MiB over 54; fitted as _KERNELS * sqrt(passes), passes at most 1,024 (the cache's
+# capacity in kernels, so an upper bound on what it keeps)
+_KERNELS = 3.5 * 2**20
 # (per layer, fixed) [batch pos d_model] tensors the frozen pass holds: fitted to a 2-layer
 # model (21 in all at 128 and 512 positions), so the split between the two is a guess
 _FROZEN = (6.0, 9.0)
@@ -80,7 +81,7 @@ def graph_bytes(
     kernels = 0.0
     if item < 4 and str(cfg.device).startswith("cpu"):
         passes = -(-n_logits // batch) + -(-keep // batch)
-        kernels = _KERNELS * passes
+        kernels = _KERNELS * min(passes, 1024) ** 0.5
     return int(_FIXED + kernels + source_bytes + block + max(during, end, pruning))
 
 
@@ -139,3 +140,13 @@ def choose_batch(need, batch: int, budget: int) -> int:
     while batch > 1 and need(batch) > budget:
         batch //= 2
     return batch
+
+
+def least_bytes(need, batch: int) -> int:
+    """The least ``need(b)`` over ``batch``, ``batch // 2``, ..., 1: not always one row's (on
+    CPU a half-precision model's kernels grow with the passes)."""
+    sizes = [need(batch)]
+    while batch > 1:
+        batch //= 2
+        sizes.append(need(batch))
+    return min(sizes)
