@@ -33,10 +33,10 @@ __all__ = ["choose_batch", "estimate_graph_bytes", "free_bytes", "graph_bytes", 
 _FIXED = 8.5 * 2**20  # the allocator's and autograd's own (fitted: 16 to 1,024 positions)
 # a half-precision model on CPU: oneDNN compiles and caches kernels (with their scratch space)
 # per shape, and each pass has its own (rows, positions). Measured (2-layer, d_model 128,
-# bfloat16; the peak less the peak with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0): 11 MiB over 8
-# passes, 28 MiB over 54; fitted as _KERNELS * sqrt(passes), passes at most 1,024 (the cache's
-# capacity in kernels, so an upper bound on what it keeps)
-_KERNELS = 3.5 * 2**20
+# bfloat16, uncapped; the peak less the peak with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0): 10.6 MiB
+# over 5 passes (16 positions), 10.4 over 8 (32), 17 over 14 (64), 28 over 54 (256); fitted
+# as _KERNELS * sqrt(passes), passes at most 1,024 (the cache's capacity in kernels)
+_KERNELS = 4.2 * 2**20
 # (per layer, fixed) [batch pos d_model] tensors the frozen pass holds: fitted to a 2-layer
 # model (21 in all at 128 and 512 positions), so the split between the two is a guess
 _FROZEN = (6.0, 9.0)

@@ -35,7 +35,7 @@ def _estimate(dtype, device="cpu", n_pos=32, cap=None, batch=64, n_active=400):
 
 
 def test_half_precision_on_cpu_adds_its_kernels_per_pass():
-    # sqrt(passes): fitted to the kernels measured over 8 and 54 passes (budget._KERNELS)
+    # sqrt(passes): fitted to the kernels measured over 5 to 54 passes (budget._KERNELS)
     for batch in (64, 16, 1):
         passes = -(-10 // batch) + -(-400 // batch)  # the logits' passes, then the features'
         extra = _estimate(torch.bfloat16, "cpu", batch=batch) - _estimate(
