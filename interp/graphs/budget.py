@@ -30,7 +30,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["choose_batch", "estimate_graph_bytes", "free_bytes", "graph_bytes", "least_bytes"]
 
-_FIXED = 8.5 * 2**20  # the allocator's and autograd's own (fitted: 16 to 1,024 positions)
+# the allocator's, autograd's and the float kernels' own, by the model's item size (fitted to
+# 16 to 1,024 positions; a bfloat16 model's is less: with oneDNN's cache off, its 16-position
+# graph peaked at 10.6 MiB, the float32 one's at 22.7)
+_FIXED = {2: 5 * 2**20, 4: 8.5 * 2**20, 8: 8.5 * 2**20}
 # a half-precision model on CPU: oneDNN compiles and caches kernels (with their scratch space)
 # per shape, and each pass has its own (rows, positions). Measured (2-layer, d_model 128,
 # bfloat16, uncapped; the peak less the peak with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0): 10.6 MiB
@@ -82,7 +85,7 @@ def graph_bytes(
     if item < 4 and str(cfg.device).startswith("cpu"):
         passes = -(-n_logits // batch) + -(-keep // batch)
         kernels = _KERNELS * min(passes, 1024) ** 0.5
-    return int(_FIXED + kernels + source_bytes + block + max(during, end, pruning))
+    return int(_FIXED[item] + kernels + source_bytes + block + max(during, end, pruning))
 
 
 def estimate_graph_bytes(
