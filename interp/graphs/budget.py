@@ -85,7 +85,8 @@ def graph_bytes(
     if item < 4 and str(cfg.device).startswith("cpu"):
         passes = -(-n_logits // batch) + -(-keep // batch)
         kernels = _KERNELS * min(passes, 1024) ** 0.5
-    return int(_FIXED[item] + kernels + source_bytes + block + max(during, end, pruning))
+    fixed = _FIXED.get(item, _FIXED[4])
+    return int(fixed + kernels + source_bytes + block + max(during, end, pruning))
 
 
 def estimate_graph_bytes(
