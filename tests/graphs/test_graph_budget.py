@@ -75,7 +75,7 @@ def _child(tmp_path, **spec) -> dict:
 
 POINTS = [("per-layer", "bfloat16", 32, None), ("cross-layer", "float32", 64, 256)]
 # Known miss (docs/graphs.md, "Memory and scale"): an uncapped bfloat16 graph on CPU under
-# max_bytes peaks 11-47% over it (oneDNN's kernels grow faster with the passes of a smaller
+# max_bytes peaks up to 47% over it (oneDNN's kernels grow faster with the passes of a smaller
 # batch than the estimate's sqrt(passes)); strict, so that a fix shows
 BUDGET_POINTS = [
     pytest.param(*POINTS[0], marks=pytest.mark.xfail(strict=True, reason="bf16 kernels")),
