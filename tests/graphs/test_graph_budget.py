@@ -78,7 +78,13 @@ POINTS = [("per-layer", "bfloat16", 32, None), ("cross-layer", "float32", 64, 25
 # max_bytes peaks up to 47% over it (oneDNN's kernels grow faster with the passes of a smaller
 # batch than the estimate's sqrt(passes)); strict, so that a fix shows
 BUDGET_POINTS = [
-    pytest.param(*POINTS[0], marks=pytest.mark.xfail(strict=True, reason="bf16 kernels")),
+    pytest.param(  # measured 1.47x its budget; per-layer at 32 positions: 1.08-1.11x
+        "cross-layer",
+        "bfloat16",
+        64,
+        None,
+        marks=pytest.mark.xfail(strict=True, reason="bf16 kernels"),
+    ),
     POINTS[1],
 ]
 
