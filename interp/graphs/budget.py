@@ -10,6 +10,8 @@ The build holds, in the work dtype (float32, float64 for a float64 model) unless
   while it runs, one layer's attention scores and pattern (``_ATTENTION`` per row, head and
   position pair); during a backward pass, a gradient per layer and the targets' injections
   (``_BACKWARD``), and the ``[batch columns]`` block of rows computed;
+* a bfloat16/float16 model on CPU: the kernels oneDNN compiles and caches per shape, which
+  grow with the passes (``_KERNELS``);
 * under a cap, one copy of the rows while ranking (``partial_influences``) and the kept
   columns' copy at the end; afterwards pruning needs one more copy of the kept rows and a
   mask.
