@@ -8,13 +8,14 @@ active features, and then measures the build's peak: on CPU the host's resident 
 reset just before the call through ``/proc/self/clear_refs``) less the resident size before
 it; on CUDA ``torch.cuda.max_memory_allocated`` less the memory allocated before it. The
 estimate is ``estimate_graph_bytes`` with the prompt's active features and the batch the build
-chose. Budgeted points run with ``max_bytes`` halfway between the estimate with one row per pass
-and the unbudgeted estimate (so the batch must shrink) and report the peak against it. Every
+chose. Budgeted points run with ``max_bytes`` halfway between the least estimate of a smaller
+batch and the unbudgeted estimate (so the batch must shrink) and report the peak against it. Every
 point frees memory back to the system at once (glibc's ``M_MMAP_THRESHOLD``, what interp does
 under ``max_bytes``), so the resident size is the use.
 
     python benchmarks/bench_graph_memory.py [--quick] [--device cuda] [--layers 2]
-        [--d-model 128] [--d-tc 512]
+        [--d-model 128] [--d-tc 512] [--positions 16,64] [--uncapped-up-to 64] [--cap 256]
+        [--kinds per-layer,cross-layer] [--dtypes float32,bfloat16]
 
 Prints one line per point (estimate / measured, peak / budget) and a summary: the largest
 deviation of the estimate and the largest peak over a budget.
@@ -57,6 +58,7 @@ def _child(spec: dict) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from interp import attribution_graph, estimate_graph_bytes, load_model
+    from interp.graphs.budget import least_bytes
     from interp.transcoders.transcoder import TranscoderSet
     from tests.checkpoints import make_checkpoint
 
@@ -113,8 +115,12 @@ def _child(spec: dict) -> dict:
     n_active = g.info["active_features"]
     estimate = estimate_graph_bytes(model, tc, n_pos, cap, g.info["batch_size"],
                                     n_active=n_active, n_logits=len(g.logit_token_ids))  # fmt: skip
-    one = estimate_graph_bytes(model, tc, n_pos, cap, 1, n_active=n_active,
-                               n_logits=len(g.logit_token_ids))  # fmt: skip
+
+    def at(batch: int) -> int:
+        return estimate_graph_bytes(model, tc, n_pos, cap, batch, n_active=n_active,
+                                    n_logits=len(g.logit_token_ids))  # fmt: skip
+
+    one = least_bytes(at, max(1, g.info["batch_size"] // 2))  # a smaller batch's least
     return {"peak": peak, "estimate": estimate, "one": one, "batch": g.info["batch_size"],
             "active": n_active, "seconds": g.info["seconds"]}  # fmt: skip
 
@@ -136,7 +142,13 @@ def main(argv: list[str]) -> None:
     if "--quick" in argv:
         rest = [a for a in argv if a != "--quick"]
         opts = dict(zip(rest[::2], rest[1::2], strict=False))
-    grid = QUICK if "--quick" in argv else FULL
+    grid = dict(QUICK if "--quick" in argv else FULL)
+    for key in ("positions", "kinds", "dtypes"):  # e.g. --positions 16,64 --kinds per-layer
+        if f"--{key}" in opts:
+            grid[key] = [int(v) if key == "positions" else v for v in opts[f"--{key}"].split(",")]
+    for key in ("uncapped_up_to", "cap"):
+        if f"--{key.replace('_', '-')}" in opts:
+            grid[key] = int(opts[f"--{key.replace('_', '-')}"])
     base = {"device": opts.get("--device", "cpu"), "layers": int(opts.get("--layers", 2)),
             "d_model": int(opts.get("--d-model", 128)), "d_tc": int(opts.get("--d-tc", 512)),
             "dir": opts.get("--dir") or tempfile.mkdtemp(prefix="graph-memory-")}  # fmt: skip

@@ -31,7 +31,13 @@ from interp.engine.allocator import return_freed_memory
 from interp.engine.estimates import parse_size
 from interp.engine.plan import MemoryBudgetError
 from interp.foundation.sizes import format_size
-from interp.graphs.budget import choose_batch, estimate_graph_bytes, free_bytes, graph_bytes
+from interp.graphs.budget import (
+    choose_batch,
+    estimate_graph_bytes,
+    free_bytes,
+    graph_bytes,
+    least_bytes,
+)
 from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
 from interp.graphs.graph import AttributionGraph
 from interp.graphs.influence import partial_influences
@@ -125,7 +131,7 @@ def attribution_graph(
             memory free on the model's device (a warning where even one row does not fit).
         max_bytes: a budget for what the build holds (the sources, rows, frozen pass, pruning;
             not the model): the batch is halved until the estimate fits; a graph that needs
-            more even with one row per pass is refused (``MemoryBudgetError``) with what it needs.
+            more even at its smallest batch is refused (``MemoryBudgetError``) with what it needs.
         progress: show a progress bar over the features.
 
     Given an :class:`interp.Task`, the task graph of its rows (:mod:`interp.graphs.task_graph`).
@@ -173,11 +179,11 @@ def attribution_graph(
     chosen = max(1, min(chosen, keep + n_logits))
     if max_bytes is not None:
         budget = parse_size(max_bytes)
-        need = sized(batch=1)
+        need = least_bytes(lambda b: sized(batch=b), chosen)
         if need > budget:
             raise MemoryBudgetError(
                 f"this graph ({n_nodes} nodes, {n_pos} positions) needs at least {need} bytes "
-                f"({format_size(need)}) with one row per pass; raise max_bytes to {need} or "
+                f"({format_size(need)}) at its smallest batch; raise max_bytes to {need} or "
                 "lower max_feature_nodes"
             )
         return_freed_memory()  # freed blocks go back at once: the process's size is its use

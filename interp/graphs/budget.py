@@ -10,6 +10,8 @@ The build holds, in the work dtype (float32, float64 for a float64 model) unless
   while it runs, one layer's attention scores and pattern (``_ATTENTION`` per row, head and
   position pair); during a backward pass, a gradient per layer and the targets' injections
   (``_BACKWARD``), and the ``[batch columns]`` block of rows computed;
+* a bfloat16/float16 model on CPU: the kernels oneDNN compiles and caches per shape, which
+  grow with the passes (``_KERNELS``);
 * under a cap, one copy of the rows while ranking (``partial_influences``) and the kept
   columns' copy at the end; afterwards pruning needs one more copy of the kept rows and a
   mask.
@@ -28,9 +30,18 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["choose_batch", "estimate_graph_bytes", "free_bytes", "graph_bytes"]
+__all__ = ["choose_batch", "estimate_graph_bytes", "free_bytes", "graph_bytes", "least_bytes"]
 
-_FIXED = 10 * 2**20  # the allocator's and autograd's own (fitted: 16 to 512 positions)
+# the allocator's, autograd's and the float kernels' own, by the model's item size (fitted to
+# 16 to 1,024 positions; a bfloat16 model's is less: with oneDNN's cache off, its 16-position
+# graph peaked at 10.6 MiB, the float32 one's at 22.7)
+_FIXED = {2: 5 * 2**20, 4: 8.5 * 2**20, 8: 8.5 * 2**20}
+# a half-precision model on CPU: oneDNN compiles and caches kernels (with their scratch space)
+# per shape, and each pass has its own (rows, positions). Measured (2-layer, d_model 128,
+# bfloat16, uncapped; the peak less the peak with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0): 10.6 MiB
+# over 5 passes (16 positions), 10.4 over 8 (32), 17 over 14 (64), 28 over 54 (256); fitted
+# as _KERNELS * sqrt(passes), passes at most 1,024 (the cache's capacity in kernels)
+_KERNELS = 4.2 * 2**20
 # (per layer, fixed) [batch pos d_model] tensors the frozen pass holds: fitted to a 2-layer
 # model (21 in all at 128 and 512 positions), so the split between the two is a guess
 _FROZEN = (6.0, 9.0)
@@ -72,7 +83,12 @@ def graph_bytes(
     end = rows * kept_columns * work if capped else 0
     pruning = rows * kept_columns * (work + 1)
     during = frozen + max(attention, backward, ranking)
-    return int(_FIXED + source_bytes + block + max(during, end, pruning))
+    kernels = 0.0
+    if item < 4 and str(cfg.device).startswith("cpu"):
+        passes = -(-n_logits // batch) + -(-keep // batch)
+        kernels = _KERNELS * min(passes, 1024) ** 0.5
+    fixed = _FIXED.get(item, _FIXED[4])
+    return int(fixed + kernels + source_bytes + block + max(during, end, pruning))
 
 
 def estimate_graph_bytes(
@@ -130,3 +146,13 @@ def choose_batch(need, batch: int, budget: int) -> int:
     while batch > 1 and need(batch) > budget:
         batch //= 2
     return batch
+
+
+def least_bytes(need, batch: int) -> int:
+    """The least ``need(b)`` over ``batch``, ``batch // 2``, ..., 1: not always one row's (on
+    CPU a half-precision model's kernels grow with the passes)."""
+    sizes = [need(batch)]
+    while batch > 1:
+        batch //= 2
+        sizes.append(need(batch))
+    return min(sizes)

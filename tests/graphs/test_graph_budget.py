@@ -1,0 +1,109 @@
+"""The graph build's memory estimate: its structure (fast: the parts it adds, what a
+half-precision model on CPU adds per pass) and, slow, the peak a fresh process measures
+against it (within 15%) and against ``max_bytes`` (at most 10% over)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from interp.graphs import budget
+from interp.graphs.budget import estimate_graph_bytes
+
+ROOT = Path(__file__).resolve().parents[2]
+ESTIMATE_SPREAD = 0.15  # the issue's bound: the estimate within 15% of the measured peak
+BUDGET_SLACK = 0.10  # a run under max_bytes peaks at most 10% above it
+
+
+def _model(dtype: torch.dtype, device: str = "cpu"):
+    cfg = SimpleNamespace(d_model=128, n_heads=4, dtype=dtype, device=device)
+    return SimpleNamespace(cfg=cfg)
+
+
+TC = SimpleNamespace(n_layers=2, d_tc=512, kind="per-layer")
+
+
+def _estimate(dtype, device="cpu", n_pos=32, cap=None, batch=64, n_active=400):
+    return estimate_graph_bytes(_model(dtype, device), TC, n_pos, cap, batch, n_active=n_active)
+
+
+def test_half_precision_on_cpu_adds_its_kernels_per_pass():
+    # sqrt(passes): fitted to the kernels measured over 5 to 54 passes (budget._KERNELS)
+    for batch in (64, 16, 1):
+        passes = -(-10 // batch) + -(-400 // batch)  # the logits' passes, then the features'
+        extra = _estimate(torch.bfloat16, "cpu", batch=batch) - _estimate(
+            torch.bfloat16, "cuda", batch=batch
+        )
+        assert abs(extra - budget._KERNELS * passes**0.5) <= 1
+    # float32 compiles no per-shape kernels: the same estimate on either device
+    assert _estimate(torch.float32, "cpu") == _estimate(torch.float32, "cuda")
+
+
+def test_the_estimate_grows_with_what_the_build_holds():
+    f32, bf16 = torch.float32, torch.bfloat16
+    # the frozen pass and attention at the model's item size: bfloat16 holds less at scale
+    assert _estimate(bf16, n_pos=512, cap=256, n_active=5000) < _estimate(
+        f32, n_pos=512, cap=256, n_active=5000
+    )
+    # attention's [batch head pos pos]: more than twice the bytes for twice the positions
+    small, large = (_estimate(f32, n_pos=n, cap=256, n_active=10 * n) for n in (512, 1024))
+    assert large > 2 * small
+    # a cap keeps fewer rows; a smaller batch holds a smaller frozen pass
+    assert _estimate(f32, n_active=20_000, cap=256) < _estimate(f32, n_active=20_000)
+    assert _estimate(f32, n_pos=256, batch=8) < _estimate(f32, n_pos=256, batch=64)
+    with pytest.raises(ValueError, match="at least 2 positions"):
+        _estimate(f32, n_pos=1)
+
+
+def _child(tmp_path, **spec) -> dict:
+    spec = {"device": "cpu", "layers": 2, "d_model": 128, "d_tc": 512, "dir": str(tmp_path)} | spec
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_graph_memory.py"), "--child",
+         json.dumps(spec)],
+        capture_output=True, text=True, check=True, env=env,
+    )  # fmt: skip
+    return json.loads(out.stdout.split("RESULT ", 1)[1])
+
+
+POINTS = [("per-layer", "bfloat16", 32, None), ("cross-layer", "float32", 64, 256)]
+# Known miss (docs/graphs.md, "Memory and scale"): an uncapped bfloat16 graph on CPU under
+# max_bytes peaks up to 47% over it (oneDNN's kernels grow faster with the passes of a smaller
+# batch than the estimate's sqrt(passes)); strict, so that a fix shows
+BUDGET_POINTS = [
+    pytest.param(  # measured 1.47x its budget; per-layer at 32 positions: 1.08-1.11x
+        "cross-layer",
+        "bfloat16",
+        64,
+        None,
+        marks=pytest.mark.xfail(strict=True, reason="bf16 kernels"),
+    ),
+    POINTS[1],
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, dtype, n_pos, cap", POINTS)
+def test_measured_peak_is_the_estimate(tmp_path, kind, dtype, n_pos, cap):
+    """A fresh process's peak resident size over the build (the memory benchmark's child);
+    the small bfloat16 graph is where oneDNN's kernels were missed."""
+    free = _child(tmp_path, kind=kind, dtype=dtype, n_pos=n_pos, cap=cap)
+    assert abs(free["estimate"] / free["peak"] - 1) <= ESTIMATE_SPREAD, free
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, dtype, n_pos, cap", BUDGET_POINTS)
+def test_budgeted_peak_stays_within_max_bytes(tmp_path, kind, dtype, n_pos, cap):
+    """A budget halfway between a smaller batch's least estimate and the chosen batch's."""
+    free = _child(tmp_path, kind=kind, dtype=dtype, n_pos=n_pos, cap=cap)
+    limit = (free["estimate"] + free["one"]) // 2
+    bound = _child(tmp_path, kind=kind, dtype=dtype, n_pos=n_pos, cap=cap, max_bytes=limit)
+    assert bound["batch"] < free["batch"]
+    assert bound["peak"] <= (1 + BUDGET_SLACK) * limit, (bound, limit)
