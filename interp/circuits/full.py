@@ -19,7 +19,6 @@ token's embedding alone, not what it does inside the model on a given prompt.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 
 import pandas as pd
@@ -30,6 +29,7 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 
 from interp.circuits.tolerances import ZERO_RTOL, negligible
 from interp.circuits.weights import as_weights
+from interp.foundation.sizes import available_host_bytes
 
 __all__ = [
     "MatrixTooLargeError",
@@ -54,24 +54,10 @@ class MatrixTooLargeError(MemoryError):
     """A dense matrix was asked for that would not fit the memory budget; says what to do."""
 
 
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def default_max_bytes() -> int:
     """The budget :func:`materialize` uses by default: 1 GiB, or half the available memory
     when that is less (the result is followed by its own temporaries and a caller's copies)."""
-    available = _available_bytes()
+    available = available_host_bytes()
     return DEFAULT_MAX_BYTES if available is None else min(DEFAULT_MAX_BYTES, available // 2)
 
 

@@ -10,21 +10,26 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["warn_fallback", "reset_fallback_warnings", "FALLBACKS_WARNED"]
+__all__ = ["warn_fallback", "reset_fallback_warnings", "warned_fallbacks"]
 
-FALLBACKS_WARNED: set[str] = set()  # the keys warned about in this process
+_WARNED: set[str] = set()  # the keys warned about in this process (state: not a public constant)
 
 
 def warn_fallback(logger: logging.Logger, key: str, message: str, *args: object) -> bool:
     """Log ``message % args`` as a warning on ``logger`` the first time ``key`` is seen in this
     process; later calls with the same key log nothing. Returns whether it logged."""
-    if key in FALLBACKS_WARNED:
+    if key in _WARNED:
         return False
-    FALLBACKS_WARNED.add(key)
+    _WARNED.add(key)
     logger.warning(message, *args)
     return True
 
 
 def reset_fallback_warnings() -> None:
     """Forget every key warned about, so the next fallback of each kind warns again."""
-    FALLBACKS_WARNED.clear()
+    _WARNED.clear()
+
+
+def warned_fallbacks() -> frozenset[str]:
+    """The keys warned about in this process so far."""
+    return frozenset(_WARNED)

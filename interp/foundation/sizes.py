@@ -5,9 +5,10 @@ Pure text, no torch: the command line checks ``--max-bytes`` with it before anyt
 
 from __future__ import annotations
 
+import os
 import re
 
-__all__ = ["parse_size", "format_size"]
+__all__ = ["available_host_bytes", "parse_size", "format_size"]
 
 _UNITS = {
     "": 1,
@@ -53,3 +54,19 @@ def format_size(n_bytes: float) -> str:
             return f"{n_bytes:.0f} B" if unit == "B" else f"{n_bytes:.2f} {unit}"
         n_bytes /= 1024
     return f"{n_bytes:.2f} GiB"  # pragma: no cover
+
+
+def available_host_bytes() -> int | None:
+    """The host memory available to a new allocation (Linux's ``MemAvailable``; elsewhere the
+    free physical pages), or None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -24,9 +24,10 @@ of a fresh process with freed memory returned to the system at once; CUDA's
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
+
+from interp.foundation.sizes import available_host_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -130,14 +131,12 @@ def free_bytes(device: torch.device | str) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    available = available_host_bytes()
+    if available is None:
+        raise RuntimeError(
+            "the host's available memory cannot be read here; pass max_bytes or batch_size"
+        )
+    return available
 
 
 def choose_batch(need, batch: int, budget: int) -> int:
