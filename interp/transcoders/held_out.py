@@ -14,7 +14,7 @@ from torch import Tensor
 from interp.stores.evaluation import CentredSquares
 from interp.transcoders.transcoder import TranscoderSet
 
-__all__ = ["streamed_figures"]
+__all__ = ["streamed_figures", "tally"]
 
 
 @torch.no_grad()
@@ -30,13 +30,7 @@ def streamed_figures(tc: TranscoderSet, passes: Iterable[tuple[Tensor, Tensor]],
             active = torch.zeros(n_layers, tc.d_tc, dtype=torch.bool, device=x.device)
             error = torch.zeros(n_layers, dtype=torch.float64)
         for xc, yc in zip(x.split(chunk), y.split(chunk), strict=True):
-            acts = [tc.encode(xc[:, layer], layer) for layer in range(n_layers)]
-            for layer in range(n_layers):
-                y_hat = tc.decode(acts if tc.kind == "cross-layer" else acts[layer], layer)
-                y_hat = y_hat + tc.skip(xc[:, layer], layer)
-                error[layer] += (yc[:, layer] - y_hat).double().pow(2).sum().item()
-                l0[layer] += (acts[layer] != 0).sum().item()
-                active[layer] |= (acts[layer] != 0).any(0)
+            tally(tc, xc, yc, error, l0, active)
         squares.add(y)
     total = squares.total.sum(-1).cpu()
     dead = (~active).sum(1).cpu()
@@ -49,3 +43,18 @@ def streamed_figures(tc: TranscoderSet, passes: Iterable[tuple[Tensor, Tensor]],
             "dead_fraction": (dead / tc.d_tc).tolist(),
         }
     )
+
+
+def tally(
+    tc: TranscoderSet, x: Tensor, y: Tensor, error: Tensor, l0: Tensor, active: Tensor
+) -> None:
+    """Add one chunk's squared reconstruction error, L0 and firing features, per layer, to
+    ``error`` [layer] (float64), ``l0`` [layer] and ``active`` [layer d_tc] in place; ``x``,
+    ``y``: [rows layer d_model]."""
+    acts = [tc.encode(x[:, layer], layer) for layer in range(tc.n_layers)]
+    for layer in range(tc.n_layers):
+        y_hat = tc.decode(acts if tc.kind == "cross-layer" else acts[layer], layer)
+        y_hat = y_hat + tc.skip(x[:, layer], layer)
+        error[layer] += (y[:, layer] - y_hat).double().pow(2).sum().item()
+        l0[layer] += (acts[layer] != 0).sum().item()
+        active[layer] |= (acts[layer] != 0).any(0)

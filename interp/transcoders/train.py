@@ -35,7 +35,7 @@ from interp.saes.data import TokenRows
 from interp.stores.budget import split_rows, token_bytes
 from interp.stores.pairs import pairs_budget, store_pairs
 from interp.transcoders import fit as fitting
-from interp.transcoders.held_out import streamed_figures
+from interp.transcoders.held_out import streamed_figures, tally
 from interp.transcoders.transcoder import TranscoderSet
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TranscoderTrainingReport", "train_transcoder"]
@@ -140,13 +140,7 @@ def _figures(tc: TranscoderSet, x: Tensor, y: Tensor) -> pd.DataFrame:
     active = torch.zeros(n_layers, tc.d_tc, dtype=torch.bool, device=x.device)
     error, l0 = torch.zeros(n_layers, dtype=torch.float64), torch.zeros(n_layers)
     for xc, yc in zip(x.split(EVAL_CHUNK), y.split(EVAL_CHUNK), strict=True):
-        acts = [tc.encode(xc[:, layer], layer) for layer in range(n_layers)]
-        for layer in range(n_layers):
-            y_hat = tc.decode(acts if tc.kind == "cross-layer" else acts[layer], layer)
-            y_hat = y_hat + tc.skip(xc[:, layer], layer)
-            error[layer] += (yc[:, layer] - y_hat).double().pow(2).sum().item()
-            l0[layer] += (acts[layer] != 0).sum().item()
-            active[layer] |= (acts[layer] != 0).any(0)
+        tally(tc, xc, yc, error, l0, active)
     total = (y - y.mean(0)).double().pow(2).sum((0, 2)).cpu()
     dead = (~active).sum(1).cpu()
     return pd.DataFrame(
