@@ -126,9 +126,11 @@ def attribution_graph(
             cumulative probability reaches ``desired_logit_prob``, at most ``max_n_logits``.
         max_feature_nodes: keep at most this many features, the most influential (ranked by
             influence through the rows computed so far, in rounds), as circuit-tracer does.
-        batch_size: targets per backward pass (rows of the frozen pass); None: 64, halved
-            while the build's estimate (:func:`interp.estimate_graph_bytes`) exceeds the
-            memory free on the model's device (a warning where even one row does not fit).
+        batch_size: targets per backward pass (rows of the frozen pass); None: 64. Without
+            ``max_bytes`` it is halved while the build's estimate
+            (:func:`interp.estimate_graph_bytes`) exceeds the memory free on the model's
+            device (a warning says so for a batch asked for, and where even one row does not
+            fit).
         max_bytes: a budget for what the build holds (the sources, rows, frozen pass, pruning;
             not the model): the batch is halved until the estimate fits; a graph that needs
             more even at its smallest batch is refused (``MemoryBudgetError``) with what it needs.
@@ -188,9 +190,20 @@ def attribution_graph(
             )
         return_freed_memory()  # freed blocks go back at once: the process's size is its use
         chosen = choose_batch(lambda b: sized(batch=b), chosen, budget)
-    elif batch_size is None:
+    else:  # the memory free on the device bounds the batch, asked for or not
         budget = free_bytes(model.cfg.device)
-        chosen = choose_batch(lambda b: sized(batch=b), chosen, budget)
+        if budget is None and batch_size is None:
+            raise RuntimeError(
+                "the host's available memory cannot be read here; pass max_bytes or batch_size"
+            )
+        budget = budget if budget is not None else sized(batch=chosen)
+        asked, chosen = chosen, choose_batch(lambda b: sized(batch=b), chosen, budget)
+        if batch_size is not None and chosen < asked:
+            logger.warning(
+                "batch_size %d needs about %s, more than the %s free on %s: batch %d instead",
+                asked, format_size(sized(batch=asked)), format_size(budget), model.cfg.device,
+                chosen,
+            )  # fmt: skip
         if sized(batch=chosen) > budget:
             logger.warning(
                 "this graph needs about %s with one row per pass, more than the %s free on %s",
