@@ -14,7 +14,7 @@ point frees memory back to the system at once (glibc's ``M_MMAP_THRESHOLD``, wha
 under ``max_bytes``), so the resident size is the use.
 
     python benchmarks/bench_graph_memory.py [--quick] [--device cuda] [--layers 2]
-        [--d-model 128] [--d-tc 512] [--positions 16,64] [--uncapped-up-to 64] [--cap 256]
+        [--d-model 128] [--heads 4] [--d-tc 512] [--positions 16,64] [--uncapped-up-to 64] [--cap 256]
         [--kinds per-layer,cross-layer] [--dtypes float32,bfloat16]
 
 Prints one line per point (estimate / measured, peak / budget) and a summary: the largest
@@ -64,9 +64,10 @@ def _child(spec: dict) -> dict:
 
     torch.manual_seed(0)
     device, n_pos = spec["device"], spec["n_pos"]
-    folder = Path(spec["dir"]) / f"model{spec['layers']}_{spec['d_model']}"
+    heads = spec.get("heads", 4)
+    folder = Path(spec["dir"]) / f"model{spec['layers']}_{spec['d_model']}_{heads}"
     if not (folder / "config.json").exists():
-        make_checkpoint(folder, arch="gpt2", n_layers=spec["layers"], n_heads=4,
+        make_checkpoint(folder, arch="gpt2", n_layers=spec["layers"], n_heads=heads,
                         d_model=spec["d_model"], n_ctx=2048, vocab_size=1000)  # fmt: skip
     dtype = getattr(torch, spec["dtype"])
     model = load_model(folder, device=device, dtype=dtype)
@@ -126,7 +127,8 @@ def _child(spec: dict) -> dict:
 
 
 def _run(spec: dict) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    rest = os.environ.get("PYTHONPATH")  # where the machine's own packages may come from
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *([rest] if rest else [])]))
     out = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(spec)],
         capture_output=True, text=True, env=env, check=False,
@@ -151,6 +153,7 @@ def main(argv: list[str]) -> None:
             grid[key] = int(opts[f"--{key.replace('_', '-')}"])
     base = {"device": opts.get("--device", "cpu"), "layers": int(opts.get("--layers", 2)),
             "d_model": int(opts.get("--d-model", 128)), "d_tc": int(opts.get("--d-tc", 512)),
+            "heads": int(opts.get("--heads", 4)),
             "dir": opts.get("--dir") or tempfile.mkdtemp(prefix="graph-memory-")}  # fmt: skip
     worst_estimate, worst_budget = 0.0, 0.0
     print("kind dtype positions cap | batch active | estimate measured ratio | budget peak/budget")

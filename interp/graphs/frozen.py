@@ -91,15 +91,15 @@ def _attention_hooks(layer: int, path: ValuePath, keep: dict, scope: Scope) -> l
     keep["checks"][layer] = seen
 
     def enter(act: Tensor, hook) -> Tensor:
-        seen["graph_x"], seen["x"] = act, act[:1].detach()
+        seen["graph_x"], seen["x"] = act, act[:1].detach().clone()
         return act.detach()
 
     def pattern(act: Tensor, hook) -> Tensor:
-        seen["pattern"] = act[:1].detach()  # every row is the same prompt
+        seen["pattern"] = act[:1].detach().clone()  # every row is the same prompt
         return act.detach()
 
     def leave(act: Tensor, hook) -> Tensor:
-        seen["out"], x = act[:1].detach(), seen.pop("graph_x")
+        seen["out"], x = act[:1].detach().clone(), seen.pop("graph_x")
         return path.apply(act, x, seen, scope)
 
     attn = f"blocks.{layer}.attn"

@@ -65,14 +65,14 @@ class NormPath:
         def enter(act: Tensor, hook) -> None:
             # left as it is: some bridges carry the residual stream on from a norm's hook_in
             # (GPT-2's ln2.hook_in is hook_resid_mid); the norm's own graph goes unused
-            seen["graph_x"], seen["x"] = act, act[0].detach()
+            seen["graph_x"], seen["x"] = act, act[0].detach().clone()
 
         def scale(act: Tensor, hook) -> Tensor:
-            seen["scale"] = act[0].detach()  # [pos 1]: every row is the same prompt
+            seen["scale"] = act[0].detach().clone()  # [pos 1]: every row is the same prompt
             return act.detach()
 
         def leave(act: Tensor, hook) -> Tensor:
-            seen["out"], x = act[0].detach(), seen.pop("graph_x")
+            seen["out"], x = act[0].detach().clone(), seen.pop("graph_x")
             return _Linear.apply(act.detach(), x, self, scope)
 
         return [
