@@ -132,20 +132,21 @@ def patch_rows(
     model,
     rows: Rows,
     *,
-    sites: Sequence[str] = ("resid_pre",),
-    direction: str = "denoising",
-    method: str = "exact",
-    per_row: bool = False,
-    layers: Sequence[int] | None = None,
-    max_rows: int | None = None,
-    max_bytes: int | str | None = None,
-    progress: bool = False,
+    sites: Sequence[str],
+    direction: str,
+    method: str,
+    per_row: bool,
+    layers: Sequence[int] | None,
+    max_rows: int | None,
+    max_bytes: int | str | None,
+    progress: bool,
+    positions: str | None,
     interventions: Sequence[Intervention | tuple[str, HookFn]] = (),
     corruption: Sequence[Intervention | tuple[str, HookFn]] = (),
-    positions: str | None = None,
 ) -> pd.DataFrame:
     """:func:`interp.patch_activations`'s table over ``rows`` (its arguments, checked here but
-    for the rows themselves, which :func:`interp.interventions.inputs.analysis_rows` checked)."""
+    for the rows themselves, which :func:`interp.interventions.inputs.analysis_rows` checked;
+    their defaults are patch_activations', given once there)."""
     grids = list(dict.fromkeys(sites))
     chosen, labels = _checked_sites(
         model, rows, grids, direction, method, per_row, layers, max_rows, max_bytes, positions
