@@ -3,6 +3,7 @@ and no library file is over 400 lines (tests/layering.py reads the imports)."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from tests.layering import cycles, imports, layer_of, modules, read_layers, viol
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 400  # a file to read in one sitting (the aim is 300)
+MAX_FUNCTION_LINES = 80  # a function to read on one screen: plan, work, assembly apart
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,33 @@ def test_no_library_file_is_over_400_lines():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"split these by concern: {long}"
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``file:function:length`` for every function (methods and nested ones too) under ``root``
+    longer than ``limit`` lines, counted from ``def`` to its last line as ast's
+    ``lineno``/``end_lineno`` do (docstring included, decorators not)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    found.append(f"{path.relative_to(root.parent)}:{node.name}:{length}")
+    return found
+
+
+def test_no_library_function_is_over_80_lines():
+    long = long_functions(ROOT / "interp")
+    assert not long, "split these into named steps: " + ", ".join(long)
+
+
+def test_a_planted_long_function_is_named_with_its_length(tmp_path):
+    lines = [f"x{i} = {i}" for i in range(80)]
+    short = "def short():\n" + "".join(f"    {line}\n" for line in lines[:79])  # 80 lines
+    long = "class C:\n    def long(self):\n" + "".join(f"        {line}\n" for line in lines)
+    _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": short, "pkg/b.py": long})
+    assert long_functions(tmp_path / "pkg") == ["pkg/b.py:long:81"]
 
 
 def test_the_reference_model_imports_nothing_of_interp(graph):

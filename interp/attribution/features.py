@@ -65,6 +65,40 @@ def feature_attribution(
             already folded (features read the model's own activations).
         AttributionError: the rows do not add up.
     """
+    layer = _sae_layer(model, sae)
+    tokens = _single_prompt(model, prompt)
+    position = _position(pos, int(tokens.shape[1]))
+    frame = logit_attribution(model, tokens, answer, wrong=wrong, pos=pos)
+    folded = fold_layernorm(model)
+    scale = residual_parts(folded, tokens, position, neurons=False).scale
+    direction = logit_direction(folded, _target(model, answer, wrong))
+    features, rest = _sae_rows(model, sae, tokens, position, layer, direction, scale)
+    upstream = _before(frame, layer)
+    replaced = float(frame.loc[upstream, "contribution"].sum())
+    by_features = float(features["contribution"].sum() + rest["contribution"].sum())
+    bound = IDENTITY_ATOL + IDENTITY_RTOL * abs(replaced)
+    if not abs(replaced - by_features) <= bound:
+        raise AttributionError(
+            f"the SAE's rows add up to {by_features:.6g} but the components before layer "
+            f"{layer} add up to {replaced:.6g} (error {abs(replaced - by_features):.3g}); "
+            "refusing to return numbers that do not add up"
+        )
+    out = pd.concat([features, rest, frame[~upstream]], ignore_index=True)
+    for column in ("layer", "head", "feature"):
+        out[column] = out[column].astype("Int64")
+    out = out[["component", "layer", "head", "feature", "activation", "contribution"]]
+    total = float(out.loc[out["component"] != "total", "contribution"].sum())
+    expected = float(frame.loc[frame["component"] == "total", "contribution"].iloc[0])
+    if not abs(total - expected) <= IDENTITY_ATOL + IDENTITY_RTOL * abs(expected):
+        raise AttributionError(f"the rows add up to {total:.6g}, not the total {expected:.6g}")
+    out.attrs.update(frame.attrs)
+    out.attrs.update(sae=repr(sae), sae_identity_error=abs(replaced - by_features))
+    return out
+
+
+def _sae_layer(model, sae) -> int:
+    """The layer ``L`` of the SAE's ``blocks.L.hook_resid_pre``, after refusing an SAE or a
+    model the attribution cannot split."""
     odd = decoder_flag(sae)
     if odd is not None:
         raise ValueError(
@@ -82,13 +116,12 @@ def feature_attribution(
             "pass the unfolded model: the SAE reads the model's own activations, which folding "
             "changes; the attribution folds a copy itself"
         )
-    layer = int(found.group(1))
-    tokens = _single_prompt(model, prompt)
-    position = _position(pos, int(tokens.shape[1]))
-    frame = logit_attribution(model, tokens, answer, wrong=wrong, pos=pos)
-    folded = fold_layernorm(model)
-    scale = residual_parts(folded, tokens, position, neurons=False).scale
-    direction = logit_direction(folded, _target(model, answer, wrong))
+    return int(found.group(1))
+
+
+def _sae_rows(model, sae, tokens, position: int, layer: int, direction, scale):
+    """The rows replacing the components before ``layer``: one per feature active at
+    ``position`` (by contribution), and ``b_dec`` and the error, each ``v · direction / s``."""
     with torch.no_grad():
         x = run_cached(model, tokens, hooks=[sae.hook_name])[sae.hook_name][0, position]
         acts = sae.encode(x)
@@ -116,27 +149,7 @@ def feature_attribution(
             "contribution": [through(sae.b_dec), through(x - recon)],
         }
     )
-    upstream = _before(frame, layer)
-    replaced = float(frame.loc[upstream, "contribution"].sum())
-    by_features = float(features["contribution"].sum() + rest["contribution"].sum())
-    bound = IDENTITY_ATOL + IDENTITY_RTOL * abs(replaced)
-    if not abs(replaced - by_features) <= bound:
-        raise AttributionError(
-            f"the SAE's rows add up to {by_features:.6g} but the components before layer "
-            f"{layer} add up to {replaced:.6g} (error {abs(replaced - by_features):.3g}); "
-            "refusing to return numbers that do not add up"
-        )
-    out = pd.concat([features, rest, frame[~upstream]], ignore_index=True)
-    for column in ("layer", "head", "feature"):
-        out[column] = out[column].astype("Int64")
-    out = out[["component", "layer", "head", "feature", "activation", "contribution"]]
-    total = float(out.loc[out["component"] != "total", "contribution"].sum())
-    expected = float(frame.loc[frame["component"] == "total", "contribution"].iloc[0])
-    if not abs(total - expected) <= IDENTITY_ATOL + IDENTITY_RTOL * abs(expected):
-        raise AttributionError(f"the rows add up to {total:.6g}, not the total {expected:.6g}")
-    out.attrs.update(frame.attrs)
-    out.attrs.update(sae=repr(sae), sae_identity_error=abs(replaced - by_features))
-    return out
+    return features, rest
 
 
 def _before(frame: pd.DataFrame, layer: int) -> pd.Series:

@@ -57,11 +57,34 @@ def logit_lens(
         raise ValueError("a wrong token needs an answer to compare with")
     wrong_id = None if wrong is None else resolve_token(model, wrong, role="wrong answer")
     position = _position(pos, tokens.shape[1])
-    n_layers = int(model.cfg.n_layers)
     run = run_cached(model, tokens, resid=("post",), hooks=["blocks.0.hook_resid_pre"])
     states = torch.cat(
         [run["blocks.0.hook_resid_pre"][:, position], run.resid("post")[:, 0, position]]
     )  # [layer+1 d_model]
+    logits, cap = _read_as_final(model, states)
+    real = run.logits[0, position].double()
+    error = float((logits[-1] - real).abs().max())
+    bound = IDENTITY_ATOL + IDENTITY_RTOL * float(real.abs().max())
+    if not error <= bound:
+        raise AttributionError(
+            f"the logit lens's last row differs from the model's logits by "
+            f"{error:.3g} (> {bound:.3g}): this model's output is not "
+            "final norm then unembedding, so the lens would mislead"
+        )
+    frame = _lens_frame(model, logits, answer_id, wrong_id, k)
+    frame.attrs.update(
+        pos=position,
+        identity_error=error,
+        soft_cap=cap,
+        answer=None if answer_id is None else _decode(model, answer_id),
+        wrong=None if wrong_id is None else _decode(model, wrong_id),
+    )
+    return frame
+
+
+def _read_as_final(model, states):
+    """``states`` ``[state d_model]`` through the final norm, the unembedding and the
+    soft-cap, in float64: logits ``[state d_vocab]``; and the cap (None without one)."""
     # offloaded final norm and unembedding: load their weights while they are read
     with (
         torch.inference_mode(),
@@ -75,17 +98,15 @@ def logit_lens(
     cap = soft_cap(model)
     if cap is not None:
         logits = cap * torch.tanh(logits / cap)
-    real = run.logits[0, position].double()
-    error = float((logits[-1] - real).abs().max())
-    bound = IDENTITY_ATOL + IDENTITY_RTOL * float(real.abs().max())
-    if not error <= bound:
-        raise AttributionError(
-            f"the logit lens's last row differs from the model's logits by "
-            f"{error:.3g} (> {bound:.3g}): this model's output is not "
-            "final norm then unembedding, so the lens would mislead"
-        )
+    return logits, cap
+
+
+def _lens_frame(model, logits, answer_id: int | None, wrong_id: int | None, k: int):
+    """One row per state (``layer``, ``label``), the answer's and wrong token's columns where
+    given, then the top ``k`` tokens."""
     log_probs = logits.log_softmax(-1)
     probs = log_probs.exp()
+    n_layers = int(model.cfg.n_layers)
     frame = pd.DataFrame(
         {
             "layer": range(n_layers + 1),
@@ -106,11 +127,4 @@ def logit_lens(
         frame[f"top{i + 1}_token"] = [_decode(model, t) for t in ids]
         frame[f"top{i + 1}_id"] = ids
         frame[f"top{i + 1}_prob"] = top.values[:, i].tolist()
-    frame.attrs.update(
-        pos=position,
-        identity_error=error,
-        soft_cap=cap,
-        answer=None if answer_id is None else _decode(model, answer_id),
-        wrong=None if wrong_id is None else _decode(model, wrong_id),
-    )
     return frame

@@ -20,7 +20,6 @@ def graph_outputs(
 ) -> tuple[dict[str, str], dict]:
     """``({file name: text}, summary)`` for every file but summary.json (the caller adds it
     once the total time is known)."""
-    from interp.graphs.details import feature_details
     from interp.graphs.frontend import edge_table, frontend_json, node_ids
     from interp.graphs.reading import read_prediction
     from interp.pages.graph import graph_page
@@ -48,22 +47,9 @@ def graph_outputs(
         from interp.cli.graph_attention import add_attention
 
         edges = add_attention(model, graph.context["tc"], pruned, data, edges)
-    features = pruned.nodes[pruned.nodes["kind"] == "feature"]
-    wanted = sorted({(int(r.layer), int(r.feature)) for r in features.itertuples()})
-    details = feature_details(model, tc, wanted, texts=texts, n_tokens=16384)
-    details = {f"{layer}_{f}": value for (layer, f), value in details.items()}
+    details = _details(model, tc, pruned, texts)
     scores = graph.scores()
-    info = [
-        f"model: {args.model}",
-        f"transcoders: {args.transcoders} ({tc.kind}, {tc.activation}, {tc.d_tc} features "
-        "per layer)",
-        f"prompt ({len(token_strings)} tokens): {prompt}",
-        f"replacement score {scores['replacement']:.4f}, completeness "
-        f"{scores['completeness']:.4f}; pruned at node threshold {args.node_threshold}, edge "
-        f"threshold {args.edge_threshold}",
-        "top contexts: "
-        + (f"on {args.text}" if texts is not None else "none (pass --text FILE to scan a text)"),
-    ]
+    info = _info(args, tc, token_strings, prompt, scores, texts)
     reading = read_prediction(pruned, token_strings, logit_strings)
     page = graph_page(
         data,
@@ -74,7 +60,48 @@ def graph_outputs(
         reading=reading,
         transcoder_kind=tc.kind,
     )
-    summary = {
+    summary = _summary(args, graph, pruned, prompt, logit_strings, len(edges), reading, scores)
+    summary["seconds"] = {
+        "graph": round(built_s, 3),
+        "files": round(time.perf_counter() - start, 3),
+    }
+    files = {
+        "graph.json": json.dumps(data) + "\n",
+        "nodes.csv": nodes.to_csv(index=False),
+        "edges.csv": edges.to_csv(index=False),
+        "report.html": page,
+    }
+    return files, summary
+
+
+def _details(model, tc, pruned, texts) -> dict:
+    """The page's top contexts of each kept feature, by ``"{layer}_{feature}"``."""
+    from interp.graphs.details import feature_details
+
+    features = pruned.nodes[pruned.nodes["kind"] == "feature"]
+    wanted = sorted({(int(r.layer), int(r.feature)) for r in features.itertuples()})
+    details = feature_details(model, tc, wanted, texts=texts, n_tokens=16384)
+    return {f"{layer}_{f}": value for (layer, f), value in details.items()}
+
+
+def _info(args, tc, token_strings, prompt: str, scores: dict, texts) -> list[str]:
+    """The page's lines about the run: model, transcoders, prompt, scores, contexts."""
+    return [
+        f"model: {args.model}",
+        f"transcoders: {args.transcoders} ({tc.kind}, {tc.activation}, {tc.d_tc} features "
+        "per layer)",
+        f"prompt ({len(token_strings)} tokens): {prompt}",
+        f"replacement score {scores['replacement']:.4f}, completeness "
+        f"{scores['completeness']:.4f}; pruned at node threshold {args.node_threshold}, edge "
+        f"threshold {args.edge_threshold}",
+        "top contexts: "
+        + (f"on {args.text}" if texts is not None else "none (pass --text FILE to scan a text)"),
+    ]
+
+
+def _summary(args, graph, pruned, prompt, logit_strings, n_edges, reading, scores) -> dict:
+    """summary.json's figures but ``seconds``."""
+    return {
         "model": str(args.model),
         "transcoders": str(args.transcoders),
         "prompt": prompt,
@@ -88,7 +115,7 @@ def graph_outputs(
         "active_features": int(graph.info.get("active_features", 0)),
         "nodes": {"all": len(graph.nodes), "kept": len(pruned.nodes)},
         "nodes_by_kind": {"all": _counts(graph.nodes), "kept": _counts(pruned.nodes)},
-        "edges_kept": len(edges),
+        "edges_kept": n_edges,
         "adjacency_bytes": int(graph.adjacency.numel() * graph.adjacency.element_size()),
         "reading": reading,
         "scores": scores,
@@ -96,12 +123,4 @@ def graph_outputs(
         "node_threshold": args.node_threshold,
         "edge_threshold": args.edge_threshold,
         "max_feature_nodes": args.max_feature_nodes,
-        "seconds": {"graph": round(built_s, 3), "files": round(time.perf_counter() - start, 3)},
     }
-    files = {
-        "graph.json": json.dumps(data) + "\n",
-        "nodes.csv": nodes.to_csv(index=False),
-        "edges.csv": edges.to_csv(index=False),
-        "report.html": page,
-    }
-    return files, summary

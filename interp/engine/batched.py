@@ -210,76 +210,19 @@ def run_patched(
     logits where the model's cannot be read that way (module docstring; the numbers are the
     same, tests/engine/test_task_reading.py).
     """
-    if (metric is None) == (row_metric is None):
-        raise TypeError("pass metric (one prompt) or row_metric (a task's rows), one of them")
-    if metric is not None:
-        tokens = to_tokens(model, prompt).to(model.cfg.device)
-        if tokens.shape[0] != 1:
-            raise PromptError(f"run_patched runs one prompt, got a batch of {tokens.shape[0]}")
-        if read_at is not None:
-            raise ValueError("read_at is for a task's rows (row_metric); a metric reads its own")
-
-        def row_metric(logits, _rows):
-            return per_row(metric, logits)
-
-    else:
-        tokens = torch.as_tensor(prompt).to(model.cfg.device)
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must be [rows pos], got shape {tuple(tokens.shape)}")
+    tokens, row_metric = _tokens_and_metric(model, prompt, metric, row_metric, read_at)
     check_eval(model)
-    if max_rows is not None and max_rows < 1:
-        raise ValueError(f"max_rows must be at least 1, got {max_rows}")
-    if max_rows is not None and max_bytes is not None:
-        raise ValueError(
-            "pass max_rows (batch rows per pass) or max_bytes (a memory budget "
-            "the rows per pass are planned from), not both"
-        )
+    _check_limits(max_rows, max_bytes)
     n_rows, n_pos = (int(d) for d in tokens.shape)
     for run in rows:  # refuse a bad run before any pass
         for item in run:
             _for_rows(item, 0, n_rows, n_rows)
     fixed_hooks = compile_hooks(model, fixed)
-    if read_at is not None:  # checked on one row; the passes are planned for what is read
-        read_at = _check_read_at(read_at, n_rows, n_pos).to(model.cfg.device)
-        names = [name for name, _ in fixed_hooks]
-        names += [item.site.hook_name for run in rows for item in run]
-        if not reads_like_forward(model, tokens, read_at, names):
-            read_at = None
-    offsets, states = [0] * len(rows), None
-    if read_at is not None and not fixed_hooks and rows:  # runs from their first position
-        first = int(read_at.min())
-        offsets = [min(run_offset(run, n_pos), first) for run in rows]
-        if not any(offsets) or not suffix_like_forward(model, tokens, read_at):
-            offsets = [0] * len(rows)
+    read_at, offsets = _plan_reading(model, tokens, rows, fixed_hooks, read_at)
     plan = dict(max_rows=max_rows, max_bytes=max_bytes, held_what=held_what)
     plan.update(read_one=read_at is not None)
-    if any(offsets):
-        try:
-            kept = held + state_bytes(model, n_rows, n_pos)
-            per_pass, rows_at_once = task_blocks(model, n_pos, n_rows, len(rows), held=kept, **plan)
-        except MemoryBudgetError:  # the base run's states do not fit: the dense passes
-            offsets = [0] * len(rows)
-            warn_fallback(
-                logger,
-                "suffix_pass:budget",
-                "the base run's keys and values do not fit max_bytes beside the patched runs: "
-                "running every position (the dense passes, slower) instead of suffix_pass",
-            )
-    if any(offsets):
-        states = base_states(model, tokens)
-    else:
-        per_pass, rows_at_once = task_blocks(model, n_pos, n_rows, len(rows), held=held, **plan)
-    groups: dict[tuple[int, int], list[int]] = {}
-    layers = [min((item.site.layer for item in run), default=0) for run in rows]
-    for p in sorted(range(len(rows)), key=lambda p: layers[p]):
-        # dense passes: one start layer each; suffix passes: one offset, rows join as they start
-        groups.setdefault((offsets[p], 0 if offsets[p] else layers[p]), []).append(p)
-    passes = [
-        (offset, start, lo, members[i : i + per_pass])
-        for (offset, start), members in sorted(groups.items())
-        for lo in range(0, n_rows, rows_at_once)
-        for i in range(0, len(members), per_pass)
-    ]
+    offsets, states, per_pass, rows_at_once = _plan_sizes(model, tokens, rows, offsets, held, plan)
+    passes = _passes(rows, offsets, n_rows, per_pass, rows_at_once)
     whole = _compiled(model, rows) if rows_at_once >= n_rows else None  # sources run once
     values = torch.full((len(rows), n_rows), float("nan"))
     for offset, start, lo, members in tqdm(
@@ -293,11 +236,7 @@ def run_patched(
             else:
                 compiled = _compiled(model, cut) if whole is None else [whole[p] for p in members]
                 hooks = fixed_hooks + _block_hooks(start, hi - lo, compiled)
-                if read_at is None:
-                    logits = forward(model, tokens[lo:hi], hooks)
-                else:
-                    at = read_at[lo:hi].repeat(len(members))
-                    logits = forward_read(model, tokens[lo:hi], hooks, at)
+                logits = _dense_pass(model, tokens[lo:hi], hooks, read_at, lo, hi, len(members))
         batch_rows = torch.arange(lo, hi).repeat(len(members))
         value = torch.as_tensor(row_metric(logits, batch_rows)).float()
         if value.shape != batch_rows.shape:
@@ -308,3 +247,100 @@ def run_patched(
         values[members, lo:hi] = value.reshape(len(members), hi - lo).cpu()
         del logits
     return values[:, 0] if metric is not None else values
+
+
+def _tokens_and_metric(model, prompt, metric, row_metric, read_at):
+    """The base rows ``[rows pos]`` on the model's device, and a row metric (one prompt's
+    ``metric`` becomes one, checked by :func:`per_row`)."""
+    if (metric is None) == (row_metric is None):
+        raise TypeError("pass metric (one prompt) or row_metric (a task's rows), one of them")
+    if metric is None:
+        tokens = torch.as_tensor(prompt).to(model.cfg.device)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [rows pos], got shape {tuple(tokens.shape)}")
+        return tokens, row_metric
+    tokens = to_tokens(model, prompt).to(model.cfg.device)
+    if tokens.shape[0] != 1:
+        raise PromptError(f"run_patched runs one prompt, got a batch of {tokens.shape[0]}")
+    if read_at is not None:
+        raise ValueError("read_at is for a task's rows (row_metric); a metric reads its own")
+
+    def one_prompt(logits, _rows):
+        return per_row(metric, logits)
+
+    return tokens, one_prompt
+
+
+def _check_limits(max_rows: int | None, max_bytes) -> None:
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"max_rows must be at least 1, got {max_rows}")
+    if max_rows is not None and max_bytes is not None:
+        raise ValueError(
+            "pass max_rows (batch rows per pass) or max_bytes (a memory budget "
+            "the rows per pass are planned from), not both"
+        )
+
+
+def _plan_reading(model, tokens, rows, fixed_hooks, read_at):
+    """``read_at`` checked, or None where the model's logits cannot be read at one position
+    (checked on one row); and each run's first position (all 0: the dense passes)."""
+    n_rows, n_pos = (int(d) for d in tokens.shape)
+    if read_at is not None:  # checked on one row; the passes are planned for what is read
+        read_at = _check_read_at(read_at, n_rows, n_pos).to(model.cfg.device)
+        names = [name for name, _ in fixed_hooks]
+        names += [item.site.hook_name for run in rows for item in run]
+        if not reads_like_forward(model, tokens, read_at, names):
+            read_at = None
+    offsets = [0] * len(rows)
+    if read_at is not None and not fixed_hooks and rows:  # runs from their first position
+        first = int(read_at.min())
+        offsets = [min(run_offset(run, n_pos), first) for run in rows]
+        if not any(offsets) or not suffix_like_forward(model, tokens, read_at):
+            offsets = [0] * len(rows)
+    return read_at, offsets
+
+
+def _plan_sizes(model, tokens, rows, offsets, held: int, plan: dict):
+    """Runs per pass and task rows per pass; suffix passes hold the base run's keys and values
+    beside them, or, where those do not fit, every run goes back to the dense passes."""
+    n_rows, n_pos = (int(d) for d in tokens.shape)
+    if any(offsets):
+        try:
+            kept = held + state_bytes(model, n_rows, n_pos)
+            per_pass, rows_at_once = task_blocks(model, n_pos, n_rows, len(rows), held=kept, **plan)
+        except MemoryBudgetError:  # the base run's states do not fit: the dense passes
+            offsets = [0] * len(rows)
+            warn_fallback(
+                logger,
+                "suffix_pass:budget",
+                "the base run's keys and values do not fit max_bytes beside the patched runs: "
+                "running every position (the dense passes, slower) instead of suffix_pass",
+            )
+        else:
+            return offsets, base_states(model, tokens), per_pass, rows_at_once
+    per_pass, rows_at_once = task_blocks(model, n_pos, n_rows, len(rows), held=held, **plan)
+    return offsets, None, per_pass, rows_at_once
+
+
+def _passes(rows, offsets, n_rows: int, per_pass: int, rows_at_once: int):
+    """``(offset, start layer, first task row, runs)`` of each pass: dense passes grouped by
+    the earliest layer their runs touch, suffix passes by their first position."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    layers = [min((item.site.layer for item in run), default=0) for run in rows]
+    for p in sorted(range(len(rows)), key=lambda p: layers[p]):
+        # dense passes: one start layer each; suffix passes: one offset, rows join as they start
+        groups.setdefault((offsets[p], 0 if offsets[p] else layers[p]), []).append(p)
+    return [
+        (offset, start, lo, members[i : i + per_pass])
+        for (offset, start), members in sorted(groups.items())
+        for lo in range(0, n_rows, rows_at_once)
+        for i in range(0, len(members), per_pass)
+    ]
+
+
+def _dense_pass(model, tokens, hooks, read_at, lo: int, hi: int, n_runs: int):
+    """Logits of one dense pass over rows ``lo:hi`` repeated ``n_runs`` times: full, or read at
+    each row's ``read_at``."""
+    if read_at is None:
+        return forward(model, tokens, hooks)
+    return forward_read(model, tokens, hooks, read_at[lo:hi].repeat(n_runs))

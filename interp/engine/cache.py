@@ -154,13 +154,6 @@ class CachedRun:
         return self._stack(f"{which}.hook_scale")
 
 
-def _head_output_hook(W_O: Float[Tensor, "head d_head d_model"], store: dict, name: str) -> HookFn:
-    def hook(z: Float[Tensor, "batch pos head d_head"], hook) -> None:
-        store[name] = torch.einsum("bphd,hdm->bphm", z.detach(), W_O.to(z.dtype))
-
-    return hook
-
-
 def run_cached(
     model,
     prompt: Prompt,
@@ -211,24 +204,8 @@ def run_cached(
             (:mod:`interp.engine.transcoder_splice`); ``feature_edits`` set or scale them.
     """
     tokens = to_tokens(model, prompt, prepend_bos=prepend_bos).to(model.cfg.device)
-    n_layers = int(model.cfg.n_layers)
-    chosen = tuple(range(n_layers)) if layers is None else tuple(int(layer) for layer in layers)
-    bad = [layer for layer in chosen if not 0 <= layer < n_layers]
-    if bad:
-        raise ValueError(f"layers {bad} out of range: the model has {n_layers} layers")
-    unknown = [kind for kind in resid if kind not in RESID_KINDS]
-    if unknown:
-        raise ValueError(f"resid kinds must be among {RESID_KINDS}, got {unknown}")
-    if "mid" in resid and hook_name(0, "hook_resid_mid") not in model.hook_dict:
-        raise ValueError(_no_resid_mid(model))
-
-    names = [hook_name(layer, f"hook_resid_{kind}") for layer in chosen for kind in resid]
-    names += [hook_name(layer, "attn.hook_pattern") for layer in chosen if patterns]
-    names += [hook_name(layer, "attn.hook_attn_scores") for layer in chosen if scores]
-    if ln_scales:
-        norms = [hook_name(layer, f"{ln}.hook_scale") for layer in chosen for ln in ("ln1", "ln2")]
-        names += [n for n in norms if n in model.hook_dict] + ["ln_final.hook_scale"]
-    names += list(hooks)
+    asked = dict(resid=resid, patterns=patterns, scores=scores, ln_scales=ln_scales, hooks=hooks)
+    chosen, names = _what_to_keep(model, layers, **asked)
     if interventions:
         interventions = compile_hooks(model, interventions)
     check_hook_names(model, names + [name for name, _ in interventions])
@@ -239,23 +216,47 @@ def run_cached(
         check_transcoders(model, transcoders)
     elif feature_edits:
         raise ValueError("feature_edits edit transcoder features: pass transcoders= too")
-
     if max_bytes is not None:
-        check_budget(
-            model,
-            tuple(tokens.shape),
-            max_bytes,
-            resid=resid,
-            patterns=patterns,
-            scores=scores,
-            head_outputs=head_outputs,
-            ln_scales=ln_scales,
-            hooks=hooks,
-            layers=chosen,
-            keep_logits=keep_logits,
-            saes=saes,
-        )
+        budget = dict(asked, head_outputs=head_outputs, keep_logits=keep_logits, saes=saes)
+        check_budget(model, tuple(tokens.shape), max_bytes, layers=chosen, **budget)
     store: dict[str, Tensor] = {}
+    splices = dict(saes=saes, transcoders=transcoders, use_error_term=use_error_term)
+    fwd_hooks = _hooks(model, store, names, interventions, feature_edits, **splices)
+    if head_outputs:
+        fwd_hooks += _head_output_hooks(model, chosen, store)
+    logits = forward(model, tokens, fwd_hooks)
+    if store:  # a kept cache: hand back the pass's freed working memory that glibc keeps
+        trim_freed_memory()
+    return CachedRun(
+        tokens=tokens, logits=logits if keep_logits else None, activations=store, layers=chosen
+    )
+
+
+def _what_to_keep(
+    model, layers, *, resid, patterns, scores, ln_scales, hooks
+) -> tuple[tuple[int, ...], list[str]]:
+    """The layers to cache (default all) and the hook names kept as they are, checked."""
+    n_layers = int(model.cfg.n_layers)
+    chosen = tuple(range(n_layers)) if layers is None else tuple(int(layer) for layer in layers)
+    bad = [layer for layer in chosen if not 0 <= layer < n_layers]
+    if bad:
+        raise ValueError(f"layers {bad} out of range: the model has {n_layers} layers")
+    unknown = [kind for kind in resid if kind not in RESID_KINDS]
+    if unknown:
+        raise ValueError(f"resid kinds must be among {RESID_KINDS}, got {unknown}")
+    if "mid" in resid and hook_name(0, "hook_resid_mid") not in model.hook_dict:
+        raise ValueError(_no_resid_mid(model))
+    names = [hook_name(layer, f"hook_resid_{kind}") for layer in chosen for kind in resid]
+    names += [hook_name(layer, "attn.hook_pattern") for layer in chosen if patterns]
+    names += [hook_name(layer, "attn.hook_attn_scores") for layer in chosen if scores]
+    if ln_scales:
+        norms = [hook_name(layer, f"{ln}.hook_scale") for layer in chosen for ln in ("ln1", "ln2")]
+        names += [n for n in norms if n in model.hook_dict] + ["ln_final.hook_scale"]
+    return chosen, names + list(hooks)
+
+
+def _hooks(model, store, names, interventions, feature_edits, *, saes, transcoders, use_error_term):
+    """The run's hooks: the interventions first, then the splices, then the stores."""
     fwd_hooks: list[tuple[str, HookFn]] = list(interventions)
     fwd_hooks += sae_hooks(saes, store, use_error_term=use_error_term)
     if transcoders is not None:
@@ -263,25 +264,24 @@ def run_cached(
             transcoders, store, use_error_term=use_error_term, edits=feature_edits
         )
     # interventions edit activations in place: a later one must not change what was kept
-    fwd_hooks += [
-        (name, store_hook(store, name, copy=bool(interventions or saes or transcoders)))
-        for name in dict.fromkeys(names)
+    copy = bool(interventions or saes or transcoders)
+    return fwd_hooks + [(name, store_hook(store, name, copy=copy)) for name in dict.fromkeys(names)]
+
+
+def _head_output_hooks(model, chosen, store: dict) -> list[tuple[str, HookFn]]:
+    """At each chosen layer's ``hook_z``, keep ``z @ W_O`` per head under ``attn.hook_result``."""
+    W_O = stacked_weight(model, "W_O")  # also when accelerate offloaded the layers
+
+    def keep(W_O: Float[Tensor, "head d_head d_model"], name: str) -> HookFn:
+        def hook(z: Float[Tensor, "batch pos head d_head"], hook) -> None:
+            store[name] = torch.einsum("bphd,hdm->bphm", z.detach(), W_O.to(z.dtype))
+
+        return hook
+
+    return [
+        (hook_name(layer, "attn.hook_z"), keep(W_O[layer], hook_name(layer, "attn.hook_result")))
+        for layer in chosen
     ]
-    if head_outputs:
-        W_O = stacked_weight(model, "W_O")  # also when accelerate offloaded the layers
-        fwd_hooks += [
-            (
-                hook_name(layer, "attn.hook_z"),
-                _head_output_hook(W_O[layer], store, hook_name(layer, "attn.hook_result")),
-            )
-            for layer in chosen
-        ]
-    logits = forward(model, tokens, fwd_hooks)
-    if store:  # a kept cache: hand back the pass's freed working memory that glibc keeps
-        trim_freed_memory()
-    return CachedRun(
-        tokens=tokens, logits=logits if keep_logits else None, activations=store, layers=chosen
-    )
 
 
 def run_logits(

@@ -101,37 +101,7 @@ def frontend_json(
     """
     if graph.kept_edges is None:
         raise ValueError("frontend_json takes a pruned graph: call graph.prune() first")
-    nodes, out = graph.nodes, []
-    logit_rank = 0
-    for row in nodes.itertuples(index=False):
-        node_id, js_id = _ids(row.kind, row.layer, row.pos, row.feature, row.token_id, n_layers)
-        entry = {
-            "node_id": node_id,
-            "feature": {
-                "feature": _cantor(int(row.layer), int(row.feature)),
-                "error": -1,
-                "token": int(row.pos),
-                "logit": int(row.token_id),
-            }[row.kind],
-            "layer": {"token": "E", "logit": str(n_layers + 1)}.get(row.kind, str(row.layer)),
-            "ctx_idx": int(row.pos),
-            "feature_type": FEATURE_TYPES[row.kind],
-            "token_prob": 0.0,
-            "is_target_logit": False,
-            "run_idx": 0,
-            "reverse_ctx_idx": 0,
-            "jsNodeId": js_id,
-            "clerp": "",
-            "influence": _number(row.influence),
-            "activation": _number(row.activation) if row.kind == "feature" else None,
-        }
-        if row.kind == "logit":
-            p = float(row.probability)
-            text = logit_strings[logit_rank]
-            entry.update(token_prob=p, is_target_logit=logit_rank == 0)
-            entry["clerp"] = f'Output "{text}" (p={p:.3f})'
-            logit_rank += 1
-        out.append(entry)
+    out = _frontend_nodes(graph.nodes, logit_strings, n_layers)
     ids = [n["node_id"] for n in out]
     if len(set(ids)) != len(ids):
         raise RuntimeError("two nodes share a node_id; this is a bug in interp")
@@ -163,3 +133,39 @@ def frontend_json(
             for s, t, w in zip(links["source"], links["target"], links["weight"], strict=True)
         ],
     }
+
+
+def _frontend_nodes(nodes: pd.DataFrame, logit_strings: Sequence[str], n_layers: int) -> list[dict]:
+    """The JSON's node entries, in the graph's order; the first logit is the target."""
+    out = []
+    logit_rank = 0
+    for row in nodes.itertuples(index=False):
+        node_id, js_id = _ids(row.kind, row.layer, row.pos, row.feature, row.token_id, n_layers)
+        entry = {
+            "node_id": node_id,
+            "feature": {
+                "feature": _cantor(int(row.layer), int(row.feature)),
+                "error": -1,
+                "token": int(row.pos),
+                "logit": int(row.token_id),
+            }[row.kind],
+            "layer": {"token": "E", "logit": str(n_layers + 1)}.get(row.kind, str(row.layer)),
+            "ctx_idx": int(row.pos),
+            "feature_type": FEATURE_TYPES[row.kind],
+            "token_prob": 0.0,
+            "is_target_logit": False,
+            "run_idx": 0,
+            "reverse_ctx_idx": 0,
+            "jsNodeId": js_id,
+            "clerp": "",
+            "influence": _number(row.influence),
+            "activation": _number(row.activation) if row.kind == "feature" else None,
+        }
+        if row.kind == "logit":
+            p = float(row.probability)
+            text = logit_strings[logit_rank]
+            entry.update(token_prob=p, is_target_logit=logit_rank == 0)
+            entry["clerp"] = f'Output "{text}" (p={p:.3f})'
+            logit_rank += 1
+        out.append(entry)
+    return out

@@ -138,12 +138,63 @@ def _bos_id(model) -> int | None:
     return None if bos is None else int(bos)
 
 
-def _copying(model, enabled: bool) -> pd.Series | None:
-    if not enabled:
-        return None
-    from interp.circuits import copying_scores
+def _batch(model, seq_lens, batch_size: int, seed: int):
+    """The seeded repeated-token batch, its repeat lengths, why they were chosen, and the BOS."""
+    if model.tokenizer is None:
+        raise ValueError(
+            "the model has no tokenizer: the induction scan needs one to choose "
+            "ordinary tokens; load the model with its tokenizer"
+        )
+    n_ctx = int(model.cfg.n_ctx)
+    bos_id = _bos_id(model)
+    prefix = 0 if bos_id is None else 1
+    vocab = ordinary_token_ids(model.tokenizer, int(model.cfg.d_vocab))
+    reason = None
+    if seq_lens is None:
+        seq_lens, reason = choose_seq_lens(
+            DEFAULT_SEQ_LENS, n_ctx=n_ctx, n_vocab=len(vocab), prefix=prefix
+        )
+        if reason:
+            logger.info("%s; using repeat lengths %s", reason, seq_lens)
+    seq_lens = [int(n) for n in seq_lens]
+    if seq_lens and prefix + 2 * max(seq_lens) > n_ctx:
+        raise ValueError(
+            f"repeat length {max(seq_lens)} makes rows of "
+            f"{prefix + 2 * max(seq_lens)} tokens but the model's context is "
+            f"{n_ctx}; pass shorter seq_lens (or none, to have them chosen)"
+        )
+    batch = repeated_tokens(
+        vocab, seq_lens=seq_lens, batch_size=batch_size, bos_id=bos_id, seed=seed
+    )
+    return batch, seq_lens, reason, bos_id
 
-    return copying_scores(model).set_index(["layer", "head"])["copying_score"]
+
+def _head_table(model, scan: HeadScan, copying: bool) -> pd.DataFrame:
+    """One row per head: the scan's scores and, asked for, the OV copying score."""
+    n_layers, n_heads = scan.scores["induction"].shape
+    layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
+    by_len = torch.stack(list(scan.induction_by_len.values()))  # [len layer head]
+    table = pd.DataFrame(
+        {
+            "layer": layer.flatten().numpy(),
+            "head": head.flatten().numpy(),
+            "induction_score": scan.scores["induction"].flatten().numpy(),
+            "prev_token_score": scan.scores["previous"].flatten().numpy(),
+            "duplicate_token_score": scan.scores["duplicate"].flatten().numpy(),
+            "induction_score_min": by_len.min(dim=0).values.flatten().numpy(),
+            "offset_control_score": scan.scores["control"].flatten().numpy(),
+            "kv_head": (head // (n_heads // int(model.W_K.shape[1]))).flatten().numpy(),
+        }
+    )
+    table["copying_score"] = float("nan")
+    if copying:
+        from interp.circuits import copying_scores
+
+        copy = copying_scores(model).set_index(["layer", "head"])["copying_score"]
+        table["copying_score"] = copy.reindex(
+            pd.MultiIndex.from_frame(table[["layer", "head"]])
+        ).values
+    return table
 
 
 def _choose_ablations(table: pd.DataFrame, ablate: bool | int) -> list[tuple[int, int]]:
@@ -153,6 +204,20 @@ def _choose_ablations(table: pd.DataFrame, ablate: bool | int) -> list[tuple[int
     if ablate is not True:
         ranked = ranked.head(int(ablate))
     return list(zip(ranked["layer"].tolist(), ranked["head"].tolist(), strict=True))
+
+
+def _verdict(table: pd.DataFrame, gain: float) -> pd.DataFrame:
+    """``is_induction`` by the module docstring's rule, the heads ranked by induction score."""
+    control_ok = ~(table["offset_control_score"] > CONTROL_MAX_RATIO * table["induction_score"])
+    ablation_ok = ~(table["ablation_loss_increase"] < ABLATION_MIN_SHARE * gain)
+    table["is_induction"] = (
+        (table["induction_score_min"] >= INDUCTION_MIN) & control_ok & ablation_ok & (gain > 0)
+    )
+    return (
+        table[COLUMNS + EXTRA_COLUMNS]
+        .sort_values(["induction_score", "layer", "head"], ascending=[False, True, True])
+        .reset_index(drop=True)
+    )
 
 
 def run_induction_scan(
@@ -183,59 +248,12 @@ def run_induction_scan(
             the batch is split into chunks of rows that fit (see docs/memory.md); the table is
             the same as without a budget.
     """
-    if model.tokenizer is None:
-        raise ValueError(
-            "the model has no tokenizer: the induction scan needs one to choose "
-            "ordinary tokens; load the model with its tokenizer"
-        )
-    n_ctx = int(model.cfg.n_ctx)
-    bos_id = _bos_id(model)
-    prefix = 0 if bos_id is None else 1
-    vocab = ordinary_token_ids(model.tokenizer, int(model.cfg.d_vocab))
-    reason = None
-    if seq_lens is None:
-        seq_lens, reason = choose_seq_lens(
-            DEFAULT_SEQ_LENS, n_ctx=n_ctx, n_vocab=len(vocab), prefix=prefix
-        )
-        if reason:
-            logger.info("%s; using repeat lengths %s", reason, seq_lens)
-    seq_lens = [int(n) for n in seq_lens]
-    if seq_lens and prefix + 2 * max(seq_lens) > n_ctx:
-        raise ValueError(
-            f"repeat length {max(seq_lens)} makes rows of "
-            f"{prefix + 2 * max(seq_lens)} tokens but the model's context is "
-            f"{n_ctx}; pass shorter seq_lens (or none, to have them chosen)"
-        )
-    batch = repeated_tokens(
-        vocab, seq_lens=seq_lens, batch_size=batch_size, bos_id=bos_id, seed=seed
-    )
+    batch, seq_lens, reason, bos_id = _batch(model, seq_lens, batch_size, seed)
     chunked = max_bytes is not None and ablate not in (False, 0)
     scan = scan_heads(model, batch, max_bytes=max_bytes, z_mean=chunked)
     first = float(scan.loss[batch.loss_positions("first")].mean())
     repeated = float(scan.loss[batch.loss_positions("repeated")].mean())
-
-    n_layers, n_heads = scan.scores["induction"].shape
-    layer, head = torch.meshgrid(torch.arange(n_layers), torch.arange(n_heads), indexing="ij")
-    by_len = torch.stack(list(scan.induction_by_len.values()))  # [len layer head]
-    table = pd.DataFrame(
-        {
-            "layer": layer.flatten().numpy(),
-            "head": head.flatten().numpy(),
-            "induction_score": scan.scores["induction"].flatten().numpy(),
-            "prev_token_score": scan.scores["previous"].flatten().numpy(),
-            "duplicate_token_score": scan.scores["duplicate"].flatten().numpy(),
-            "induction_score_min": by_len.min(dim=0).values.flatten().numpy(),
-            "offset_control_score": scan.scores["control"].flatten().numpy(),
-            "kv_head": (head // (n_heads // int(model.W_K.shape[1]))).flatten().numpy(),
-        }
-    )
-    copy = _copying(model, copying)
-    table["copying_score"] = (
-        float("nan")
-        if copy is None
-        else copy.reindex(pd.MultiIndex.from_frame(table[["layer", "head"]])).values
-    )
-
+    table = _head_table(model, scan, copying)
     table["ablation_loss_increase"] = float("nan")
     heads = _choose_ablations(table, ablate)
     for lay, hd in tqdm(heads, desc="ablating heads", disable=not progress or not heads):
@@ -244,30 +262,14 @@ def run_induction_scan(
         table.loc[(table["layer"] == lay) & (table["head"] == hd), "ablation_loss_increase"] = (
             loss - repeated
         )
-
-    gain = first - repeated
-    control_ok = ~(table["offset_control_score"] > CONTROL_MAX_RATIO * table["induction_score"])
-    ablation_ok = ~(table["ablation_loss_increase"] < ABLATION_MIN_SHARE * gain)
-    table["is_induction"] = (
-        (table["induction_score_min"] >= INDUCTION_MIN) & control_ok & ablation_ok & (gain > 0)
-    )
-    table = (
-        table[COLUMNS + EXTRA_COLUMNS]
-        .sort_values(["induction_score", "layer", "head"], ascending=[False, True, True])
-        .reset_index(drop=True)
-    )
-    settings = {
-        "seq_lens": list(seq_lens),
-        "seq_lens_reason": reason,
-        "bos_token_id": bos_id,
-        "batch_size": batch_size,
-        "seed": seed,
-        "thresholds": {
-            "induction_min": INDUCTION_MIN,
-            "control_max_ratio": CONTROL_MAX_RATIO,
-            "ablation_min_share": ABLATION_MIN_SHARE,
-        },
+    table = _verdict(table, first - repeated)
+    thresholds = {
+        "induction_min": INDUCTION_MIN,
+        "control_max_ratio": CONTROL_MAX_RATIO,
+        "ablation_min_share": ABLATION_MIN_SHARE,
     }
+    settings = dict(seq_lens=list(seq_lens), seq_lens_reason=reason, bos_token_id=bos_id)
+    settings.update(batch_size=batch_size, seed=seed, thresholds=thresholds)
     logger.info("repeated-half loss %.3f vs first half %.3f", repeated, first)
     return InductionResult(
         table=table,

@@ -132,55 +132,34 @@ def patch_rows(
     model,
     rows: Rows,
     *,
-    sites: Sequence[str] = ("resid_pre",),
-    direction: str = "denoising",
-    method: str = "exact",
-    per_row: bool = False,
-    layers: Sequence[int] | None = None,
-    max_rows: int | None = None,
-    max_bytes: int | str | None = None,
-    progress: bool = False,
+    sites: Sequence[str],
+    direction: str,
+    method: str,
+    per_row: bool,
+    layers: Sequence[int] | None,
+    max_rows: int | None,
+    max_bytes: int | str | None,
+    progress: bool,
+    positions: str | None,
     interventions: Sequence[Intervention | tuple[str, HookFn]] = (),
     corruption: Sequence[Intervention | tuple[str, HookFn]] = (),
-    positions: str | None = None,
 ) -> pd.DataFrame:
     """:func:`interp.patch_activations`'s table over ``rows`` (its arguments, checked here but
-    for the rows themselves, which :func:`interp.interventions.inputs.analysis_rows` checked)."""
-    from interp.interventions.attribution import attribution_deltas
-
-    check_eval(model)
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    for the rows themselves, which :func:`interp.interventions.inputs.analysis_rows` checked;
+    their defaults are patch_activations', given once there)."""
     grids = list(dict.fromkeys(sites))
-    if rows.task:
-        _check(rows.batch, grids, method, per_row, positions)
-    labels = named_labels(rows.batch) if positions else []
-    n_rows, n_pos = (int(d) for d in rows.clean.shape)
-    chosen = grid_sites(model, grids, n_pos, layers=layers)
+    chosen, labels = _checked_sites(
+        model, rows, grids, direction, method, per_row, layers, max_rows, max_bytes, positions
+    )
     names = sorted({site.hook_name for site in chosen})
-    if max_bytes is not None and max_rows is not None:
-        raise ValueError(
-            "pass max_rows (patched runs per pass) or max_bytes (a memory budget "
-            "the runs per pass are planned from), not both"
-        )
+    n_rows, n_pos = (int(d) for d in rows.clean.shape)
     n_runs = len(chosen)
     if positions:  # per-position grids by label: one run per label, not per index
         n_runs = sum(1 for s in chosen if s.pos in (None, 0)) * max(1, len(labels))
     held = _budget(model, rows, names, n_runs, method, max_rows, max_bytes)
     denoising = direction == "denoising"
-    base_tokens, source_tokens = (
-        (rows.corrupted, rows.clean) if denoising else (rows.clean, rows.corrupted)
-    )
-    on_corrupted = [*interventions, *corruption]
-    base_fixed, source_fixed = (
-        (on_corrupted, interventions) if denoising else (interventions, on_corrupted)
-    )
-    source = run_cached(model, source_tokens, hooks=names, interventions=source_fixed)
-    rows = rows.settled(model, source.logits)  # a batch-averaging metric, row by row
-    base = run_cached(
-        model, base_tokens, hooks=names if positions else (), interventions=base_fixed
+    rows, source, base, base_tokens, base_fixed = _source_and_base(
+        model, rows, names, denoising, interventions, corruption, keep_base=bool(positions)
     )
     source_rows, base_rows = rows.values(source.logits), rows.values(base.logits)
     cell_labels = None
@@ -191,11 +170,11 @@ def patch_rows(
     clean, corrupted = (source_rows, base_rows) if denoising else (base_rows, source_rows)
     ranks = rows.ranks((source if denoising else base).logits)
     del base
-    make = _row_frame if per_row else _mean_frame
     parts = []
     if method in ("exact", "both"):
         if cell_labels is None:
             runs = [[Intervention(s, "patch", source=source[s.hook_name])] for s in chosen]
+        passes = dict(max_rows=max_rows, max_bytes=max_bytes, held=held, progress=progress)
         values = run_patched(
             model,
             base_tokens,
@@ -203,24 +182,75 @@ def patch_rows(
             row_metric=rows.row_metric,
             read_at=rows.read_at,  # a task row's last real token: no other is unembedded
             fixed=base_fixed,
-            max_rows=max_rows,
-            max_bytes=max_bytes,
-            held=held,
             held_what=_HELD.format(len(names), n_rows),
-            progress=progress,
+            **passes,
         )
+        make = _row_frame if per_row else _mean_frame
         part = make(chosen, "exact", values.double(), clean, corrupted)
         if cell_labels is not None:
             label_column(part, cell_labels, repeat=n_rows if per_row else 1)
         parts.append(part)
     if method in ("attribution", "both"):
-        deltas, value = attribution_deltas(
-            model, base_tokens, source, chosen, rows.metric, fixed=base_fixed
-        )  # float32 estimates about the gradient pass's own metric (the mean over rows)
+        deltas, value = _attribution(model, base_tokens, source, chosen, rows.metric, base_fixed)
         parts.append(
             _mean_frame(chosen, "attribution", (value + deltas).double()[:, None], clean, corrupted)
         )
     frame = pd.concat(parts, ignore_index=True)
+    return _with_attrs(frame, rows, clean, corrupted, ranks, direction, n_pos)
+
+
+def _checked_sites(
+    model, rows: Rows, grids, direction, method, per_row, layers, max_rows, max_bytes, positions
+):
+    """The grids' sites, and the rows' position labels (``positions="named"``), after checking
+    the settings (the rows themselves were checked by ``analysis_rows``)."""
+    check_eval(model)
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if rows.task:
+        _check(rows.batch, grids, method, per_row, positions)
+    labels = named_labels(rows.batch) if positions else []
+    chosen = grid_sites(model, grids, int(rows.clean.shape[1]), layers=layers)
+    if max_bytes is not None and max_rows is not None:
+        raise ValueError(
+            "pass max_rows (patched runs per pass) or max_bytes (a memory budget "
+            "the runs per pass are planned from), not both"
+        )
+    return chosen, labels
+
+
+def _source_and_base(
+    model, rows: Rows, names, denoising: bool, interventions, corruption, *, keep_base
+):
+    """The source run (its cache of ``names``), the rows with their metric settled on it, the
+    base run (caching ``names`` too when ``keep_base``), the base's tokens and interventions."""
+    base_tokens, source_tokens = (
+        (rows.corrupted, rows.clean) if denoising else (rows.clean, rows.corrupted)
+    )
+    on_corrupted = [*interventions, *corruption]
+    base_fixed, source_fixed = (
+        (on_corrupted, interventions) if denoising else (interventions, on_corrupted)
+    )
+    source = run_cached(model, source_tokens, hooks=names, interventions=source_fixed)
+    rows = rows.settled(model, source.logits)  # a batch-averaging metric, row by row
+    base = run_cached(
+        model, base_tokens, hooks=names if keep_base else (), interventions=base_fixed
+    )
+    return rows, source, base, base_tokens, base_fixed
+
+
+def _attribution(model, base_tokens, source, chosen, metric, base_fixed):
+    """Attribution patching's per-site deltas and the metric they start from."""
+    from interp.interventions.attribution import attribution_deltas
+
+    # float32 estimates about the gradient pass's own metric (the mean over rows)
+    return attribution_deltas(model, base_tokens, source, chosen, metric, fixed=base_fixed)
+
+
+def _with_attrs(frame: pd.DataFrame, rows: Rows, clean, corrupted, ranks, direction, n_pos):
+    """The table with its ``attrs``: the runs' metrics, the sanity warnings, the rows'."""
     if not rows.task:
         frame = frame.drop(columns="recovered_sem")  # one pair: no spread to estimate
     c, k = float(clean.mean()), float(corrupted.mean())
@@ -241,7 +271,7 @@ def patch_rows(
     )
     if rows.task:
         frame.attrs.update(
-            n_rows=n_rows,
+            n_rows=int(rows.clean.shape[0]),
             clean_metric_rows=clean.tolist(),
             answer_rank_rows=ranks,
             corrupted_metric_rows=corrupted.tolist(),

@@ -36,7 +36,7 @@ import pandas as pd
 
 from interp.engine import HookFn, Intervention, pair_tokens, run_patched
 from interp.interventions.grids import COLUMNS, DIRECTIONS, GRIDS, METHODS, grid_sites
-from interp.interventions.inputs import analysis_rows
+from interp.interventions.inputs import Rows, analysis_rows
 from interp.interventions.metrics import MetricFn
 from interp.interventions.patch_rows import ROW_COLUMNS, TASK_COLUMNS, patch_rows
 
@@ -122,40 +122,48 @@ def patch_activations(
     Over a task also ``n_rows``, ``clean_metric_rows``, ``corrupted_metric_rows`` and
     ``answer_rank_rows`` (each row's answer rank on its clean prompt, 1 = top).
     """
+    rows = _rows(model, clean, corrupted, metric, per_row=per_row, positions=positions)
+    settings = dict(sites=sites, direction=direction, method=method, layers=layers)
+    settings.update(max_rows=max_rows, max_bytes=max_bytes)
+    extras = dict(per_row=per_row, interventions=interventions, corruption=corruption)
+    if executor is not None:
+        return _sharded(model, clean, rows, executor, settings, positions=positions, **extras)
+    return patch_rows(model, rows, progress=progress, positions=positions, **extras, **settings)
+
+
+def _rows(model, clean, corrupted, metric, *, per_row: bool, positions: str | None) -> Rows:
+    """The checked rows of a pair or a task; ``positions`` only for a task."""
     rows = analysis_rows(model, clean, corrupted, metric, call="patch_activations", per_row=per_row)
     if positions is not None and not rows.task:
         raise ValueError(
             "positions='named' is for a task whose rows carry positions; one prompt pair's "
             "grid is by index"
         )
-    if executor is not None:
-        from interp.tasks.sharded import sharded_patch
+    return rows
 
-        if not rows.task or per_row or interventions or corruption or positions is not None:
-            raise ValueError(
-                "executor= merges means over the shards of a Task: pass a Task, and leave out "
-                "per_row, interventions, corruption and positions"
-            )
-        settings = dict(sites=sites, direction=direction, method=method, layers=layers)
-        return sharded_patch(
-            model, clean, executor, metric=rows.metric.kind, max_rows=max_rows,
-            max_bytes=max_bytes, **settings,
-        )  # fmt: skip
-    return patch_rows(
-        model,
-        rows,
-        sites=sites,
-        direction=direction,
-        method=method,
-        per_row=per_row,
-        layers=layers,
-        max_rows=max_rows,
-        max_bytes=max_bytes,
-        progress=progress,
-        interventions=interventions,
-        corruption=corruption,
-        positions=positions,
-    )
+
+def _sharded(
+    model,
+    task,
+    rows: Rows,
+    executor,
+    settings: dict,
+    *,
+    per_row,
+    interventions,
+    corruption,
+    positions,
+) -> pd.DataFrame:
+    """The task's table patched in shards on ``executor`` (:mod:`interp.tasks.sharded`), which
+    merges means only."""
+    from interp.tasks.sharded import sharded_patch
+
+    if not rows.task or per_row or interventions or corruption or positions is not None:
+        raise ValueError(
+            "executor= merges means over the shards of a Task: pass a Task, and leave out "
+            "per_row, interventions, corruption and positions"
+        )
+    return sharded_patch(model, task, executor, metric=rows.metric.kind, **settings)
 
 
 def method_errors(frame: pd.DataFrame) -> pd.DataFrame:

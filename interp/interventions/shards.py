@@ -108,7 +108,7 @@ def task_partial_sums(
         cells.append(table.rename(columns={"metric": "sumsq"}).reset_index())
     if method in ("attribution", "both"):
         inputs = analysis_rows(model, part, None, metric, call="task_partial_sums")
-        frame = patch_rows(model, inputs, method="attribution", **common)
+        frame = patch_rows(model, inputs, method="attribution", per_row=False, **common)
         attrs = attrs or frame.attrs
         table = frame[KEYS].assign(sum=frame["metric"] * len(rows), sumsq=math.nan)
         cells.append(table)

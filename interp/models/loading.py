@@ -148,31 +148,10 @@ def load_model(
         check_hub_name(location, allow_pickle=allow_pickle)
     else:
         check_checkpoint_dir(Path(location), allow_pickle=allow_pickle)
-    if device is not None and device_map is not None:
-        raise ModelLoadError("pass either device or device_map, not both")
-    if max_memory is not None:
-        from interp.foundation.sizes import parse_size
-
-        if device_map is None:
-            raise ModelLoadError(
-                "max_memory only takes effect with a device_map; pass device_map='auto' as well"
-            )
-        try:
-            max_memory = {key: parse_size(size) for key, size in dict(max_memory).items()}
-        except (TypeError, ValueError) as exc:
-            raise ModelLoadError(f"bad max_memory {max_memory!r}: {exc}") from exc
-    bridge_kwargs = {}
-    for key, value in (
-        ("device_map", device_map),
-        ("max_memory", max_memory),
-        ("offload_folder", None if offload_folder is None else str(offload_folder)),
-        ("n_devices", n_devices),
-        ("n_ctx", n_ctx),
-        ("revision", revision),
-        ("hf_config_overrides", hf_config_overrides),
-    ):
-        if value is not None:
-            bridge_kwargs[key] = value
+    folder = None if offload_folder is None else str(offload_folder)
+    options = dict(device_map=device_map, max_memory=max_memory, offload_folder=folder)
+    options.update(n_devices=n_devices, n_ctx=n_ctx, revision=revision)
+    bridge_kwargs = _bridge_options(device, hf_config_overrides=hf_config_overrides, **options)
     logger.info("loading %s model from %s", kind, location)
     try:
         model = TransformerBridge.boot_transformers(
@@ -184,6 +163,35 @@ def load_model(
         )
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"could not load '{name_or_path}': {exc}") from exc
+    _check_loaded(model, name_or_path, bridge_kwargs.get("max_memory"))
+    model.eval()
+    return model
+
+
+def _bridge_options(device, **options) -> dict:
+    """The options given (not None) for ``boot_transformers``, ``max_memory`` in bytes, after
+    refusing combinations that cannot work."""
+    device_map, max_memory = options["device_map"], options["max_memory"]
+    if device is not None and device_map is not None:
+        raise ModelLoadError("pass either device or device_map, not both")
+    if max_memory is not None:
+        from interp.foundation.sizes import parse_size
+
+        if device_map is None:
+            raise ModelLoadError(
+                "max_memory only takes effect with a device_map; pass device_map='auto' as well"
+            )
+        try:
+            options["max_memory"] = {
+                key: parse_size(size) for key, size in dict(max_memory).items()
+            }
+        except (TypeError, ValueError) as exc:
+            raise ModelLoadError(f"bad max_memory {max_memory!r}: {exc}") from exc
+    return {key: value for key, value in options.items() if value is not None}
+
+
+def _check_loaded(model, name_or_path, max_memory) -> None:
+    """Refuse a model that loaded but cannot run: all of it on disk, or no usable tokenizer."""
     placed = getattr(getattr(model, "original_model", None), "hf_device_map", None) or {}
     if placed and all(str(v).lower() == "disk" for v in placed.values()):
         # accelerate then has no device to run on and fails inside the first forward pass
@@ -197,5 +205,3 @@ def load_model(
             f"'{name_or_path}' loaded without a usable tokenizer; save one next "
             "to the weights with tokenizer.save_pretrained(directory)"
         )
-    model.eval()
-    return model

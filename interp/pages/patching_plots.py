@@ -12,15 +12,12 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from interp.pages.plot_style import _finite_or_none, _grid_heatmap
 from interp.pages.plotting import head_heatmap, head_label, plotly_text, theme, token_label
 
 __all__ = ["patching_heatmap", "patching_errorbars"]
 
 MAX_TICK_CHARS = 24  # longer tokens are cut on the axis (hover shows the position)
-
-
-def _finite_or_none(values) -> list[float | None]:
-    return [None if not np.isfinite(v) else float(v) for v in values]
 
 
 def patching_heatmap(
@@ -39,6 +36,44 @@ def patching_heatmap(
     positions give layer x head. ``per_position`` chooses between a head site's two grids
     (default: per position when the frame has them). ``tokens`` label the positions.
     """
+    rows, per_position = _site_rows(frame, site, method, value, per_position)
+    what = f"{value} ({method}, {site})"
+    if not per_position:
+        fig = head_heatmap(rows.astype({"layer": int, "head": int}), value, title=title or what)
+        if value == "recovered":
+            fig.update_traces(colorscale="RdBu", zmid=0, zmin=-1, zmax=1)
+        return fig
+    z, y_text, named = _position_grid(rows, value)
+    n_pos = z.shape[1]
+    scale = {"zmid": 0, "zmin": -1, "zmax": 1} if value == "recovered" else {"zmid": 0}
+    fig = go.Figure(
+        _grid_heatmap(
+            z,
+            list(range(n_pos)),
+            y_text,
+            colorscale="RdBu",
+            colorbar={"title": {"text": plotly_text(value)}},
+            hovertemplate="%{y}, pos %{x}: %{z:.4g}<extra></extra>",
+            **scale,
+        )
+    )
+    fig.update_layout(
+        template=theme(),
+        title={"text": plotly_text(title or what)},
+        xaxis=_x_axis(named, tokens, n_pos),
+        yaxis={
+            "title": {"text": "head" if rows["head"].notna().any() else "layer"},
+            "type": "category",
+            "autorange": "reversed",
+        },
+        height=int(min(1200, max(300, 180 + 24 * len(y_text)))),
+    )
+    return fig
+
+
+def _site_rows(frame: pd.DataFrame, site: str, method: str, value: str, per_position):
+    """The frame's rows of one site and method, of the per-position grid or the other
+    (``per_position`` None: per position where the frame has such rows), and which it is."""
     missing = [
         c for c in ("site", "layer", "head", "pos", "method", value) if c not in frame.columns
     ]
@@ -63,12 +98,12 @@ def patching_heatmap(
             f"site {site!r} has no {grid} rows; patch with the matching grid "
             "(e.g. 'heads_pos' or 'heads')"
         )
-    what = f"{value} ({method}, {site})"
-    if not per_position:
-        fig = head_heatmap(rows.astype({"layer": int, "head": int}), value, title=title or what)
-        if value == "recovered":
-            fig.update_traces(colorscale="RdBu", zmid=0, zmin=-1, zmax=1)
-        return fig
+    return rows, per_position
+
+
+def _position_grid(rows: pd.DataFrame, value: str):
+    """``value`` as a grid ``[layer (or head) pos]``, NaN where no row is, its row labels
+    (``L3`` or ``L1H0``) and the position labels of ``positions="named"`` rows (else [])."""
     with_heads = rows["head"].notna().any()
     keys = (
         list(zip(rows["layer"], rows["head"], strict=True)) if with_heads else list(rows["layer"])
@@ -84,7 +119,11 @@ def patching_heatmap(
     z[[where[k] for k in keys], at] = pd.to_numeric(rows[value], errors="coerce").to_numpy(
         dtype=float
     )
-    scale = {"zmid": 0, "zmin": -1, "zmax": 1} if value == "recovered" else {"zmid": 0}
+    return z, y_text, named
+
+
+def _x_axis(named: list[str], tokens: Sequence[str] | None, n_pos: int) -> dict:
+    """The position axis: ticks by label, by token (when one per position), else numbers."""
     x_axis: dict = {"title": {"text": "position"}}
     if named:
         x_axis.update(tickmode="array", tickvals=list(range(n_pos)), ticktext=named)
@@ -94,32 +133,7 @@ def patching_heatmap(
             tickvals=list(range(n_pos)),
             ticktext=[token_label(t, max_chars=MAX_TICK_CHARS) for t in tokens],
         )
-    fig = go.Figure(
-        go.Heatmap(
-            z=[_finite_or_none(r) for r in z],
-            x=list(range(n_pos)),
-            y=y_text,
-            colorscale="RdBu",
-            colorbar={"title": {"text": plotly_text(value)}},
-            hovertemplate="%{y}, pos %{x}: %{z:.4g}<extra></extra>",
-            hoverongaps=False,
-            xgap=1,
-            ygap=1,
-            **scale,
-        )
-    )
-    fig.update_layout(
-        template=theme(),
-        title={"text": plotly_text(title or what)},
-        xaxis=x_axis,
-        yaxis={
-            "title": {"text": "head" if with_heads else "layer"},
-            "type": "category",
-            "autorange": "reversed",
-        },
-        height=int(min(1200, max(300, 180 + 24 * len(labels)))),
-    )
-    return fig
+    return x_axis
 
 
 def patching_errorbars(

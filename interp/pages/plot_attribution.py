@@ -16,6 +16,7 @@ from interp.pages.plot_style import (
     _missing,
     _require,
     _title,
+    _value_column,
     head_label,
     plotly_text,
     theme,
@@ -77,16 +78,8 @@ def attribution_bars(
     and the ``total`` row, the sum of all the others, is left out (``drop_total=False``
     keeps it). Otherwise labels come from ``label``, else a ``component``/``name``/``label``
     column, else ``layer, head`` (as ``L5H1``), else the index."""
-    if value is None:
-        if not isinstance(df, pd.DataFrame):
-            _require(df, [], "attribution_bars")
-        found = [c for c in ATTRIBUTION_VALUES if c in df.columns]
-        if not found:
-            raise ValueError(
-                f"attribution_bars: name the value column to draw; neither of "
-                f"{list(ATTRIBUTION_VALUES)} is in {list(df.columns)}"
-            )
-        value = found[0]
+    _require(df, [], "attribution_bars")  # a DataFrame, before its columns are read
+    value = _value_column(df, value, ATTRIBUTION_VALUES, "attribution_bars", "neither of")
     _require(df, [value], "attribution_bars")
     if drop_total and "component" in df.columns:
         df = df[df["component"] != "total"]

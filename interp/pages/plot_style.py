@@ -126,8 +126,32 @@ def _require(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
         )
 
 
+def _value_column(
+    df: pd.DataFrame, value: str | None, known: Sequence[str], what: str, none_of: str
+) -> str:
+    """``value``, or (None) the first of the ``known`` value columns that ``df`` has."""
+    if value is not None:
+        return value
+    found = [c for c in known if c in df.columns]
+    if not found:
+        raise ValueError(
+            f"{what}: name the value column to draw; {none_of} {list(known)} is in "
+            f"{list(df.columns)}"
+        )
+    return found[0]
+
+
 def _finite_or_none(values) -> list[float | None]:
     return [None if v is None or not math.isfinite(float(v)) else float(v) for v in values]
+
+
+def _grid_heatmap(z: np.ndarray, x: list, y: list, **style):
+    """A ``go.Heatmap`` of the grid ``z`` with a gap between cells; NaN cells left blank."""
+    import plotly.graph_objects as go
+
+    return go.Heatmap(
+        z=[_finite_or_none(row) for row in z], x=x, y=y, hoverongaps=False, xgap=1, ygap=1, **style
+    )
 
 
 def _position_axis(tokens: Sequence[str] | None, n_pos: int, *, title: str) -> dict:

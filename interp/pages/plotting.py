@@ -38,9 +38,11 @@ from interp.pages.plot_style import (
     _check_tokens,
     _colour_scale,
     _finite_or_none,
+    _grid_heatmap,
     _position_axis,
     _require,
     _title,
+    _value_column,
     head_label,
     plotly_text,
     theme,
@@ -82,14 +84,7 @@ def _head_frame(df, value: str | None) -> tuple[pd.DataFrame, str]:
             f"head_heatmap takes a pandas DataFrame (or a result with a .table), "
             f"got {type(df).__name__}"
         )
-    if value is None:
-        found = [c for c in HEAD_VALUES if c in df.columns]
-        if not found:
-            raise ValueError(
-                f"head_heatmap: name the value column to draw; none of the known "
-                f"score columns {list(HEAD_VALUES)} is in {list(df.columns)}"
-            )
-        value = found[0]
+    value = _value_column(df, value, HEAD_VALUES, "head_heatmap", "none of the known score columns")
     if "component" in df.columns and (df["component"] == "head").any():
         # logit_attribution: only its head rows are per head
         df = df[df["component"] == "head"]
@@ -159,15 +154,12 @@ def head_heatmap(
         for layer in range(n_layers)
     ]
     fig = go.Figure(
-        go.Heatmap(
-            z=[_finite_or_none(row) for row in z],
-            x=list(range(n_heads)),
-            y=list(range(n_layers)),
+        _grid_heatmap(
+            z,
+            list(range(n_heads)),
+            list(range(n_layers)),
             customdata=hover,
             hovertemplate="%{customdata}: %{z:.4g}<extra></extra>",
-            hoverongaps=False,
-            xgap=1,
-            ygap=1,
             **_colour_scale(finite, scale, name),
         )
     )
@@ -214,23 +206,7 @@ def loss_by_position(
     repeated-token batch, marked where each repeat length's second copy starts.
     """
     loss, marks = _loss_source(loss, marks)
-    if isinstance(loss, pd.DataFrame):
-        _require(loss, ["pos", value], "loss_by_position")
-        grouped = loss.groupby("pos")[value]
-        mean, std, count = grouped.mean(), grouped.std(), grouped.count()
-        positions = mean.index.to_numpy()
-    else:
-        values = torch.as_tensor(loss).detach().to(torch.float64).cpu()
-        if values.ndim == 1:
-            values = values[None]
-        if values.ndim != 2:
-            raise ValueError(f"loss must be [pos] or [batch, pos], got shape {tuple(values.shape)}")
-        mean = pd.Series(values.mean(0).numpy())
-        std = pd.Series(
-            values.std(0).numpy() if values.shape[0] > 1 else np.full(values.shape[1], np.nan)
-        )
-        count = pd.Series(np.full(values.shape[1], values.shape[0]))
-        positions = np.arange(values.shape[1])
+    mean, std, count, positions = _loss_stats(loss, value)
     _check_tokens(tokens, len(positions))
     hover = (
         [f"pos {int(p)} {token_label(t)}" for p, t in zip(positions, tokens, strict=True)]
@@ -238,29 +214,7 @@ def loss_by_position(
         else [f"pos {int(p)}" for p in positions]
     )
     name = plotly_text(value)
-    traces = []
-    if (count > 1).any():
-        upper, lower = (mean + std).to_numpy(), (mean - std).to_numpy()
-        traces += [
-            go.Scatter(
-                x=positions,
-                y=_finite_or_none(upper),
-                mode="lines",
-                line={"width": 0},
-                showlegend=False,
-                hoverinfo="skip",
-            ),
-            go.Scatter(
-                x=positions,
-                y=_finite_or_none(lower),
-                mode="lines",
-                line={"width": 0},
-                fill="tonexty",
-                fillcolor="rgba(33,102,172,0.18)",
-                name="± 1 std",
-                hoverinfo="skip",
-            ),
-        ]
+    traces = _std_band(positions, mean, std) if (count > 1).any() else []
     traces.append(
         go.Scatter(
             x=positions,
@@ -288,6 +242,42 @@ def loss_by_position(
         hovermode="closest",
     )
     return fig
+
+
+def _loss_stats(loss, value: str) -> tuple[pd.Series, pd.Series, pd.Series, np.ndarray]:
+    """Mean, std and count of the loss at each position, and the positions."""
+    if isinstance(loss, pd.DataFrame):
+        _require(loss, ["pos", value], "loss_by_position")
+        grouped = loss.groupby("pos")[value]
+        mean = grouped.mean()
+        return mean, grouped.std(), grouped.count(), mean.index.to_numpy()
+    values = torch.as_tensor(loss).detach().to(torch.float64).cpu()
+    if values.ndim == 1:
+        values = values[None]
+    if values.ndim != 2:
+        raise ValueError(f"loss must be [pos] or [batch, pos], got shape {tuple(values.shape)}")
+    mean = pd.Series(values.mean(0).numpy())
+    std = pd.Series(
+        values.std(0).numpy() if values.shape[0] > 1 else np.full(values.shape[1], np.nan)
+    )
+    count = pd.Series(np.full(values.shape[1], values.shape[0]))
+    return mean, std, count, np.arange(values.shape[1])
+
+
+def _std_band(positions: np.ndarray, mean: pd.Series, std: pd.Series) -> list[go.Scatter]:
+    """Two invisible lines at mean ± std, the space between them filled."""
+    upper, lower = (mean + std).to_numpy(), (mean - std).to_numpy()
+    edge = dict(x=positions, mode="lines", line={"width": 0}, hoverinfo="skip")
+    return [
+        go.Scatter(y=_finite_or_none(upper), showlegend=False, **edge),
+        go.Scatter(
+            y=_finite_or_none(lower),
+            fill="tonexty",
+            fillcolor="rgba(33,102,172,0.18)",
+            name="± 1 std",
+            **edge,
+        ),
+    ]
 
 
 def attention_heatmap(
