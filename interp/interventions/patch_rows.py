@@ -146,7 +146,7 @@ def patch_rows(
 ) -> pd.DataFrame:
     """:func:`interp.patch_activations`'s table over ``rows`` (its arguments, checked here but
     for the rows themselves, which :func:`interp.interventions.inputs.analysis_rows` checked)."""
-    from interp.interventions.attribution import attribution_deltas
+    from interp.interventions.attribution_patching import attribution_deltas
 
     check_eval(model)
     if direction not in DIRECTIONS:
