@@ -5,7 +5,10 @@ read module by module and folder by folder, and no library file is over 400 line
 from __future__ import annotations
 
 import ast
+import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -240,3 +243,24 @@ def test_every_old_path_says_it_is_deprecated(layers):
                 marked.add(name)
     listed = dict(layers)[OLD_PATHS]
     assert marked == set(listed), (marked, listed)
+
+
+DOORS = ("interp.saes", "interp.graphs", "interp.transcoders", "interp.stores")  # lazy doors
+
+
+def test_the_lazy_doors_load_nothing_until_asked_and_give_every_name():
+    """``import interp.saes`` (graphs, transcoders, stores) imports no torch; each name of the
+    door's ``__all__`` is then the object its module defines."""
+    code = f"import sys\nimport {', '.join(DOORS)}\nassert 'torch' not in sys.modules, 'torch'"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    for door in DOORS:
+        module = importlib.import_module(door)
+        assert module.__all__, door
+        for name in module.__all__:
+            home = importlib.import_module(module._EXPORTS[name])
+            assert getattr(module, name) is getattr(home, name), (door, name)
+        with pytest.raises(AttributeError, match="no_such_name"):
+            module.no_such_name  # noqa: B018
