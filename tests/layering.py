@@ -179,17 +179,17 @@ def folder_imports(
 def folder_violations(
     folders: dict[str, dict[str, list[tuple[str, str]]]], layers: list[tuple[str, list[str]]]
 ) -> list[str]:
-    """One line per folder that imports a folder of a higher layer (or tier), naming one
-    module import that does it."""
+    """One line per folder that imports a folder of its own layer (tier) or a higher one,
+    naming one module import that does it: across folders, imports point strictly down."""
     problems = []
     for folder in sorted(folders):
         own = layer_of(folder, layers)
         for target, pairs in sorted(folders[folder].items()):
             other = layer_of(target, layers)
-            if own and other and other[0] > own[0]:
+            if own and other and other[0] >= own[0]:
                 a, b = pairs[0]
                 problems.append(
                     f"{folder} ({own[1]}) imports {target} ({other[1]}), e.g. {a} imports {b}: "
-                    "folders import only folders below them"
+                    "a folder imports only folders of lower tiers"
                 )
     return problems

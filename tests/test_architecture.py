@@ -63,7 +63,9 @@ def test_no_folder_circles(graph, layers):
     )  # fmt: skip
 
 
-def test_no_folder_imports_one_above_it(graph, layers):
+def test_no_folder_imports_one_above_it_or_beside_it(graph, layers):
+    """Across folders, imports point strictly down: a folder imports folders of lower tiers
+    (floors) only, never one of its own tier."""
     problems = folder_violations(folder_imports(graph, layers), layers)
     assert not problems, "\n".join(problems)
 
@@ -204,10 +206,14 @@ def test_a_planted_folder_circle_is_found_through_relative_and_inner_imports(tmp
     tiers = read_layers("```layers\n3a low: pkg pkg.a pkg.a.* pkg.b pkg.b.*\n```")
     folders = folder_imports(edges, tiers)
     assert cycles({f: set(t) for f, t in folders.items()}) == [["pkg.a", "pkg.b"]]
+    same = "a folder imports only folders of lower tiers"
+    assert folder_violations(folders, tiers) == [  # one tier: neither way is down
+        f"pkg.a (3a low) imports pkg.b (3a low), e.g. pkg.a.x imports pkg.b.y: {same}",
+        f"pkg.b (3a low) imports pkg.a (3a low), e.g. pkg.b.w imports pkg.a.z: {same}",
+    ]
     tiers = read_layers("```layers\n3a low: pkg pkg.a pkg.a.*\n3b high: pkg.b pkg.b.*\n```")
     assert folder_violations(folder_imports(edges, tiers), tiers) == [
-        "pkg.a (3a low) imports pkg.b (3b high), e.g. pkg.a.x imports pkg.b.y: folders import "
-        "only folders below them"
+        f"pkg.a (3a low) imports pkg.b (3b high), e.g. pkg.a.x imports pkg.b.y: {same}"
     ]
 
 
