@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import interp.discovery.acdc as acdc_module  # noqa: E402
 import interp.discovery.removal as removal  # noqa: E402
 import interp.discovery.runs as runs  # noqa: E402
-from interp.discovery import Graph, edge_scores  # noqa: E402
+from interp.discovery import EdgeGraph, edge_scores  # noqa: E402
 from interp.tasks import Task  # noqa: E402
 
 ARCHS = ("gpt2", "llama", "gpt_neox_parallel", "gptj")  # plain, GQA, parallel, shared norm
@@ -101,7 +101,7 @@ def acdc_timings(
     for name, (arch, overrides) in models.items():
         model = _model(arch, overrides)
         task = _task(model, rows, n_pos)
-        n_edges = len(Graph.from_model(model))
+        n_edges = len(EdgeGraph.from_model(model))
         _, exact_s, exact_passes = _counted(runs, edge_scores, model, task, "exact")
         frame, acdc_s, acdc_passes = _counted(
             removal, acdc_module.acdc, model, task, threshold=threshold

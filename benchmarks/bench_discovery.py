@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import time_side_by_side  # noqa: E402
 from interp import load_model  # noqa: E402
-from interp.discovery import Graph, edge_scores  # noqa: E402
+from interp.discovery import EdgeGraph, edge_scores  # noqa: E402
 from interp.tasks import Task  # noqa: E402
 
 
@@ -124,7 +124,7 @@ def eap(args) -> None:
     shape = (2, 12, 768) if args.quick else (12, 12, 768)
     model = _gpt2(args, *shape)
     batch = _task(model, args.rows, args.tokens).tokens(model)
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     tokens = batch.corrupted.to(args.device)
     print(
         f"\n== eap: GPT-2 shape ({shape[0]} layers x {shape[1]} heads, d_model {shape[2]}, "
@@ -211,7 +211,7 @@ def exact(args) -> None:
     for label, build in models:
         model = build()
         try:
-            graph = Graph.from_model(model)
+            graph = EdgeGraph.from_model(model)
         except ValueError as refused:
             print(f"{label:>24}: not scored ({str(refused).split(';')[0]})")
             continue

@@ -14,7 +14,8 @@ point frees memory back to the system at once (glibc's ``M_MMAP_THRESHOLD``, wha
 under ``max_bytes``), so the resident size is the use.
 
     python benchmarks/bench_graph_memory.py [--quick] [--device cuda] [--layers 2]
-        [--d-model 128] [--heads 4] [--d-tc 512] [--positions 16,64] [--uncapped-up-to 64] [--cap 256]
+        [--d-model 128] [--heads 4] [--d-tc 512] [--positions 16,64] [--uncapped-up-to 64]
+        [--cap 256]
         [--kinds per-layer,cross-layer] [--dtypes float32,bfloat16]
 
 Prints one line per point (estimate / measured, peak / budget) and a summary: the largest

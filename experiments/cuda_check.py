@@ -61,7 +61,7 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 import interp
-from interp.discovery import Graph, edge_scores, evaluate_circuit
+from interp.discovery import EdgeGraph, edge_scores, evaluate_circuit
 from interp.foundation.fallbacks import reset_fallback_warnings
 from interp.tasks import induction
 
@@ -264,7 +264,7 @@ def setup(model) -> dict:
     if answer == wrong:
         wrong = tokens[0]
     task = induction(model, 4, seed=0, seq_len=6)  # prompts only: runs on any device
-    graph_edges = Graph.from_model(model).edge_names
+    graph_edges = EdgeGraph.from_model(model).edge_names
     return {"answer": answer, "wrong": wrong, "task": task, "circuit_edges": graph_edges[::3]}
 
 

@@ -43,7 +43,8 @@ pieces fit together.
 
 
 def public_modules() -> list[ModuleType]:
-    """``interp`` first, then every importable submodule that declares ``__all__``, sorted."""
+    """``interp`` first, then every importable submodule that declares ``__all__``, sorted;
+    old paths kept one release (``__deprecated__`` set; CHANGELOG.md lists them) left out."""
     import interp
 
     modules = [interp]
@@ -51,7 +52,7 @@ def public_modules() -> list[ModuleType]:
         if any(part.startswith("_") for part in info.name.split(".")):
             continue
         module = importlib.import_module(info.name)
-        if hasattr(module, "__all__"):
+        if hasattr(module, "__all__") and not hasattr(module, "__deprecated__"):
             modules.append(module)
     return [modules[0], *sorted(modules[1:], key=lambda m: m.__name__)]
 

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 LAYERS_BLOCK = re.compile(r"```layers\n(.*?)```", re.S)
+OLD_PATHS = "old paths"  # the layers block's line of deprecated modules kept one release
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -64,7 +65,8 @@ def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
 def read_layers(markdown: str) -> list[tuple[str, list[str]]]:
     """``[(layer name, module patterns)]`` bottom to top from the ```` ```layers ```` block: one
     line per layer, ``N name: pattern pattern ...`` (``fnmatch`` patterns; ``reference`` is the
-    island that may import only itself)."""
+    island that may import only itself; ``old paths`` names deprecated modules, each a re-export
+    of names that moved, which may import anything and which nothing may import)."""
     match = LAYERS_BLOCK.search(markdown)
     if not match:
         raise ValueError("no ```layers block found")
@@ -136,12 +138,58 @@ def violations(
         own = layer_of(module, layers)
         for target in sorted(edges[module]):
             other = layer_of(target, layers)
-            if own is None or other is None:
+            if own is None or other is None or own[1] == OLD_PATHS:
+                continue
+            if other[1] == OLD_PATHS:
+                problems.append(
+                    f"{module} imports {target}, an old path kept for users: import its new home"
+                )
                 continue
             crossing = (own[1] == island) != (other[1] == island)
             if crossing or (own[1] != island and other[0] > own[0]):
                 problems.append(
                     f"{module} ({own[1]}) imports {target} ({other[1]}): imports "
                     "point down the layers"
+                )
+    return problems
+
+
+def folder_of(module: str) -> str:
+    """``interp.X`` for any module under the folder ``interp/X`` (``interp`` for the package)."""
+    return ".".join(module.split(".")[:2])
+
+
+def folder_imports(
+    edges: dict[str, set[str]], layers: list[tuple[str, list[str]]]
+) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """Folder -> folder it imports -> the (module, module) imports that make the edge, read
+    from the module imports (old paths left out: they point wherever their names went)."""
+    old = {m for m in edges if (layer_of(m, layers) or (0, ""))[1] == OLD_PATHS}
+    folders: dict[str, dict[str, list[tuple[str, str]]]] = {}
+    for module, targets in edges.items():
+        if module in old:
+            continue
+        own = folders.setdefault(folder_of(module), {})
+        for target in sorted(targets):
+            if folder_of(target) != folder_of(module):
+                own.setdefault(folder_of(target), []).append((module, target))
+    return folders
+
+
+def folder_violations(
+    folders: dict[str, dict[str, list[tuple[str, str]]]], layers: list[tuple[str, list[str]]]
+) -> list[str]:
+    """One line per folder that imports a folder of its own layer (tier) or a higher one,
+    naming one module import that does it: across folders, imports point strictly down."""
+    problems = []
+    for folder in sorted(folders):
+        own = layer_of(folder, layers)
+        for target, pairs in sorted(folders[folder].items()):
+            other = layer_of(target, layers)
+            if own and other and other[0] >= own[0]:
+                a, b = pairs[0]
+                problems.append(
+                    f"{folder} ({own[1]}) imports {target} ({other[1]}), e.g. {a} imports {b}: "
+                    "a folder imports only folders of lower tiers"
                 )
     return problems

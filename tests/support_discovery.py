@@ -187,11 +187,11 @@ def check_edge_scores_eap_ig(case: Case) -> None:
 
 
 def check_evaluate_circuit(case: Case) -> None:
-    from interp.discovery import Graph, evaluate_circuit
+    from interp.discovery import EdgeGraph, evaluate_circuit
 
     task = _task(case)
     batch = task.tokens(case.model)
-    graph = Graph.from_model(case.model)
+    graph = EdgeGraph.from_model(case.model)
     full = evaluate_circuit(case.model, task, graph.edge_names)
     empty = evaluate_circuit(case.model, task, [])
     if not (full.faithfulness == 1.0 and empty.faithfulness == 0.0):

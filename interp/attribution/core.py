@@ -8,7 +8,7 @@ build their frames here, from the residual parts of the folded model
 
 from __future__ import annotations
 
-import numbers
+import warnings
 from dataclasses import dataclass
 
 import pandas as pd
@@ -16,11 +16,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.attribution.residual import AttributionError, ResidualParts
-from interp.engine import Prompt, to_tokens
+from interp.engine import Prompt, TokenError, to_tokens
+from interp.engine import resolve_token as _resolve_token
 from interp.models.layernorm import fold_info
 from interp.models.norms import effective_bias, effective_weight, is_rms, normalise, param, soft_cap
 
-__all__ = ["COMPONENTS", "TokenError", "resolve_token", "IDENTITY_ATOL", "IDENTITY_RTOL"]
+__all__ = ["COMPONENTS", "TokenError", "IDENTITY_ATOL", "IDENTITY_RTOL"]
 
 # row kinds, in the order they appear; "total" is the sum of all others
 COMPONENTS = (
@@ -42,35 +43,8 @@ IDENTITY_ATOL = 1e-4
 IDENTITY_RTOL = 1e-5  # relative part of the identity's tolerance, times |logit|
 
 
-class TokenError(ValueError):
-    """An answer that is not exactly one token of the model's vocabulary."""
-
-
 def _decode(model, token_id: int) -> str:
     return model.tokenizer.decode([token_id]) if model.tokenizer is not None else str(token_id)
-
-
-def resolve_token(model, token: str | int, *, role: str = "answer") -> int:
-    """The vocabulary id of a single-token ``token`` (text, or an id that is checked)."""
-    d_vocab = int(model.cfg.d_vocab)
-    if isinstance(token, bool) or not isinstance(token, (str, numbers.Integral)):
-        raise TokenError(f"the {role} must be text or a token id, not {type(token).__name__}")
-    if isinstance(token, numbers.Integral):
-        token = int(token)
-        if not 0 <= token < d_vocab:
-            raise TokenError(f"the {role} id {token} is outside the vocabulary [0, {d_vocab - 1}]")
-        return token
-    if not token:
-        raise TokenError(f"the {role} is empty; pass a single-token {role} such as ' Paris'")
-    if model.tokenizer is None:
-        raise TokenError(f"this model has no tokenizer; pass the {role} as a token id")
-    ids = model.to_tokens(token, prepend_bos=False, truncate=False)[0].tolist()
-    if len(ids) != 1:
-        pieces = [_decode(model, i) for i in ids]
-        raise TokenError(
-            f"{token!r} tokenises to {len(ids)} tokens {pieces}; pass a single-token {role}"
-        )
-    return int(ids[0])
 
 
 def _single_prompt(model, prompt: Prompt) -> Tensor:
@@ -125,8 +99,8 @@ def _note(model) -> str | None:
 
 def _target(model, answer: str | int, wrong: str | int | None) -> _Target:
     target = _Target(
-        resolve_token(model, answer),
-        None if wrong is None else resolve_token(model, wrong, role="wrong answer"),
+        _resolve_token(model, answer),
+        None if wrong is None else _resolve_token(model, wrong, role="wrong answer"),
     )
     if target.wrong == target.answer:
         raise TokenError(
@@ -214,3 +188,16 @@ def _attribute(
         note=_note(model),
     )
     return frame
+
+
+def __getattr__(name: str):
+    if name == "resolve_token":  # moved down in 0.6.0; this path goes in 0.7.0
+        warnings.warn(
+            "interp.attribution.core.resolve_token moved to interp.engine.tokens.resolve_token "
+            "(also interp.engine.resolve_token, interp.attribution.resolve_token); the old "
+            "path goes in 0.7.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _resolve_token
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -48,11 +48,10 @@ from interp.attribution.core import (
     _position,
     _single_prompt,
     _target,
-    resolve_token,
 )
 from interp.attribution.residual import AttributionError
 from interp.attribution.rows import Row, attribute_rows
-from interp.engine import Prompt, to_tokens
+from interp.engine import Prompt, resolve_token, to_tokens
 from interp.tasks import Task, TaskTokens
 
 __all__ = [

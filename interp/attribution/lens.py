@@ -14,10 +14,9 @@ from interp.attribution.core import (
     _decode,
     _position,
     _single_prompt,
-    resolve_token,
 )
 from interp.attribution.residual import AttributionError
-from interp.engine import Prompt, run_cached
+from interp.engine import Prompt, resolve_token, run_cached
 from interp.models.norms import param, soft_cap
 from interp.models.offload import materialized
 

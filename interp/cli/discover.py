@@ -177,11 +177,11 @@ def run(args: argparse.Namespace) -> int:
     say(f"loading {args.model} ...")
     model = load_model(args.model, device=args.device)
     from interp.cli.options import check_at_most
-    from interp.discovery import Graph
+    from interp.discovery import EdgeGraph
     from interp.tasks import TaskError
 
     try:
-        graph = Graph.from_model(model)
+        graph = EdgeGraph.from_model(model)
     except ValueError as exc:  # a model the graph refuses: before any work
         raise UsageError(str(exc)) from None
     check_at_most("--top-n", args.top_n, len(graph), f"the graph has {len(graph)} edges")

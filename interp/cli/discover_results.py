@@ -190,11 +190,11 @@ def _evaluate(args, first: dict, settings: dict, circuit):
         _task_of(first, settings, None)
     print(f"loading {first['source']['model']} ...", file=sys.stderr, flush=True)
     model = load_model(first["source"]["model"], device=args.device)
-    from interp.discovery import Graph, evaluate_circuit
+    from interp.discovery import EdgeGraph, evaluate_circuit
     from interp.tasks import TaskError
 
     task = _task_of(first, settings, model)
-    if list(Graph.from_model(model).edge_names) != list(circuit.scores["edge"]):
+    if list(EdgeGraph.from_model(model).edge_names) != list(circuit.scores["edge"]):
         raise UsageError(f"--evaluate: {first['source']['model']} is not the shards' model")
     try:
         task.tokens(model)

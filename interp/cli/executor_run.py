@@ -1,5 +1,5 @@
 """The ``--executor`` path of ``interp patch --task``, ``interp attribute --task`` and ``interp
-discover``: the shards run on the executor (:mod:`interp.tasks.sharded`), then the partials go
+discover``: the shards run on the executor (:mod:`interp.tasks.shard_jobs`), then the partials go
 through the same merge as ``interp merge`` and the writer each command hands in (``write``);
 the discover circuit is evaluated here as a whole run does. The kept partials are removed once
 the files are in place."""
@@ -15,13 +15,13 @@ from interp.cli.executor_options import WORK_DIR, command_key, finished, shardin
 __all__ = ["run_patch", "run_attribute", "run_discover"]
 
 
-def _shards(kind: str, args, out: Path, model, task, say, **settings) -> list[dict]:
+def _shards(kind: str, function, args, out: Path, model, task, say, **settings) -> list[dict]:
     from interp.foundation.executors.runner import ShardError
     from interp.interventions.shards import task_fingerprint
-    from interp.tasks.sharded import run_task_shards, task_shard
+    from interp.tasks.shard_jobs import run_task_shards, task_shard
 
     source = str(Path(args.model).resolve()) if Path(args.model).exists() else str(args.model)
-    job = task_shard(kind, model, task, source=source, **settings)
+    job = task_shard(kind, function, model, task, source=source, settings=settings)
     sharding = sharding_of(args, out)
     say(f"{kind}: {args.shards} shards on {args.executor} (kept in {sharding.work_dir}) ...")
     key = {"task": task_fingerprint(task), **settings, "command": command_key(args)}
@@ -78,9 +78,9 @@ def run_patch(args, out: Path, model, task, batch, settings: dict, strings, writ
     """``interp patch --task --executor``: patching.csv, summary.json, report.html, written by
     ``write`` (``interp.cli.patch_files.write_results``, passed in: a command module is above
     this)."""
-    from interp.interventions.shards import merge_partial_sums
+    from interp.interventions.shards import merge_partial_sums, task_partial_sums
 
-    parts = _shards("patch", args, out, model, task, say, **settings)
+    parts = _shards("patch", task_partial_sums, args, out, model, task, say, **settings)
     for part in parts:  # what a --shard run adds: the first row's tokens, where it came from
         first = batch.select([part["shard"]])
         part["tokens"] = strings(model, first.clean[0])
@@ -91,9 +91,10 @@ def run_patch(args, out: Path, model, task, batch, settings: dict, strings, writ
 
 def run_attribute(args, out: Path, model, task, write, say) -> int:
     """``interp attribute --task --executor``: the files of a whole task run."""
-    from interp.attribution.shards import merge_attribution_sums
+    from interp.attribution.shards import attribution_partial_sums, merge_attribution_sums
 
-    parts = _shards("attribute", args, out, model, task, say, per_row=args.per_row)
+    shard = attribution_partial_sums
+    parts = _shards("attribute", shard, args, out, model, task, say, per_row=args.per_row)
     for part in parts:
         part["source"] = {"model": str(args.model), "task": str(args.task)}
     return _written(out, lambda: write(out, parts, merge_attribution_sums(parts)))
@@ -103,11 +104,13 @@ def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, writ
     """The whole run's files: merged scores, the circuit, and its evaluation here."""
     from interp.discovery import evaluate_circuit
     from interp.discovery.circuit import circuit_from_scores
-    from interp.discovery.shards import merge_discovery_sums
+    from interp.discovery.shards import discovery_partial_sums, merge_discovery_sums
     from interp.interventions.shards import task_fingerprint
 
     settings = {"method": args.method, "metric": args.metric, "ig_steps": ig_steps}
-    parts = _shards("discover", args, out, model, task, say, max_bytes=args.max_bytes, **settings)
+    shard = discovery_partial_sums
+    budget = {"max_bytes": args.max_bytes}  # first in the partials' key, as it always was
+    parts = _shards("discover", shard, args, out, model, task, say, **budget, **settings)
     frame = merge_discovery_sums(parts)
     params = {"metric": args.metric, **({"ig_steps": ig_steps} if args.method == "eap-ig" else {})}
     circuit = circuit_from_scores(

@@ -5,6 +5,8 @@ features as writers (``feature_edge_scores``)."""
 
 from __future__ import annotations
 
+import warnings
+
 from interp.discovery.circuit import CIRCUIT_METHODS, Circuit, discover_circuit
 from interp.discovery.evaluate import (
     ABLATIONS,
@@ -13,11 +15,11 @@ from interp.discovery.evaluate import (
     evaluate_circuit,
 )
 from interp.discovery.features import FEATURE_METHODS, feature_edge_scores
-from interp.discovery.graph import Graph, Reader, edge_count, edge_name, split_edge
+from interp.discovery.graph import EdgeGraph, Reader, edge_count, edge_name, split_edge
 from interp.discovery.scores import METHODS, SCORE_COLUMNS, edge_scores
 
 __all__ = [
-    "Graph",
+    "EdgeGraph",
     "Reader",
     "edge_count",
     "edge_name",
@@ -35,3 +37,14 @@ __all__ = [
     "feature_edge_scores",
     "FEATURE_METHODS",
 ]
+
+
+def __getattr__(name: str):
+    if name == "Graph":  # renamed in 0.6.0 (graphs.AttributionGraph is the other graph)
+        warnings.warn(
+            "interp.discovery.Graph is now interp.discovery.EdgeGraph; the old name goes in 0.7.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return EdgeGraph
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ removed (its reader gets the writer's corrupted output in place of the writer's 
 run, :mod:`interp.discovery.removal`), and ``m(R)`` the dataset mean of the metric over it.
 ``C`` and ``K`` are the clean and corrupted dataset means. Starting from ``R = {}`` (the clean
 run), every edge is tried once, in reverse topological order: readers from ``logits`` back to
-layer 0, and each reader's writers from the last to ``embed`` (``reversed(Graph.edges)``).
+layer 0, and each reader's writers from the last to ``embed`` (``reversed(EdgeGraph.edges)``).
 Trying ``e`` measures ``score(e) = (m(R) - m(R + e)) / (C - K)``, the fraction of the task's
 clean - corrupted difference that removing ``e`` loses now (positive: the edge moves the metric
 toward the clean run, as in :func:`interp.discovery.scores.edge_scores`), and removes it for
@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from interp.discovery.graph import Graph, Reader
+from interp.discovery.graph import EdgeGraph, Reader
 from interp.discovery.removal import removed_metrics
 from interp.discovery.runs import _undefined, check_arguments, deltas_bytes, writer_outputs
 from interp.engine import check_eval, run_logits
@@ -47,7 +47,7 @@ WINDOW = 32  # edges tried per call of removed_metrics (see the module docstring
 Edge = tuple[str, Reader]
 
 
-def acdc_order(graph: Graph) -> list[Edge]:
+def acdc_order(graph: EdgeGraph) -> list[Edge]:
     """The edges in the order ACDC tries them: readers from ``logits`` back to layer 0, and
     each reader's writers from the last to ``embed``."""
     return list(reversed(graph.edges))
@@ -146,7 +146,7 @@ def acdc(
     check_eval(model)
     threshold = _check_threshold(threshold)
     check_arguments(metric, max_rows, max_bytes)
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     batch = task.tokens(model) if isinstance(task, Task) else task
     task_metric = batch.metric(metric)
     device = model.cfg.device

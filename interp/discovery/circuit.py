@@ -65,9 +65,9 @@ def discover_circuit(
         metric, ig_steps, max_rows, max_bytes, progress: as :func:`edge_scores`.
         executor: scored methods over a :class:`interp.Task`: run the scores in shards on an
             executor (``"local"``, ``"ray"``, ``"slurm"`` or an
-            :class:`interp.foundation.executors.Sharding`; :mod:`interp.tasks.sharded`), merged
-            into the
-            same scores (float64 sums of the rows; docs/scale.md).
+            :class:`interp.foundation.executors.Sharding`;
+            :func:`interp.discovery.shards.sharded_edge_scores`), merged into the same scores
+            (float64 sums of the rows; docs/scale.md).
 
     Returns a :class:`Circuit`: its edges in graph order, the method, the parameters and the
     score frame with an ``in_circuit`` column.
@@ -92,7 +92,7 @@ def discover_circuit(
         edges = tuple(frame.loc[frame["in_circuit"].astype(bool), "edge"])
         return Circuit(edges=edges, method=method, params=params, scores=frame)
     if executor is not None:
-        from interp.tasks.sharded import sharded_edge_scores
+        from interp.discovery.shards import sharded_edge_scores
 
         if max_rows is not None:
             raise ValueError("executor= takes max_bytes (each shard's budget), not max_rows")

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from interp.discovery.graph import Graph
+from interp.discovery.graph import EdgeGraph
 from interp.discovery.removal import removed_metrics
 from interp.discovery.runs import WriterOutputs, check_arguments, deltas_bytes, writer_outputs
 from interp.discovery.scores import _undefined
@@ -51,7 +51,7 @@ class CircuitEvaluation:
     n_total: int  # edges in the graph
 
 
-def ranked_edges(scores: pd.DataFrame, graph: Graph) -> list[str]:
+def ranked_edges(scores: pd.DataFrame, graph: EdgeGraph) -> list[str]:
     """Every edge of ``graph`` by ``|score|`` descending, ties in graph order; a ValueError for
     NaN scores or a frame that is not this graph's."""
     if not {"edge", "score"} <= set(scores.columns):
@@ -76,7 +76,7 @@ def curve_sizes(n_total: int) -> list[int]:
     return [max(1, round(f * n_total)) for f in CURVE_FRACTIONS]
 
 
-def _edge_list(edges, graph: Graph) -> list[str]:
+def _edge_list(edges, graph: EdgeGraph) -> list[str]:
     names = list(getattr(edges, "edges", edges))
     if isinstance(edges, str):
         raise ValueError("edges must be a Circuit or an iterable of edge names, not one string")
@@ -85,13 +85,13 @@ def _edge_list(edges, graph: Graph) -> list[str]:
     if unknown:
         raise ValueError(
             f"{len(unknown)} edge(s) not in this model's graph, e.g. {unknown[0]!r}; names are "
-            "SOURCE->TARGET as Graph.from_model(model).edge_names lists them"
+            "SOURCE->TARGET as EdgeGraph.from_model(model).edge_names lists them"
         )
     chosen = set(names)
     return [e for e in graph.edge_names if e in chosen]
 
 
-def _ablated(model, batch: TaskTokens, graph: Graph, ablation: str) -> WriterOutputs:
+def _ablated(model, batch: TaskTokens, graph: EdgeGraph, ablation: str) -> WriterOutputs:
     device = model.cfg.device
     if ablation == "patch":
         return writer_outputs(model, batch.corrupted.to(device), graph)[0]
@@ -147,7 +147,7 @@ def evaluate_circuit(
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
     check_arguments(metric, max_rows, max_bytes)
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     chosen = _edge_list(edges, graph)
     if scores is None:
         scores = getattr(edges, "scores", None)

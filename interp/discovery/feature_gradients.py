@@ -26,7 +26,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.discovery.gradients import _rows_at_once, reader_gradients
-from interp.discovery.graph import Graph, Reader
+from interp.discovery.graph import EdgeGraph, Reader
 from interp.discovery.runs import rows_metric
 from interp.tasks import TaskMetric, TaskTokens
 
@@ -112,7 +112,7 @@ def feature_tables(
     model,
     batch: TaskTokens,
     metric: TaskMetric,
-    graph: Graph,
+    graph: EdgeGraph,
     sae,
     layer: int,
     deltas: FeatureDeltas,

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
-from interp.discovery.graph import Graph, edge_name
+from interp.discovery.graph import EdgeGraph, edge_name
 from interp.discovery.runs import _undefined, check_arguments
 from interp.engine import check_eval, run_cached
 from interp.engine.estimates import _itemsize
@@ -79,7 +79,7 @@ def sae_layer(model, sae) -> int:
     return layer
 
 
-def _decomposed(model, sae, tokens: Tensor, graph: Graph, layer: int, upstream: bool):
+def _decomposed(model, sae, tokens: Tensor, graph: EdgeGraph, layer: int, upstream: bool):
     """One run: the input embeddings, the features and the error at the SAE's hook, the
     writers before ``layer`` stacked in graph order (``upstream``, else None), the logits."""
     mlps = [f"blocks.{lay}.hook_mlp_out" for lay in range(layer)] if upstream and graph.mlps else []
@@ -143,7 +143,7 @@ def feature_edge_scores(
     )
     if top_features is not None and (not isinstance(top_features, int) or top_features < 0):
         raise ValueError(f"top_features must be a whole number >= 0, got {top_features!r}")
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     layer = sae_layer(model, sae)
     device = model.cfg.device
     if sae.W_dec.device != torch.device(device):

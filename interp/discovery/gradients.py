@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.discovery.graph import QKV, Graph
+from interp.discovery.graph import QKV, EdgeGraph
 from interp.discovery.inputs import _weights, shared_norm
 from interp.discovery.runs import WriterOutputs, rows_metric
 from interp.engine import (
@@ -61,7 +61,7 @@ def _rows_at_once(model, graph, n_rows, n_pos, max_rows, max_bytes, held) -> int
     return int(min(n_rows, fit))
 
 
-def _site_names(model, graph: Graph) -> tuple[list[list[str]], str]:
+def _site_names(model, graph: EdgeGraph) -> tuple[list[list[str]], str]:
     """Per layer the hooks whose gradient is taken (q, k, v, then the MLP's input), and the
     logits reader's hook."""
     shared = shared_norm(model)
@@ -144,7 +144,7 @@ def reader_gradients(
     model,
     tokens: Tensor,
     metric: TaskMetric,
-    graph: Graph,
+    graph: EdgeGraph,
     *,
     embed_shift: Tensor | None = None,
     fixed: Sequence = (),
@@ -196,7 +196,7 @@ def reader_gradients(
     yield None, grads.pop(final).unsqueeze(0)
 
 
-def _stacked(part: WriterOutputs, graph: Graph) -> Float[Tensor, "writer rows pos d_model"]:
+def _stacked(part: WriterOutputs, graph: EdgeGraph) -> Float[Tensor, "writer rows pos d_model"]:
     blocks = [part.embed.unsqueeze(0)]
     for layer in range(graph.n_layers):
         blocks.append(part.heads[layer].permute(2, 0, 1, 3))
@@ -205,7 +205,7 @@ def _stacked(part: WriterOutputs, graph: Graph) -> Float[Tensor, "writer rows po
     return torch.cat(blocks)
 
 
-def _reader_groups(graph: Graph) -> tuple[dict, Tensor, Tensor]:
+def _reader_groups(graph: EdgeGraph) -> tuple[dict, Tensor, Tensor]:
     """Per layer (None: logits) the readers' graph indices; each reader's number of writers
     (a prefix of ``graph.writers``); each edge's (writer, reader) indices."""
     writer_index = {w: i for i, w in enumerate(graph.writers)}
@@ -227,7 +227,7 @@ def gradient_scores(
     model,
     batch: TaskTokens,
     metric: TaskMetric,
-    graph: Graph,
+    graph: EdgeGraph,
     deltas: WriterOutputs,
     *,
     steps: int = 0,

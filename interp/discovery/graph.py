@@ -16,10 +16,11 @@ anything equal in the clean and corrupted runs, are not nodes. GPT-2 small has 3
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 
-__all__ = ["Graph", "Reader", "edge_count", "edge_name", "split_edge"]
+__all__ = ["EdgeGraph", "Reader", "edge_count", "edge_name", "split_edge"]
 
 QKV = ("q", "k", "v")
 
@@ -53,7 +54,7 @@ def split_edge(edge: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
-class Graph:
+class EdgeGraph:
     """The writers, readers and edges of a model of this shape.
 
     Build it with :meth:`from_model` (a loaded model) or :meth:`from_config` (the config
@@ -77,7 +78,7 @@ class Graph:
             )
 
     @classmethod
-    def from_config(cls, cfg) -> Graph:
+    def from_config(cls, cfg) -> EdgeGraph:
         """From a config with ``n_layers``, ``n_heads`` and optionally ``n_key_value_heads``,
         ``attn_only`` and ``parallel_attn_mlp`` (TransformerLens's names)."""
         n_heads = int(cfg.n_heads)
@@ -90,7 +91,7 @@ class Graph:
         )
 
     @classmethod
-    def from_model(cls, model) -> Graph:
+    def from_model(cls, model) -> EdgeGraph:
         """From a loaded model (post-norms stay inside their writers: see runs.py)."""
         graph = cls.from_config(model.cfg)
         has_mlps = "blocks.0.hook_mlp_out" in model.hook_dict
@@ -160,5 +161,16 @@ class Graph:
 def edge_count(model_or_config) -> int:
     """The number of edges of a model's (or a config's) graph."""
     if hasattr(model_or_config, "hook_dict"):
-        return len(Graph.from_model(model_or_config))
-    return len(Graph.from_config(model_or_config))
+        return len(EdgeGraph.from_model(model_or_config))
+    return len(EdgeGraph.from_config(model_or_config))
+
+
+def __getattr__(name: str):
+    if name == "Graph":  # renamed in 0.6.0 (graphs.AttributionGraph is the other graph)
+        warnings.warn(
+            "interp.discovery.Graph is now interp.discovery.EdgeGraph; the old name goes in 0.7.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return EdgeGraph
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.discovery.graph import Graph, Reader
+from interp.discovery.graph import EdgeGraph, Reader
 from interp.discovery.inputs import reader_hooks
 from interp.discovery.runs import WriterOutputs, rows_metric
 from interp.engine import rows_per_pass, run_logits
@@ -36,7 +36,7 @@ __all__ = ["removed_metrics"]
 DEFAULT_KEPT_BYTES = 512 * 2**20  # without a budget: the writers' changes held in one pass
 
 
-def _groups(graph: Graph) -> list[tuple[str, str, int | None, list[str]]]:
+def _groups(graph: EdgeGraph) -> list[tuple[str, str, int | None, list[str]]]:
     """Writer groups in forward order: ``(capture hook, kind, layer, writers)``."""
     groups = [("blocks.0.hook_resid_pre", "embed", None, ["embed"])]
     for layer in range(graph.n_layers):
@@ -47,7 +47,7 @@ def _groups(graph: Graph) -> list[tuple[str, str, int | None, list[str]]]:
     return groups
 
 
-def _fill_after(graph: Graph, groups) -> list[list[Reader]]:
+def _fill_after(graph: EdgeGraph, groups) -> list[list[Reader]]:
     """For each writer group, the readers whose last writer is in it."""
     done_at: dict[str, int] = {w: g for g, (_, _, _, ws) in enumerate(groups) for w in ws}
     last: dict[Reader, int] = {}
@@ -66,7 +66,7 @@ def removed_metrics(
     metric: TaskMetric,
     ablated: WriterOutputs,
     runs: Sequence[Sequence[tuple[str, Reader]]],
-    graph: Graph,
+    graph: EdgeGraph,
     *,
     max_rows: int | None = None,
     max_bytes: int | str | None = None,

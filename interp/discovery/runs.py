@@ -19,7 +19,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from interp.discovery.graph import Graph, Reader
+from interp.discovery.graph import EdgeGraph, Reader
 from interp.discovery.inputs import reader_hooks
 from interp.engine import run_cached, run_logits, task_blocks
 from interp.engine.estimates import _itemsize
@@ -113,7 +113,7 @@ class WriterOutputs:
 
 
 def writer_outputs(
-    model, tokens: Int[Tensor, "rows pos"], graph: Graph, interventions: Sequence = ()
+    model, tokens: Int[Tensor, "rows pos"], graph: EdgeGraph, interventions: Sequence = ()
 ) -> tuple[WriterOutputs, Tensor]:
     """One run of ``tokens``: every writer's output, and the logits.
 
@@ -175,7 +175,7 @@ def _post_normed(
     return normed
 
 
-def deltas_bytes(model, graph: Graph, n_rows: int, n_pos: int) -> int:
+def deltas_bytes(model, graph: EdgeGraph, n_rows: int, n_pos: int) -> int:
     """Bytes of every writer's clean-minus-corrupted output over the task."""
     return len(graph.writers) * n_rows * n_pos * int(model.cfg.d_model) * _itemsize(model)
 

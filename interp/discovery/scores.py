@@ -25,7 +25,7 @@ import torch
 
 from interp.discovery.acdc import acdc
 from interp.discovery.gradients import gradient_scores
-from interp.discovery.graph import Graph
+from interp.discovery.graph import EdgeGraph
 from interp.discovery.runs import (
     _undefined,
     check_arguments,
@@ -127,7 +127,7 @@ def edge_changes(
     max_bytes: int | str | None = None,
     progress: bool = False,
     interventions: Sequence[tuple[str, HookFn]] = (),
-) -> tuple[Graph, torch.Tensor, float, float, int]:
+) -> tuple[EdgeGraph, torch.Tensor, float, float, int]:
     """The scored methods' numbers before normalisation: ``(graph, change, C, K, n_rows)``,
     ``change[e]`` the dataset mean of edge ``e``'s metric change (exact: ``m(e) - K``; eap,
     eap-ig: its estimate), ``C`` and ``K`` the clean and corrupted dataset means. Means over
@@ -137,7 +137,7 @@ def edge_changes(
     check_arguments(
         metric, max_rows, max_bytes, method=method, methods=SCORED_METHODS, ig_steps=ig_steps
     )
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     batch = task.tokens(model) if isinstance(task, Task) else task
     task_metric = batch.metric(metric)
     device = model.cfg.device

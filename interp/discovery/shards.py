@@ -22,11 +22,18 @@ import pandas as pd
 from interp.discovery.graph import split_edge
 from interp.discovery.runs import _undefined
 from interp.discovery.scores import SCORED_METHODS, edge_changes
+from interp.foundation.executors.sharding import Sharding, as_sharding
 from interp.foundation.partials import check_one_run, check_shards
 from interp.interventions.shards import shard_rows, task_fingerprint
 from interp.tasks import Task
+from interp.tasks.shard_jobs import run_task_shards, task_shard
 
-__all__ = ["discovery_partial_sums", "merge_discovery_sums", "DISCOVER_FORMAT"]
+__all__ = [
+    "discovery_partial_sums",
+    "merge_discovery_sums",
+    "sharded_edge_scores",
+    "DISCOVER_FORMAT",
+]
 
 DISCOVER_FORMAT = "interp-discover-partial/1"  # merge refuses other formats
 
@@ -116,3 +123,22 @@ def merge_discovery_sums(parts: Sequence[dict]) -> pd.DataFrame:
         shards=settings["shards"],
     )
     return frame
+
+
+def sharded_edge_scores(
+    model,
+    task: Task,
+    method: str,
+    executor: Sharding | str,
+    *,
+    metric: str = "logit_diff",
+    ig_steps: int = 5,
+    max_bytes: int | str | None = None,
+) -> pd.DataFrame:
+    """:func:`interp.discovery.edge_scores`'s frame (scored methods), its shards
+    (:func:`discovery_partial_sums`) run by ``executor`` (:mod:`interp.tasks.shard_jobs`),
+    merged by :func:`merge_discovery_sums`."""
+    settings = {"method": method, "metric": metric, "ig_steps": ig_steps, "max_bytes": max_bytes}
+    job = task_shard("discover", discovery_partial_sums, model, task, settings=settings)
+    key = {"task": task_fingerprint(task), **settings}
+    return merge_discovery_sums(run_task_shards(job, len(task), as_sharding(executor), key))

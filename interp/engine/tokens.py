@@ -8,6 +8,7 @@ prompt longer than the context, each in one line saying what to do.
 from __future__ import annotations
 
 import difflib
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -17,6 +18,8 @@ from torch import Tensor
 __all__ = [
     "Prompt",
     "PromptError",
+    "TokenError",
+    "resolve_token",
     "to_tokens",
     "pair_tokens",
     "check_hook_names",
@@ -30,6 +33,10 @@ Prompt = str | Sequence[str] | Sequence[int] | Tensor  # text, texts of one leng
 
 class PromptError(ValueError):
     """A prompt that cannot be run: empty, too long, or with ids outside the vocabulary."""
+
+
+class TokenError(ValueError):
+    """An answer that is not exactly one token of the model's vocabulary."""
 
 
 def _n_ctx(model) -> int:
@@ -160,3 +167,26 @@ def token_strings(model, tokens: Int[Tensor, " pos"]) -> list[str]:
     if model.tokenizer is None:
         return [str(t) for t in tokens.tolist()]
     return [model.tokenizer.decode([t]) for t in tokens.tolist()]
+
+
+def resolve_token(model, token: str | int, *, role: str = "answer") -> int:
+    """The vocabulary id of a single-token ``token`` (text, or an id that is checked)."""
+    d_vocab = int(model.cfg.d_vocab)
+    if isinstance(token, bool) or not isinstance(token, (str, numbers.Integral)):
+        raise TokenError(f"the {role} must be text or a token id, not {type(token).__name__}")
+    if isinstance(token, numbers.Integral):
+        token = int(token)
+        if not 0 <= token < d_vocab:
+            raise TokenError(f"the {role} id {token} is outside the vocabulary [0, {d_vocab - 1}]")
+        return token
+    if not token:
+        raise TokenError(f"the {role} is empty; pass a single-token {role} such as ' Paris'")
+    if model.tokenizer is None:
+        raise TokenError(f"this model has no tokenizer; pass the {role} as a token id")
+    ids = model.to_tokens(token, prepend_bos=False, truncate=False)[0]
+    if len(ids) != 1:
+        raise TokenError(
+            f"{token!r} tokenises to {len(ids)} tokens {token_strings(model, ids)}; "
+            f"pass a single-token {role}"
+        )
+    return int(ids[0])

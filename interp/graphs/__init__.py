@@ -1,2 +1,48 @@
 """Attribution graphs: a prompt's local replacement model, the direct effects between its
-transcoder features, errors, tokens and logits, and the method's pruning and scores."""
+transcoder features, errors, tokens and logits, and the method's pruning and scores.
+
+The door: :func:`attribution_graph` (one prompt; :func:`estimate_graph_bytes` its memory) gives an
+:class:`AttributionGraph`; :func:`interp.graphs.task_graph.task_graph` a :class:`TaskGraph` over
+a task's rows (not a name here: the module of that name would hide it);
+:func:`graphs_of_prompts` / :func:`iter_graphs` one graph per prompt; :func:`graph_scores` the
+method's scores; :func:`head_loadings`, :func:`qk_attribution` and :func:`attention_pairs` the
+attention inside a graph; :func:`feature_intervention` and :func:`frozen_feature_run` the
+interventions its edges predict; :func:`frontend_json` circuit-tracer's file.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# public name -> its module, imported on first use (importing the package stays cheap)
+_EXPORTS = {
+    "attribution_graph": "interp.graphs.attribute",
+    "estimate_graph_bytes": "interp.graphs.attribute",
+    "AttributionGraph": "interp.graphs.graph",
+    "TaskGraph": "interp.graphs.task_graph",
+    "graphs_of_prompts": "interp.graphs.many",
+    "iter_graphs": "interp.graphs.many",
+    "graph_scores": "interp.graphs.influence",
+    "head_loadings": "interp.graphs.heads",
+    "qk_attribution": "interp.graphs.qk",
+    "attention_pairs": "interp.graphs.qk",
+    "feature_intervention": "interp.graphs.interventions",
+    "frozen_feature_run": "interp.graphs.interventions",
+    "FeatureRun": "interp.graphs.interventions",
+    "FrozenRun": "interp.graphs.interventions",
+    "frontend_json": "interp.graphs.frontend",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

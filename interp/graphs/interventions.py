@@ -30,6 +30,7 @@ interp edits them as they are, as ``run_cached`` does.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -38,12 +39,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.engine import FeatureEdit, forward, run_cached, to_tokens
+from interp.graphs.frozen import FINAL_HOOK
 
 __all__ = ["FeatureRun", "FrozenRun", "feature_intervention", "frozen_feature_run"]
 
 _ATTENTION = ("attn.hook_pattern", "attn.hook_q", "attn.hook_k")  # frozen: the pattern
 _NORMS = (".hook_scale",)  # frozen when every layer is constrained
-FINAL = "unembed.hook_in"  # the final norm's output: the raw logits are read from it
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ def _run(model, tokens, tc, edits, layers: set[int], freeze_attention: bool):
     hooks = [(name, freeze(name)) for name in dict.fromkeys(names)]
     for layer in range(tc.n_layers):
         hooks += [(tc.input_hook(layer), read(layer)), (tc.output_hook(layer), write(layer))]
-    hooks.append((FINAL, final))
+    hooks.append((FINAL_HOOK, final))
     logits = forward(model, tokens[None], hooks)[0]
     pre = torch.stack([tc.pre_activations(got["x"][lay][0], lay) for lay in range(tc.n_layers)])
     return tc, pre, got["final"], logits
@@ -216,3 +217,15 @@ def frozen_feature_run(
     tc, pre, final, _ = _run(model, tokens, tc, edits, layers, True)
     W_U = model.W_U.detach().to(final.dtype)
     return FrozenRun(pre_activations=pre, logits=final[-1] @ W_U)
+
+
+def __getattr__(name: str):
+    if name == "FINAL":  # one constant since 0.6.0: interp.graphs.frozen.FINAL_HOOK
+        warnings.warn(
+            "interp.graphs.interventions.FINAL is interp.graphs.frozen.FINAL_HOOK; the old name "
+            "goes in 0.7.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return FINAL_HOOK
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

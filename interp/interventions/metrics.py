@@ -27,8 +27,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.attribution.core import resolve_token
 from interp.engine.batched import MetricFn, per_row
+from interp.engine.tokens import resolve_token
 
 __all__ = [
     "Metric",

@@ -243,7 +243,7 @@ def _source_and_base(
 
 def _attribution(model, base_tokens, source, chosen, metric, base_fixed):
     """Attribution patching's per-site deltas and the metric they start from."""
-    from interp.interventions.attribution import attribution_deltas
+    from interp.interventions.attribution_patching import attribution_deltas
 
     # float32 estimates about the gradient pass's own metric (the mean over rows)
     return attribution_deltas(model, base_tokens, source, chosen, metric, fixed=base_fixed)

@@ -109,7 +109,8 @@ def patch_activations(
         executor: over a :class:`interp.Task` only: patch its rows in shards on an executor
             (``"local"``, ``"ray"``, ``"slurm"`` or an
             :class:`interp.foundation.executors.Sharding`;
-            :mod:`interp.tasks.sharded`), merged into the same table (docs/scale.md).
+            :func:`interp.interventions.shards.sharded_patch`), merged into the same table
+            (docs/scale.md).
 
     Returns columns ``site, layer, head, pos, method, metric, recovered`` (a task adds
     ``recovered_sem``; with ``per_row`` ``site, layer, head, pos, row, method, metric,
@@ -154,9 +155,9 @@ def _sharded(
     corruption,
     positions,
 ) -> pd.DataFrame:
-    """The task's table patched in shards on ``executor`` (:mod:`interp.tasks.sharded`), which
-    merges means only."""
-    from interp.tasks.sharded import sharded_patch
+    """The task's table patched in shards on ``executor``
+    (:mod:`interp.interventions.shards`), which merges means only."""
+    from interp.interventions.shards import sharded_patch
 
     if not rows.task or per_row or interventions or corruption or positions is not None:
         raise ValueError(

@@ -24,14 +24,23 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from interp.foundation.executors.sharding import Sharding, as_sharding
 from interp.foundation.partials import check_shards
 from interp.interventions.grids import recovered, undefined
 from interp.interventions.inputs import analysis_rows
 from interp.interventions.patch_rows import TASK_COLUMNS, patch_rows
 from interp.interventions.sanity import sanity_warnings
 from interp.tasks import Task
+from interp.tasks.shard_jobs import run_task_shards, task_shard
 
-__all__ = ["shard_rows", "task_fingerprint", "task_partial_sums", "merge_partial_sums", "FORMAT"]
+__all__ = [
+    "shard_rows",
+    "task_fingerprint",
+    "task_partial_sums",
+    "merge_partial_sums",
+    "sharded_patch",
+    "FORMAT",
+]
 
 FORMAT = "interp-patch-partial/1"  # the partial file's format: merge refuses others
 KEYS = ["site", "layer", "head", "pos", "method"]  # one cell of the table
@@ -229,3 +238,33 @@ def merge_partial_sums(parts: Sequence[dict]) -> pd.DataFrame:
         n_tokens=max(part["n_tokens"] for part in parts),
     )
     return frame
+
+
+def sharded_patch(
+    model,
+    task: Task,
+    executor: Sharding | str,
+    *,
+    metric: str = "logit_diff",
+    sites=("resid_pre",),
+    direction: str = "denoising",
+    method: str = "exact",
+    layers=None,
+    max_rows: int | None = None,
+    max_bytes: int | str | None = None,
+) -> pd.DataFrame:
+    """:func:`interp.patch_activations`'s table over ``task``, its shards
+    (:func:`task_partial_sums`) run by ``executor`` (:mod:`interp.tasks.shard_jobs`), merged by
+    :func:`merge_partial_sums`."""
+    settings = {
+        "metric": metric,
+        "sites": list(sites),
+        "direction": direction,
+        "method": method,
+        "layers": None if layers is None else list(layers),
+        "max_rows": max_rows,
+        "max_bytes": max_bytes,
+    }
+    job = task_shard("patch", task_partial_sums, model, task, settings=settings)
+    key = {"task": task_fingerprint(task), **settings}
+    return merge_partial_sums(run_task_shards(job, len(task), as_sharding(executor), key))

@@ -304,10 +304,10 @@ def test_the_graph_tells_q_k_v_apart_and_widens_with_the_score():
     """Grouped-query attention (4 query heads share 2 key/value heads): every circuit edge has
     its own hover point with its score, ends at its reader's port (q, k and v at different
     places, coloured by kind), and is wider the larger its |score|."""
-    from interp.discovery import Graph
+    from interp.discovery import EdgeGraph
     from interp.pages.discovery_plots import READER_COLOURS, circuit_graph
 
-    graph = Graph(n_layers=2, n_heads=4, n_kv_heads=2)
+    graph = EdgeGraph(n_layers=2, n_heads=4, n_kv_heads=2)
     names = list(graph.edge_names)
     kept = ["L0H1->L1H3.q", "L0H1->L1H1.k", "L0H1->L1H1.v", "L1H2->logits", "embed->MLP0"]
     scores = [0.9, -0.6, 0.3, 0.05, 0.01]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from interp.discovery import Graph, discover_circuit, edge_scores, evaluate_circuit
+from interp.discovery import EdgeGraph, discover_circuit, edge_scores, evaluate_circuit
 from interp.discovery.acdc import ACDC_COLUMNS, acdc, acdc_order, prune
 from tests.circuit_models import TRUE_EDGES, chain_model
 from tests.discovery.test_discovery_scores import _task
@@ -91,7 +91,7 @@ def test_acdc_is_sequential_acdc_with_plain_hooks():
     task = _task(model, seed=3, rows=4)
     batch = task.tokens(model)
     order = _order_by_hand(model)
-    assert order == [f"{w}->{r}" for w, r in acdc_order(Graph.from_model(model))]
+    assert order == [f"{w}->{r}" for w, r in acdc_order(EdgeGraph.from_model(model))]
     with torch.no_grad():
         _, cache = model.run_with_cache(batch.corrupted)
 
@@ -169,7 +169,7 @@ def test_acdc_runs_on_every_architecture(zoo, arch):
     model = zoo.model(arch)
     task = _task(model, seed=5, rows=3)
     frame = acdc(model, task, threshold=0.05)
-    assert list(frame["edge"]) == list(Graph.from_model(model).edge_names)
+    assert list(frame["edge"]) == list(EdgeGraph.from_model(model).edge_names)
     assert frame["score"].notna().all() and 0 < frame["in_circuit"].sum() < len(frame)
     _consistent(model, task, frame)
 

@@ -16,7 +16,7 @@ import torch
 from interp.discovery import (
     CURVE_FRACTIONS,
     Circuit,
-    Graph,
+    EdgeGraph,
     discover_circuit,
     edge_scores,
     evaluate_circuit,
@@ -40,7 +40,7 @@ def test_full_graph_is_one_and_empty_circuit_is_zero_exactly(zoo, arch):
     model = zoo.model(arch)
     task = _task(model, rows=3)
     batch = task.tokens(model)
-    names = Graph.from_model(model).edge_names
+    names = EdgeGraph.from_model(model).edge_names
     for ablation in ("patch", "mean", "zero"):
         full = evaluate_circuit(model, task, names, ablation=ablation)
         empty = evaluate_circuit(model, task, [], ablation=ablation)
@@ -75,7 +75,7 @@ def test_removing_layer_0_inputs_is_patching_layer_0(zoo, arch):
     model = zoo.model(arch)
     task = _task(model, seed=1, rows=3)
     batch = task.tokens(model)
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     layer_0 = {str(r) for r in graph.readers if r.layer == 0}
     kept = [
         e for e, (_, r) in zip(graph.edge_names, graph.edges, strict=True) if str(r) not in layer_0
@@ -97,7 +97,7 @@ def test_removing_embed_is_replacing_the_embedding(zoo, arch, ablation):
     model = zoo.model(arch)
     task = _task(model, seed=2, rows=3)
     batch = task.tokens(model)
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     kept = [e for e in graph.edge_names if not e.startswith("embed->")]
     ours = evaluate_circuit(model, task, kept, ablation=ablation).per_row["circuit_metric"]
     name = "blocks.0.hook_resid_pre"
@@ -117,7 +117,7 @@ def test_random_circuits_agree_with_plain_hooks(ablation):
     model = attn_only_model(normalization_type=None)
     task = _task(model, seed=3, rows=4)
     batch = task.tokens(model)
-    names = list(Graph.from_model(model).edge_names)
+    names = list(EdgeGraph.from_model(model).edge_names)
     rng = random.Random(0)
     spread = 0.0
     with torch.no_grad():
@@ -172,7 +172,7 @@ def test_discover_circuit_top_n_and_threshold():
     assert isinstance(top, Circuit) and top.method == "exact"
     assert set(top.edges) == set(TRUE_EDGES) and len(top) == 3
     assert top.params == {"metric": "logit_diff", "top_n": 3}
-    graph_order = list(Graph.from_model(model).edge_names)
+    graph_order = list(EdgeGraph.from_model(model).edge_names)
     assert list(top.edges) == [e for e in graph_order if e in TRUE_EDGES]
     assert list(top.scores.columns) == ["edge", "source", "target", "score", "in_circuit"]
     assert np.array_equal(top.scores["score"], scores["score"])
@@ -187,7 +187,7 @@ def test_discover_circuit_top_n_and_threshold():
 
 
 def test_ranking_is_by_absolute_score_then_graph_order():
-    graph = Graph(n_layers=1, n_heads=1, n_kv_heads=1, mlps=False)  # 5 edges
+    graph = EdgeGraph(n_layers=1, n_heads=1, n_kv_heads=1, mlps=False)  # 5 edges
     names = list(graph.edge_names)
     frame = pd.DataFrame({"edge": names[::-1], "score": [0.1, -0.5, 0.2, 0.2, -0.2]})
     # reversed names: scores by edge are names[4]=0.1, [3]=-0.5, [2]=0.2, [1]=0.2, [0]=-0.2
@@ -230,7 +230,7 @@ def test_curve_and_its_areas():
     )
     assert curve["faithfulness"].iloc[-1] == 1.0  # every edge: exactly the full model
     # each point is the circuit of the top edges, evaluated on its own
-    ranked = ranked_edges(scores, Graph.from_model(model))
+    ranked = ranked_edges(scores, EdgeGraph.from_model(model))
     for n, f in zip(curve["n_edges"], curve["faithfulness"], strict=True):
         alone = evaluate_circuit(model, task, ranked[:n]).faithfulness
         assert f == pytest.approx(alone, abs=1e-6), n

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import interp
-from interp.discovery import Graph, edge_scores
+from interp.discovery import EdgeGraph, edge_scores
 from interp.discovery.features import feature_edge_scores
 from interp.discovery.runs import writer_outputs
 from tests.discovery.test_discovery_features import (
@@ -47,7 +47,7 @@ def test_a_writers_edges_into_features_and_error_sum_to_its_later_readers(zoo, a
     sae = random_sae(int(model.cfg.d_model), layer, seed=6)
     task = _task(model, seed=7)
     ours = _check_upstream_identity(model, task, sae, "eap")
-    expected = {"embed"} if layer == 0 else set(Graph.from_model(model).writers[:6])
+    expected = {"embed"} if layer == 0 else set(EdgeGraph.from_model(model).writers[:6])
     assert set(ours[~_is_sae(ours.source)].source) == expected
     _check_upstream_identity(model, task, sae, "eap-ig", ig_steps=3)
 
@@ -70,7 +70,7 @@ def test_edges_into_features_equal_autograd_and_the_encoders_jvp(zoo, arch):
     batch = task.tokens(model)
     ours = feature_edge_scores(model, task, sae, upstream=True)
     c, k, n = ours.attrs["clean_metric"], ours.attrs["corrupted_metric"], len(batch)
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     clean, _ = writer_outputs(model, batch.clean, graph)
     corrupted, _ = writer_outputs(model, batch.corrupted, graph)
     x = model.run_with_cache(batch.corrupted, names_filter=sae.hook_name)[1][sae.hook_name]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoConfig
 
-from interp.discovery import Graph, edge_count, split_edge
+from interp.discovery import EdgeGraph, edge_count, split_edge
 from tests.zoo import PARALLEL_ARCHS, ZOO_ARCHS
 
 
@@ -28,21 +28,21 @@ def test_gpt2_small_has_32491_edges_from_its_config_alone():
 
 
 def test_names_order_and_special_cases():
-    graph = Graph(n_layers=2, n_heads=4, n_kv_heads=2)
+    graph = EdgeGraph(n_layers=2, n_heads=4, n_kv_heads=2)
     names = graph.edge_names
     assert names[0] == "embed->L0H0.q" and names[-1] == "MLP1->logits"
     assert "L0H1->L1H3.q" in names and "L0H1->L1H1.k" in names and "L0H1->L1H2.k" not in names
     assert "L0H2->MLP0" in names and "MLP0->L0H0.q" not in names and "L1H0->L1H0.q" not in names
     assert len(set(names)) == len(names) == formula(2, 4, 2, True, False)
-    parallel = Graph(n_layers=2, n_heads=4, n_kv_heads=4, parallel=True)
+    parallel = EdgeGraph(n_layers=2, n_heads=4, n_kv_heads=4, parallel=True)
     assert "L0H2->MLP0" not in parallel.edge_names and "L0H2->MLP1" in parallel.edge_names
-    attn_only = Graph(n_layers=2, n_heads=4, n_kv_heads=4, mlps=False)
+    attn_only = EdgeGraph(n_layers=2, n_heads=4, n_kv_heads=4, mlps=False)
     assert not any("MLP" in name for name in attn_only.edge_names)
     assert split_edge("L0H1->L1H2.k") == ("L0H1", "L1H2.k")
     with pytest.raises(ValueError, match="SOURCE->TARGET"):
         split_edge("L0H1")
     with pytest.raises(ValueError, match="multiple of n_key_value_heads"):
-        Graph(n_layers=1, n_heads=4, n_kv_heads=3)
+        EdgeGraph(n_layers=1, n_heads=4, n_kv_heads=3)
 
 
 @pytest.mark.parametrize("arch", ZOO_ARCHS)
@@ -52,4 +52,4 @@ def test_count_formula_on_every_zoo_architecture(zoo, arch):
     n_heads = hf.num_attention_heads
     n_kv = getattr(hf, "num_key_value_heads", None) or n_heads
     expected = formula(hf.num_hidden_layers, n_heads, n_kv, True, arch in PARALLEL_ARCHS)
-    assert edge_count(model) == len(Graph.from_model(model).edge_names) == expected
+    assert edge_count(model) == len(EdgeGraph.from_model(model).edge_names) == expected

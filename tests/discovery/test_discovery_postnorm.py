@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.discovery import Graph, edge_scores, evaluate_circuit
+from interp.discovery import EdgeGraph, edge_scores, evaluate_circuit
 from interp.discovery.runs import patched_metrics, writer_outputs
 from tests.discovery.test_discovery_scores import _task
 
@@ -31,7 +31,7 @@ def _patched_by_hooks(model, batch, names: list[str]) -> float:
 
 def test_heads_add_up_to_the_normed_attention_output(gemma):
     batch = _task(gemma).tokens(gemma)
-    graph = Graph.from_model(gemma)
+    graph = EdgeGraph.from_model(gemma)
     outputs, _ = writer_outputs(gemma, batch.clean, graph)
     with torch.no_grad():
         _, cache = gemma.run_with_cache(batch.clean)
@@ -48,7 +48,7 @@ def test_heads_add_up_to_the_normed_attention_output(gemma):
 def test_every_edge_out_of_a_layers_heads_is_patching_its_attention_output(gemma, layer):
     task = _task(gemma)
     batch = task.tokens(gemma)
-    graph = Graph.from_model(gemma)
+    graph = EdgeGraph.from_model(gemma)
     heads = {f"L{layer}H{h}" for h in range(graph.n_heads)}
     run = [(w, r) for w, r in graph.edges if w in heads]
     clean, _ = writer_outputs(gemma, batch.clean, graph)
@@ -69,7 +69,7 @@ def test_scores_and_circuits_run(gemma):
     first = eap.set_index("edge")["score"][last.index]
     big = last.abs() > 0.05
     assert (last[big] * first[big] > 0).all()
-    full = evaluate_circuit(gemma, task, list(Graph.from_model(gemma).edge_names))
+    full = evaluate_circuit(gemma, task, list(EdgeGraph.from_model(gemma).edge_names))
     empty = evaluate_circuit(gemma, task, [])
     assert full.faithfulness == pytest.approx(1.0, abs=ATOL)
     assert empty.faithfulness == pytest.approx(0.0, abs=ATOL)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from interp import Task
-from interp.discovery import Graph, edge_scores
+from interp.discovery import EdgeGraph, edge_scores
 from interp.discovery.runs import patched_metrics, writer_outputs
 from interp.interventions.paths import complete_receivers, path_patch
 from tests.zoo import attn_only_model
@@ -41,7 +41,7 @@ def _task(model, *, seed: int = 0, rows: int = 3, n_pos: int = 8, same_answer: b
 
 
 def _runs_mean(model, task, runs):
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     batch = task.tokens(model)
     clean, _ = writer_outputs(model, batch.clean, graph)
     corrupted, _ = writer_outputs(model, batch.corrupted, graph)
@@ -52,7 +52,7 @@ def _runs_mean(model, task, runs):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_edge_out_of_a_writer_is_patching_the_writer(zoo, arch):
     model = zoo.model(arch)
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     task = _task(model)
     batch = task.tokens(model)
     senders = [("head", 0, 1), ("mlp", 0), ("head", 1, 2), ("mlp", 1)]
@@ -78,7 +78,7 @@ def test_an_edge_into_the_logits_is_the_writers_direct_effect(zoo, arch):
     task = _task(model, seed=1)
     batch = task.tokens(model)
     scores = edge_scores(model, task, "exact").set_index("edge")["score"]
-    graph = Graph.from_model(model)
+    graph = EdgeGraph.from_model(model)
     for writer in graph.writers[1:]:
         sender = (
             ("mlp", int(writer[3:]))
@@ -209,7 +209,7 @@ def test_eap_ig_over_the_embeddings_edges_converges_to_exact_as_steps_grow(bundl
     from interp.tasks import induction
 
     task = induction(bundled_model, 4, seed=0, seq_len=6)
-    graph = Graph.from_model(bundled_model)
+    graph = EdgeGraph.from_model(bundled_model)
     embed_edges = [e for e in graph.edges if e[0] == "embed"]
     scores = edge_scores(bundled_model, task, "exact")
     c, k = scores.attrs["clean_metric"], scores.attrs["corrupted_metric"]

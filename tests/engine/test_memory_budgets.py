@@ -19,7 +19,7 @@ from interp.engine import (
 )
 from interp.engine.plan import _GLIBC_SLACK, _PLAN_SHARE
 from interp.interventions import Intervention, Site, logit_diff, patch_activations, run_patched
-from interp.interventions.attribution import estimate_attribution_bytes
+from interp.interventions.attribution_patching import estimate_attribution_bytes
 from interp.models.offload import is_offloaded
 
 CHUNK_ATOL = 1e-6  # chunked vs one pass: the same arithmetic per row

@@ -13,8 +13,8 @@ from interp import Task, discover_circuit, patch_activations
 from interp.discovery.shards import discovery_partial_sums, merge_discovery_sums
 from interp.foundation.executors import Sharding
 from interp.interventions.shards import merge_partial_sums, task_partial_sums
+from interp.models.workers import model_source
 from interp.tasks import induction
-from interp.tasks.sharded import model_source
 from tests.forked import forked_workers
 
 # float32 metrics summed over <= 9 rows in float64, divided by C - K ~ 1: rounding of the order
