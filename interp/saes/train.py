@@ -178,8 +178,9 @@ def train_sae(
         seed: seeds the data, the initialisation and the shuffles: the same seed gives the
             same weights.
         device: where to train (default: the model's device).
-        store: an :class:`interp.ActivationStore` (or its folder) of the model's activations
-            at ``hook`` to train on instead of running the model (:mod:`interp.stores.training`;
+        store: an opened :class:`interp.ActivationStore` of the model's activations at
+            ``hook`` to train on instead of running the model (it adapts itself:
+            ``store.sae_source``; a folder path is refused: pass ``ActivationStore(path)``;
             one filled by ``fill_training_store`` with these settings gives the same SAE).
         max_bytes: with a store: the most the whole call holds at once (bytes or ``"1GB"``):
             the SAE, its gradients and Adam's moments, each step, the held-out evaluation,
