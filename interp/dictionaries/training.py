@@ -53,7 +53,6 @@ __all__ = [
     "HISTORY_ROWS",
     "L1_WARMUP",
     "LR_DECAY",
-    "Loss",
     "SAELoss",
     "TranscoderLoss",
     "buffers_of",
@@ -84,7 +83,7 @@ def warmup(step: int, steps: int) -> float:
     return min(1.0, (step + 1) / max(1, int(steps * L1_WARMUP)))
 
 
-class Loss(Protocol):
+class Loss(Protocol):  # the interface, not a class to build (so not in __all__)
     """A kind's loss: ``loss(batch, lam, step)`` gives the loss and a function of no arguments
     that gives the history's figures of that step (called without gradients, after the step);
     ``project()`` runs after each optimiser step (TopK's unit-norm rows)."""

@@ -122,7 +122,8 @@ def fill_training_store(
 ) -> ActivationStore:
     """A store of exactly the activations ``train_sae(model, hook, texts, d_sae=..., steps=...,
     batch_tokens=..., seed=...)`` draws, one part per draw, computed in ``shards`` on
-    ``executor``; ``train_sae(..., store=ActivationStore(path))`` with those settings then gives the same SAE."""
+    ``executor``; ``train_sae(..., store=ActivationStore(path))`` with those settings then
+    gives the same SAE."""
     spec = model_spec(model)
     settings = {"seed": seed, "steps": steps, "batch_tokens": batch_tokens, "d_sae": d_sae}
     job = _TrainingShard(spec, hook, None if texts is None else tuple(texts), settings, str(path))
