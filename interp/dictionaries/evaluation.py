@@ -14,11 +14,9 @@ from the sum over one ``[n d]`` tensor by rounding only (tests/stores/test_store
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-
 from torch import Tensor
 
-__all__ = ["CentredSquares", "held_out_sums"]
+__all__ = ["CentredSquares"]
 
 
 class CentredSquares:
@@ -50,22 +48,3 @@ class CentredSquares:
 
     def __len__(self) -> int:
         return self.n
-
-
-def held_out_sums(
-    passes: Iterable[tuple[Tensor, ...]],
-    chunk: int,
-    tally: Callable[..., None],
-    squares: CentredSquares | None = None,
-) -> int:
-    """Hand every pass's tensors (``[tokens ...]`` each, the same tokens) to ``tally``
-    ``chunk`` tokens at a time, and each pass's last tensor (the one reconstructed) to
-    ``squares``; returns the number of tokens."""
-    n = 0
-    for tensors in passes:
-        for part in zip(*(t.split(chunk) for t in tensors), strict=True):
-            tally(*part)
-        if squares is not None:
-            squares.add(tensors[-1])
-        n += len(tensors[0])
-    return n

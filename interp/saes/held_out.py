@@ -17,34 +17,33 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.dictionaries.evaluation import CentredSquares, held_out_sums
+from interp.dictionaries.evaluation import CentredSquares
 from interp.saes.sae import SAE
 
 __all__ = ["figures", "streamed_figures"]
 
 
-def _figures(sae: SAE, passes, chunk: int, squares: CentredSquares | None) -> tuple[dict, int]:
-    """The sums over every pass (``chunk`` tokens encoded at a time), and the token count."""
-    sums = {"error": 0.0, "l0": 0.0, "active": None}
-
-    def tally(part: Tensor) -> None:
-        f = sae.encode(part)
-        sums["error"] += (part - sae.decode(f)).pow(2).sum().item()
-        sums["l0"] += (f > 0).sum().item()
-        if sums["active"] is None:
-            sums["active"] = torch.zeros(sae.d_sae, dtype=torch.bool, device=part.device)
-        sums["active"] |= (f > 0).any(0)
-
-    n = held_out_sums(((x,) for x in passes), chunk, tally, squares)
-    return sums, n
-
-
-def _report(sae: SAE, sums: dict, n: int, numel: int, total: float) -> dict:
-    dead = tuple(torch.nonzero(~sums["active"]).flatten().tolist())
+def _figures(sae: SAE, passes, chunk: int, total: float | None = None) -> dict:
+    """The figures over every pass, ``chunk`` tokens encoded at a time; ``total``:
+    ``Σ ||x - mean(x)||²``, or None to combine it pass by pass."""
+    active, error, l0, n, d = None, 0.0, 0.0, 0, 0
+    squares = CentredSquares()
+    for x in passes:
+        if active is None:
+            active = torch.zeros(sae.d_sae, dtype=torch.bool, device=x.device)
+        for part in x.split(chunk):
+            f = sae.encode(part)
+            error += (part - sae.decode(f)).pow(2).sum().item()
+            l0 += (f > 0).sum().item()
+            active |= (f > 0).any(0)
+        if total is None:
+            squares.add(x)
+        n, d = n + len(x), x.shape[1]
+    dead = tuple(torch.nonzero(~active).flatten().tolist())
     return {
-        "l0": sums["l0"] / n,
-        "explained_variance": 1 - sums["error"] / total,
-        "mse": sums["error"] / numel,
+        "l0": l0 / n,
+        "explained_variance": 1 - error / (squares.total.sum().item() if total is None else total),
+        "mse": error / (n * d),
         "dead_fraction": len(dead) / sae.d_sae,
         "dead_features": dead,
     }
@@ -53,14 +52,10 @@ def _report(sae: SAE, sums: dict, n: int, numel: int, total: float) -> dict:
 @torch.no_grad()
 def figures(sae: SAE, x: Float[Tensor, "n d_in"], chunk: int) -> dict:
     """L0, explained variance, MSE and dead features on the held-out activations ``x``."""
-    sums, n = _figures(sae, [x], chunk, None)
-    return _report(sae, sums, n, x.numel(), (x - x.mean(0)).pow(2).sum().item())
+    return _figures(sae, [x], chunk, (x - x.mean(0)).pow(2).sum().item())
 
 
 @torch.no_grad()
 def streamed_figures(sae: SAE, passes: Iterable[Float[Tensor, "n d_in"]], chunk: int) -> dict:
     """The same figures over the held-out activations of every pass."""
-    squares = CentredSquares()
-    sums, n = _figures(sae, passes, chunk, squares)
-    numel = n * int(squares.total.numel())
-    return _report(sae, sums, n, numel, squares.total.sum().item())
+    return _figures(sae, passes, chunk)

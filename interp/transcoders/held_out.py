@@ -16,31 +16,32 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp.dictionaries.evaluation import CentredSquares, held_out_sums
+from interp.dictionaries.evaluation import CentredSquares
 from interp.transcoders.transcoder import TranscoderSet
 
 __all__ = ["figures", "streamed_figures", "tally"]
 
 
-def _figures(tc: TranscoderSet, passes, chunk: int, total=None) -> pd.DataFrame:
+def _figures(tc: TranscoderSet, passes, chunk: int, total: Tensor | None = None):
     """The figures over every pass's ``(x, y)`` ``[n layer d_model]``; ``total``: each layer's
     ``Σ ||y - mean(y)||²``, or None to combine it pass by pass."""
-    n_layers, sums = tc.n_layers, {}
-
-    def add(x: Tensor, y: Tensor) -> None:
-        if not sums:
-            sums["active"] = torch.zeros(n_layers, tc.d_tc, dtype=torch.bool, device=x.device)
-            sums["error"] = torch.zeros(n_layers, dtype=torch.float64)
-        tally(tc, x, y, sums["error"], l0, sums["active"])
-
-    l0, squares = torch.zeros(n_layers), CentredSquares() if total is None else None
-    n = held_out_sums(passes, chunk, add, squares)
+    n_layers, n, active, error = tc.n_layers, 0, None, None
+    l0, squares = torch.zeros(n_layers), CentredSquares()
+    for x, y in passes:
+        if active is None:
+            active = torch.zeros(n_layers, tc.d_tc, dtype=torch.bool, device=x.device)
+            error = torch.zeros(n_layers, dtype=torch.float64)
+        for xc, yc in zip(x.split(chunk), y.split(chunk), strict=True):
+            tally(tc, xc, yc, error, l0, active)
+        if total is None:
+            squares.add(y)
+        n += len(x)
     total = squares.total.sum(-1).cpu() if total is None else total
-    dead = (~sums["active"]).sum(1).cpu()
+    dead = (~active).sum(1).cpu()
     return pd.DataFrame(
         {
             "layer": range(n_layers),
-            "fvu": (sums["error"] / total).tolist(),
+            "fvu": (error / total).tolist(),
             "l0": (l0 / n).tolist(),
             "dead": dead.tolist(),
             "dead_fraction": (dead / tc.d_tc).tolist(),

@@ -3,14 +3,13 @@
 Every layer's MLP input (``blocks.L.mlp.hook_in``) and output (``blocks.L.mlp.hook_out``) are
 read in one pass per buffer of token rows (the texts given, or the bundled model's own
 training mix, as :func:`interp.train_sae`; a BOS token at position 0 is left out), and all
-layers train together on the same tokens; the losses are in :mod:`interp.transcoders.fit`.
-The result is a :class:`~interp.transcoders.TranscoderSet` in the model's units, saved (with
-``out=``) in circuit-tracer's format. Its figures are measured per layer on held-out tokens
-(:data:`EVAL_TOKENS`, :meth:`TokenRows.held_out` with seed :data:`EVAL_SEED`):
-
-    FVU = Σ_tokens ||y - ŷ||² / Σ_tokens ||y - mean_tokens(y)||²   (y: the MLP's output)
-    L0 = mean_tokens #{f: act_f != 0}
-    dead features: never active on any held-out token
+layers train together on the same tokens, by the one loop of every dictionary
+(:mod:`interp.dictionaries.training`, whose docstring gives the losses; the parameters' start
+and folding: :mod:`interp.transcoders.fit`). The result is a
+:class:`~interp.transcoders.TranscoderSet` in the model's units, saved (with ``out=``) in
+circuit-tracer's format. Its figures (FVU, L0, dead features: :mod:`interp.transcoders.held_out`)
+are measured per layer on held-out tokens (:data:`EVAL_TOKENS`, :meth:`TokenRows.held_out` with
+seed :data:`EVAL_SEED`).
 
 With ``store=`` (a store of every layer's MLP input and output, :func:`interp.stores.fill_store`)
 the pairs are read from disk in shuffled batches instead (:mod:`interp.stores.pairs`), the whole
@@ -31,6 +30,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from interp.dictionaries.training import BUFFER_BATCHES
 from interp.engine import run_cached, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows
@@ -48,7 +48,6 @@ INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "mlp.hook_out"  # circuit-tracer's name
 EVAL_TOKENS = 16384  # held-out tokens the figures are measured on
 EVAL_CHUNK = 4096  # tokens encoded at a time for them
 EVAL_SEED = 12345  # the same held-out rows for every run on the same texts
-BUFFER_BATCHES = 32  # activations are drawn this many batches at a time, then shuffled
 
 
 @dataclass(frozen=True)
