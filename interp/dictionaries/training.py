@@ -11,13 +11,15 @@ about :data:`HISTORY_ROWS` rows of history are kept (step, loss, the kind's figu
 What differs is the loss, one small object per kind, in scaled units (the callers scale the
 activations to a mean norm of ``sqrt(d)`` and fold the scale back into the weights):
 
-- :class:`SAELoss`, with ``apply_b_dec_to_input`` (SAELens's ``StandardTrainingSAE`` and
-  ``TopKTrainingSAE``, no auxiliary loss)::
+- :class:`SAELoss`, with ``apply_b_dec_to_input``, as SAELens's ``StandardTrainingSAE`` (sum
+  over ``d``, mean over tokens, the L1 penalty weighted by each decoder row's norm, so shrinking
+  rows cannot buy sparsity) and ``TopKTrainingSAE`` (no auxiliary loss)::
 
-      f = ReLU((x - b_dec) W_enc + b_enc)        standard;  ReLU(TopK_k(...)) topk
+      f = ReLU((x - b_dec) W_enc + b_enc)        standard
+      f = ReLU(TopK_k((x - b_dec) W_enc + b_enc))   topk: the k largest, the rest 0
       x̂ = f W_dec + b_dec
-      loss = mean_tokens ||x̂ - x||² + λ mean_tokens Σ_j f_j ||W_dec[j]||   (standard)
-      loss = mean_tokens ||x̂ - x||²          (topk; decoder rows put back to norm 1 each step)
+      loss = mean_tokens ||x̂ - x||² + λ mean_tokens Σ_j f_j ||W_dec[j]||   standard
+      loss = mean_tokens ||x̂ - x||²    topk (decoder rows put back to norm 1 each step)
 
 - :class:`TranscoderLoss`, every layer at once; ``mask[l, j]`` says whether layer l's features
   write layer j (the identity for per-layer and skip transcoders, upper-triangular for

@@ -3,25 +3,12 @@
 The activations ``x`` at ``hook`` (one vector per token; a BOS token at position 0 is left
 out, its activation is a constant outlier) are first scaled by one factor ``c`` so that their
 mean norm is ``sqrt(d_in)`` (SAELens's ``expected_average_only_in``): ``l1_coefficient`` then
-means the same on every model. With ``x' = c x`` and ``apply_b_dec_to_input``:
-
-    pre = (x' - b_dec) W_enc + b_enc
-    f = ReLU(pre)                       standard
-    f = ReLU(TopK_k(pre))               topk: the k largest pre-activations, the rest 0
-    x̂' = f W_dec + b_dec
-
-    standard:  loss = mean_tokens ||x̂' - x'||² + λ mean_tokens Σ_j f_j ||W_dec[j]||
-    topk:      loss = mean_tokens ||x̂' - x'||²   (decoder rows kept at unit norm)
-
-as SAELens's ``StandardTrainingSAE`` (sum over ``d_in``, mean over tokens, the L1 penalty
-weighted by each decoder row's norm, so shrinking rows cannot buy sparsity) and
-``TopKTrainingSAE`` (no auxiliary loss), trained by the one loop of every dictionary
-(:func:`interp.dictionaries.training.fit`, :class:`~interp.dictionaries.training.SAELoss`):
-λ rises linearly from 0 over the first 5% of steps; the learning rate (Adam, betas
-0.9/0.999) decays linearly to 0 over the last 20%. ``b_dec``
-starts at 0 (SAELens's default; the mean would pull every feature off the data's own
-directions when they are not centred), ``W_dec`` rows at norm 0.1 (standard) or 1 (topk), and
-``W_enc = W_decᵀ``.
+means the same on every model. The scaled activations train by the one loop of every
+dictionary, with SAELens's ``StandardTrainingSAE`` or ``TopKTrainingSAE`` loss
+(:class:`interp.dictionaries.training.SAELoss`, whose module docstring gives the losses and
+the schedules). ``b_dec`` starts at 0 (SAELens's default; the mean would pull every feature off
+the data's own directions when they are not centred), ``W_dec`` rows at norm 0.1 (standard) or
+1 (topk), and ``W_enc = W_decᵀ``.
 
 The returned SAE is in the model's units, with unit-norm decoder rows: each feature is
 rescaled by ``n_j / c`` (``n_j = ||W_dec[j]||``), which leaves the reconstruction exactly
