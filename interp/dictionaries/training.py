@@ -132,6 +132,7 @@ def fit(
             history.append(row)
             label, column = loss.shown
             bar.set_postfix(l0=f"{row['l0']:.1f}", **{label: f"{row[column]:.3f}"})
+        del value, figures  # this step's tensors, not held through the next one's
     return history
 
 

@@ -177,7 +177,6 @@ def train_sae(
     Returns:
         ``(sae, report)``: the SAE in the model's units, and its figures on held-out tokens.
     """
-
     _check(architecture, d_sae, k, steps, batch_tokens)
     check_hook_names(model, [hook])
     start = time.perf_counter()
