@@ -117,7 +117,7 @@ def watch_steps(kind: str, peak: Peak, evaluation: Peak) -> None:
         return wrapper
 
     if kind == "sae":
-        sae_train.activation_source = started(sae_train.activation_source)
+        sae_train._source = started(sae_train._source)
         sae_train._fold = stopped(sae_train._fold)
     else:
         tc_train.store_pairs = started(tc_train.store_pairs)
@@ -127,9 +127,9 @@ def watch_steps(kind: str, peak: Peak, evaluation: Peak) -> None:
 def watch_budget(found: list) -> None:
     """Keep the :class:`interp.stores.budget.TrainingBudget` each training shares out."""
     import interp.stores.pairs as pairs
-    import interp.stores.training as training
+    import interp.stores.sae_source as sae_source
 
-    for module in (pairs, training):
+    for module in (pairs, sae_source):
         original = module.split_budget
 
         def kept(*args, _original=original, **kwargs):

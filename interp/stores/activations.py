@@ -49,6 +49,7 @@ from interp.stores.parts import (
     write_part,
 )
 from interp.stores.reading import BLOCK, reading_plan, shuffled_batches
+from interp.stores.sae_source import sae_source
 
 __all__ = ["ActivationStore", "fill_store", "write_part", "FORMAT", "BLOCK", "ROWS_PER_PASS"]
 
@@ -202,6 +203,13 @@ class ActivationStore:
         with open(self.path / self.parts[index]["part"] / file_name(hook), "rb") as f:
             read_rows(f, offset, out[0].nbytes if len(out) else 0, 0, out)
         return torch.from_numpy(out)
+
+    def sae_source(self, model, hook: str, rows, gen: torch.Generator, *, batch_tokens: int,
+                   d_sae: int, max_bytes, held_out: list[Tensor], chunk: int):  # fmt: skip
+        """What :func:`interp.train_sae` trains on from this store: ``(buffers, held_out)``
+        (:func:`interp.stores.sae_source.sae_source`)."""
+        return sae_source(self, model, hook, rows, gen, batch_tokens=batch_tokens, d_sae=d_sae,
+                          max_bytes=max_bytes, held_out=held_out, chunk=chunk)  # fmt: skip
 
     def tokens(self, index: int) -> np.ndarray:
         """Part ``index``'s token ids."""

@@ -1,20 +1,6 @@
-"""Where :func:`interp.saes.train_sae` gets its activations: computed as it goes, or a store.
+"""Stores for :func:`interp.train_sae` to replay: :func:`fill_training_store` stores exactly
+the activations a ``train_sae`` run draws (how it reads them: :mod:`interp.stores.sae_source`).
 
-Three sources, one method (``next()``: the next buffer of activations, in the order training
-consumes them):
-
-- memory (no store): draw :data:`BUFFER_BATCHES` batches of token rows, run the model, shuffle
-  (what ``train_sae`` always did);
-- a store filled by :func:`fill_training_store`: the same draws, replayed (token draws cost no
-  forward pass), with the activations read from the store's part for that draw and checked to
-  be of the same tokens; shuffled by the same generator, so training gives bit for bit the
-  weights the memory source gives (tests/stores/test_stores.py);
-- any other store (:func:`interp.stores.fill_store`): one shuffled batch at a time from
-  :meth:`ActivationStore.batches`, holding at most ``max_bytes``: data many times memory.
-
-``max_bytes`` is checked before training starts, for both kinds of store: a replayed draw is
-read whole (it is the buffer the memory source would hold), so a budget that does not hold
-what replaying holds (:func:`replay_bytes`) is refused, naming the least that would do.
 A training store's run is keyed by its settings and a SHA-256 of its texts (:func:`texts_digest`):
 a re-run with other texts is refused, never resumed into the same folder.
 """
@@ -30,38 +16,23 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from interp.dictionaries.training import BUFFER_BATCHES
 from interp.foundation.executors.local import InlineExecutor
 from interp.foundation.executors.runner import run_shards
-from interp.foundation.sizes import parse_size
 from interp.models.workers import model_spec, worker_model
 from interp.saes.data import TokenRows, activations_at
 from interp.stores.activations import ActivationStore, write_meta
-from interp.stores.budget import (
-    TrainingBudget,
-    evaluation_plan,
-    evaluation_room,
-    split_budget,
-    step_bytes,
-)
 from interp.stores.parts import PartWriter, kept, pass_activations
-from interp.stores.reading import least_reading_bytes
+from interp.stores.sae_source import kept_tokens, replay_bytes, sae_budget
 
 __all__ = [
     "BUFFER_BATCHES",
-    "activation_source",
     "fill_training_store",
     "replay_bytes",
     "sae_budget",
     "texts_digest",
     "training_draws",
 ]
-
-BUFFER_BATCHES = 32  # activations are drawn this many batches at a time, then shuffled
-
-
-def _kept(batches: Sequence[Tensor], bos: int | None) -> Tensor:
-    """The token ids activations_at keeps (all but a BOS at position 0), flattened."""
-    return torch.cat([tokens[kept(tokens, bos)] for tokens in batches])
 
 
 def texts_digest(texts: Sequence[str] | None) -> str | None:
@@ -76,13 +47,6 @@ def texts_digest(texts: Sequence[str] | None) -> str | None:
     return digest.hexdigest()
 
 
-def replay_bytes(store: ActivationStore, hook: str) -> int:
-    """What replaying ``store`` holds at once: the draw read, its shuffled copy and the draw
-    before it that training still holds (float32), and the shuffle's order (int64)."""
-    tokens = max(int(p["tokens"]) for p in store.parts)
-    return tokens * (3 * int(store.meta["d"][hook]) * 4 + 8)
-
-
 def training_draws(model, texts, *, seed, steps, batch_tokens, d_sae, d_in) -> list[list[Tensor]]:
     """The token rows of every buffer ``train_sae`` with these settings draws, in order: its
     generator's calls replayed (draws, shuffles, the decoder's initialisation) without the
@@ -94,7 +58,7 @@ def training_draws(model, texts, *, seed, steps, batch_tokens, d_sae, d_in) -> l
 
     def draw() -> int:
         batches = rows.draw(BUFFER_BATCHES * batch_tokens)
-        n = len(_kept(batches, bos))
+        n = len(kept_tokens(batches, bos))
         torch.randperm(n, generator=gen)
         draws.append(batches)
         return n
@@ -107,96 +71,6 @@ def training_draws(model, texts, *, seed, steps, batch_tokens, d_sae, d_in) -> l
             n, used = draw(), 0
         used += batch_tokens
     return draws
-
-
-class _Source:
-    def __init__(self, model, hook, rows, gen, batch_tokens, store, max_bytes):
-        self.model, self.hook, self.rows, self.gen = model, hook, rows, gen
-        self.size = BUFFER_BATCHES * batch_tokens
-        self.store, self.drawn = store, 0
-        self.replay = store is not None and store.meta["filled"]["kind"] == "training"
-        if self.replay and max_bytes is not None:
-            need, limit = replay_bytes(store, hook), parse_size(max_bytes)
-            if need > limit:
-                raise ValueError(
-                    f"max_bytes {limit:,} is too small for {store.path}: it was filled with "
-                    f"fill_training_store, whose draws are replayed whole ({need:,} bytes at "
-                    "once); raise max_bytes to that, or train from a store filled with "
-                    "fill_store, read in batches within any budget"
-                )
-        if store is not None and not self.replay:
-            self.batches = store.batches(hook, batch_tokens, generator=gen, max_bytes=max_bytes)
-
-    def next(self) -> Tensor:
-        if self.store is None:
-            acts = activations_at(self.model, self.hook, self.rows.draw(self.size))
-        elif not self.replay:
-            return next(self.batches)
-        else:
-            batches = self.rows.draw(self.size)
-            if self.drawn >= len(self.store.parts):
-                raise ValueError(
-                    f"{self.store.path} holds {len(self.store.parts)} draws and training needs "
-                    "more: fill it with the same steps, batch_tokens and d_sae"
-                )
-            wanted = _kept(batches, getattr(self.model.tokenizer, "bos_token_id", None))
-            found = torch.from_numpy(self.store.tokens(self.drawn))
-            if not torch.equal(wanted, found):
-                raise ValueError(
-                    f"{self.store.path}'s draw {self.drawn} is of other tokens than this run's: "
-                    "it was filled with another seed, texts, steps, batch_tokens or d_sae"
-                )
-            acts = self.store.read(self.drawn, self.hook)
-            self.drawn += 1
-        return acts[torch.randperm(len(acts), generator=self.gen)]
-
-
-def activation_source(model, hook, rows, gen, batch_tokens, store=None, max_bytes=None) -> _Source:
-    """The source ``train_sae`` reads (module docstring); ``store`` is checked against the
-    model (its fingerprint) and the hook."""
-    if store is not None:
-        store = store if isinstance(store, ActivationStore) else ActivationStore(store)
-        store.check(model, hook)
-    elif max_bytes is not None:
-        raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
-    return _Source(model, hook, rows, gen, batch_tokens, store, max_bytes)
-
-
-def sae_budget(
-    model,
-    hook: str,
-    store,
-    max_bytes,
-    *,
-    batch_tokens: int,
-    d_sae: int,
-    held_out,
-    tokens: int,
-    chunk: int,
-) -> tuple[ActivationStore, TrainingBudget]:
-    """``store`` opened and checked against the model and ``hook``, and ``max_bytes`` shared
-    between ``train_sae``'s own state (and ``tokens`` bytes of token ids), steps, evaluation
-    (on the ``held_out`` rows, ``chunk`` tokens at a time) and the reading
-    (:mod:`interp.stores.budget`), before anything is read."""
-    store = store if isinstance(store, ActivationStore) else ActivationStore(store)
-    store.check(model, hook)
-    d_in = int(store.meta["d"][hook])
-    if store.meta["filled"]["kind"] == "training":
-        least = replay_bytes(store, hook)
-        how = f"{store.path} was filled for a replay: draws replayed whole (one at a time)"
-    else:
-        least = least_reading_bytes(len(store), 4 * d_in, batch_tokens)
-        how = "a buffer of two batches"
-    params = 2 * d_sae * d_in + d_sae + d_in
-    room = evaluation_room(max_bytes, params, tokens)
-    evaluation = evaluation_plan(
-        model, held_out, [hook], 4 * d_in, params, chunk, d_sae + d_in, room
-    )
-    budget = split_budget(
-        max_bytes, params=params, steps=step_bytes(batch_tokens, d_in + d_sae, d_sae),
-        evaluation=evaluation, tokens=tokens, least_reading=least, what="an SAE", reading_what=how,
-    )  # fmt: skip
-    return store, budget
 
 
 @dataclass(frozen=True)
@@ -220,7 +94,7 @@ class _TrainingShard:
         bos = getattr(model.tokenizer, "bos_token_id", None)
         parts = []
         for k in range(index, len(draws), count):  # each batch written as it comes
-            writer = PartWriter(Path(self.path) / f"part-{k:05d}", len(_kept(draws[k], bos)))
+            writer = PartWriter(Path(self.path) / f"part-{k:05d}", len(kept_tokens(draws[k], bos)))
             try:
                 for tokens in draws[k]:
                     acts = pass_activations(model, [self.hook], tokens)
@@ -248,7 +122,8 @@ def fill_training_store(
 ) -> ActivationStore:
     """A store of exactly the activations ``train_sae(model, hook, texts, d_sae=..., steps=...,
     batch_tokens=..., seed=...)`` draws, one part per draw, computed in ``shards`` on
-    ``executor``; ``train_sae(..., store=path)`` with those settings then gives the same SAE."""
+    ``executor``; ``train_sae(..., store=ActivationStore(path))`` with those settings then
+    gives the same SAE."""
     spec = model_spec(model)
     settings = {"seed": seed, "steps": steps, "batch_tokens": batch_tokens, "d_sae": d_sae}
     job = _TrainingShard(spec, hook, None if texts is None else tuple(texts), settings, str(path))

@@ -3,14 +3,13 @@
 Every layer's MLP input (``blocks.L.mlp.hook_in``) and output (``blocks.L.mlp.hook_out``) are
 read in one pass per buffer of token rows (the texts given, or the bundled model's own
 training mix, as :func:`interp.train_sae`; a BOS token at position 0 is left out), and all
-layers train together on the same tokens; the losses are in :mod:`interp.transcoders.fit`.
-The result is a :class:`~interp.transcoders.TranscoderSet` in the model's units, saved (with
-``out=``) in circuit-tracer's format. Its figures are measured per layer on held-out tokens
-(:data:`EVAL_TOKENS`, :meth:`TokenRows.held_out` with seed :data:`EVAL_SEED`):
-
-    FVU = Σ_tokens ||y - ŷ||² / Σ_tokens ||y - mean_tokens(y)||²   (y: the MLP's output)
-    L0 = mean_tokens #{f: act_f != 0}
-    dead features: never active on any held-out token
+layers train together on the same tokens, by the one loop of every dictionary
+(:mod:`interp.dictionaries.training`, whose docstring gives the losses; the parameters' start
+and folding: :mod:`interp.transcoders.fit`). The result is a
+:class:`~interp.transcoders.TranscoderSet` in the model's units, saved (with ``out=``) in
+circuit-tracer's format. Its figures (FVU, L0, dead features: :mod:`interp.transcoders.held_out`)
+are measured per layer on held-out tokens (:data:`EVAL_TOKENS`, :meth:`TokenRows.held_out` with
+seed :data:`EVAL_SEED`).
 
 With ``store=`` (a store of every layer's MLP input and output, :func:`interp.stores.fill_store`)
 the pairs are read from disk in shuffled batches instead (:mod:`interp.stores.pairs`), the whole
@@ -23,19 +22,22 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import chain
 from pathlib import Path
 
 import pandas as pd
 import torch
 from torch import Tensor
 
+from interp.dictionaries.training import BUFFER_BATCHES
 from interp.engine import run_cached, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes.data import TokenRows
 from interp.stores.budget import split_rows, token_bytes
 from interp.stores.pairs import pairs_budget, store_pairs
 from interp.transcoders import fit as fitting
-from interp.transcoders.held_out import streamed_figures, tally
+from interp.transcoders import held_out
 from interp.transcoders.transcoder import TranscoderSet
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TranscoderTrainingReport", "train_transcoder"]
@@ -46,7 +48,6 @@ INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "mlp.hook_out"  # circuit-tracer's name
 EVAL_TOKENS = 16384  # held-out tokens the figures are measured on
 EVAL_CHUNK = 4096  # tokens encoded at a time for them
 EVAL_SEED = 12345  # the same held-out rows for every run on the same texts
-BUFFER_BATCHES = 32  # activations are drawn this many batches at a time, then shuffled
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,11 @@ def _pairs(model, batches: Sequence[Tensor], layers: list[int]) -> tuple[Tensor,
     return torch.cat(xs), torch.cat(ys)
 
 
+def _pairs_on(model, layers: list[int], device, batches) -> tuple[Tensor, Tensor]:
+    """:func:`_pairs` on ``device``."""
+    return tuple(t.to(device) for t in _pairs(model, batches, layers))
+
+
 def _transcoder_set(w: dict[str, Tensor], kind: str, activation: str, k, name: str):
     n_layers = w["W_enc"].shape[0]
     cross = kind == "cross-layer"
@@ -133,25 +139,54 @@ def _transcoder_set(w: dict[str, Tensor], kind: str, activation: str, k, name: s
     )
 
 
-@torch.no_grad()
 def _figures(tc: TranscoderSet, x: Tensor, y: Tensor) -> pd.DataFrame:
     """FVU, L0 and dead features per layer, with the saved set's own encode and decode."""
-    n_layers = tc.n_layers
-    active = torch.zeros(n_layers, tc.d_tc, dtype=torch.bool, device=x.device)
-    error, l0 = torch.zeros(n_layers, dtype=torch.float64), torch.zeros(n_layers)
-    for xc, yc in zip(x.split(EVAL_CHUNK), y.split(EVAL_CHUNK), strict=True):
-        tally(tc, xc, yc, error, l0, active)
-    total = (y - y.mean(0)).double().pow(2).sum((0, 2)).cpu()
-    dead = (~active).sum(1).cpu()
-    return pd.DataFrame(
-        {
-            "layer": range(n_layers),
-            "fvu": (error / total).tolist(),
-            "l0": (l0 / len(x)).tolist(),
-            "dead": dead.tolist(),
-            "dead_fraction": (dead / tc.d_tc).tolist(),
-        }
-    )
+    return held_out.figures(tc, x, y, EVAL_CHUNK)
+
+
+def _budget(model, store, layers, max_bytes, rows, held_out_rows, *, kind, activation, d_tc,
+            batch_tokens):  # fmt: skip
+    """``store`` checked and ``max_bytes`` shared out (:mod:`interp.stores.budget`): the store,
+    the reading's share and the held-out rows split into the passes the budget allows."""
+    n_layers, d_model = len(layers), int(model.cfg.d_model)
+    cross, skip = kind == "cross-layer", kind == "skip"
+    w_dec = n_layers * d_tc * (n_layers if cross else 1) * d_model
+    params = w_dec + n_layers * (d_model * d_tc + d_tc + d_model)  # W_enc, b_enc, b_dec
+    params += n_layers * (d_model**2 * skip + d_tc * (activation == "jumprelu"))
+    store, budget = pairs_budget(
+        model, store, layers, (INPUT_HOOK, OUTPUT_HOOK), max_bytes, batch_tokens=batch_tokens,
+        d_tc=d_tc, params=params, w_dec=w_dec, held_out=held_out_rows, tokens=token_bytes(rows),
+        chunk=EVAL_CHUNK,
+    )  # fmt: skip
+    return store, budget.reading, split_rows(held_out_rows, budget.eval_rows)
+
+
+def _source(model, layers, rows, gen, pairs, held_out_rows, store, max_bytes, device, **settings):
+    """``(buffers of pairs, held-out rows, budgeted)``: computed as training goes (``pairs``
+    of drawn rows; shuffled by :func:`_scaled`), or a store's shuffled batches, checked before
+    any read; the held-out rows split into the passes ``max_bytes`` allows."""
+    if store is None:
+        if max_bytes is not None:
+            raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
+        size = BUFFER_BATCHES * settings["batch_tokens"]
+        return (pairs(rows.draw(size)) for _ in iter(int, 1)), held_out_rows, False
+    budgeted = max_bytes is not None
+    if budgeted:  # the whole call within max_bytes (interp.stores.budget)
+        store, max_bytes, held_out_rows = _budget(
+            model, store, layers, max_bytes, rows, held_out_rows, **settings
+        )
+    stored = store_pairs(model, store, layers, (INPUT_HOOK, OUTPUT_HOOK),
+                         settings["batch_tokens"], gen, max_bytes)  # fmt: skip
+    return ((x.to(device), y.to(device)) for x, y in stored), held_out_rows, budgeted
+
+
+def _scaled(buffers, c_in: Tensor, c_out: Tensor, gen: torch.Generator | None):
+    """Each buffer ``(x, y)`` shuffled by ``gen`` (None: already shuffled) and scaled."""
+    for x, y in buffers:
+        if gen is not None:
+            order = torch.randperm(len(x), generator=gen).to(x.device)
+            x, y = x[order], y[order]
+        yield x * c_in[:, None], y * c_out[:, None]
 
 
 def train_transcoder(
@@ -207,83 +242,57 @@ def train_transcoder(
     device = torch.device(device if device is not None else model.cfg.device)
     gen = torch.Generator().manual_seed(seed)
     rows = TokenRows(model, texts, gen)
-    n_layers, d_model = len(layers), int(model.cfg.d_model)
-
-    def pairs(batches) -> tuple[Tensor, Tensor]:
-        x, y = _pairs(model, batches, layers)
-        return x.to(device), y.to(device)
-
-    if store is None and max_bytes is not None:
-        raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
-    stored, hooks = None, (INPUT_HOOK, OUTPUT_HOOK)
-    held_out = rows.held_out(EVAL_TOKENS, EVAL_SEED)
-    budgeted = store is not None and max_bytes is not None
-    if budgeted:  # the whole call within max_bytes (interp.stores.budget)
-        cross, skip = kind == "cross-layer", kind == "skip"
-        w_dec = n_layers * d_tc * (n_layers if cross else 1) * d_model
-        params = w_dec + n_layers * (d_model * d_tc + d_tc + d_model)  # W_enc, b_enc, b_dec
-        params += n_layers * (d_model**2 * skip + d_tc * (activation == "jumprelu"))
-        store, budget = pairs_budget(
-            model, store, layers, hooks, max_bytes, batch_tokens=batch_tokens, d_tc=d_tc,
-            params=params, w_dec=w_dec, held_out=held_out, tokens=token_bytes(rows),
-            chunk=EVAL_CHUNK,
-        )  # fmt: skip
-        max_bytes, held_out = budget.reading, split_rows(held_out, budget.eval_rows)
-    if store is not None:  # shuffled batches from disk, checked before any read
-        stored = store_pairs(model, store, layers, hooks, batch_tokens, gen, max_bytes)
-
-    def fresh() -> tuple[Tensor, Tensor]:  # a buffer of pairs; from a store, one shuffled batch
-        if stored is None:
-            return pairs(rows.draw(BUFFER_BATCHES * batch_tokens))
-        x, y = next(stored)
-        return x.to(device), y.to(device)
-
-    x0, y0 = fresh()
-    # one scale per layer and side: mean norm sqrt(d_model) (fit's module docstring)
-    c_in = d_model**0.5 / x0.norm(dim=-1).mean(0).clamp_min(1e-12)
-    c_out = d_model**0.5 / y0.norm(dim=-1).mean(0).clamp_min(1e-12)
-    first = [(x0, y0)]
-
-    def draw() -> tuple[Tensor, Tensor]:
-        x, y = first.pop() if first else fresh()
-        if stored is None:
-            order = torch.randperm(len(x), generator=gen).to(device)
-            x, y = x[order], y[order]
-        return x * c_in[:, None], y * c_out[:, None]
-
-    cross = kind == "cross-layer"
-    p = fitting.init_params(
-        n_layers, d_model, d_tc, cross=cross, skip=kind == "skip", activation=activation, gen=gen
-    )
-    p = {key: t.to(device).requires_grad_() for key, t in p.items()}
-    mask = (
-        torch.ones(n_layers, n_layers, device=device).triu()
-        if cross
-        else torch.eye(n_layers, device=device)
-    )
-    history = fitting.fit(
-        draw, p, mask, activation=activation, k=k, sparsity=sparsity, steps=steps,
+    d_model = int(model.cfg.d_model)
+    pairs = partial(_pairs_on, model, layers, device)
+    fresh, held_out_rows, budgeted = _source(
+        model, layers, rows, gen, pairs, rows.held_out(EVAL_TOKENS, EVAL_SEED), store, max_bytes,
+        device, kind=kind, activation=activation, d_tc=d_tc, batch_tokens=batch_tokens,
+    )  # fmt: skip
+    p, mask, c_in, c_out, history = _fit(
+        fresh, gen if store is None else None, gen, len(layers), d_model, device, kind=kind,
+        activation=activation, k=k, d_tc=d_tc, sparsity=sparsity, steps=steps,
         batch_tokens=batch_tokens, lr=lr, progress=progress,
     )  # fmt: skip
-    del x0, y0
-    stored = None  # the reading freed before the evaluation
+    del fresh  # the reading freed before the evaluation
     if budgeted:
         trim_freed_memory()  # so that the evaluation's peak is not on top of it
     weights = fitting.fold(p, mask, c_in, c_out, activation)
     tc = _transcoder_set(weights, kind, activation, k, name or f"{kind}-{activation}")
     if budgeted:  # pass by pass: never every held-out pair at once
-        figures = streamed_figures(tc, (pairs([r]) for r in held_out), EVAL_CHUNK)
+        figures = held_out.streamed_figures(tc, (pairs([r]) for r in held_out_rows), EVAL_CHUNK)
     else:
-        figures = _figures(tc, *pairs(held_out))
+        figures = _figures(tc, *pairs(held_out_rows))
+    seconds, history = time.perf_counter() - start, pd.DataFrame(history)
     report = TranscoderTrainingReport(
-        kind=kind,
-        activation=activation,
-        steps=steps,
-        tokens=steps * batch_tokens,
-        figures=figures,
-        history=pd.DataFrame(history),
-        seconds=time.perf_counter() - start,
+        kind, activation, steps, steps * batch_tokens, figures, history, seconds
     )
     if out is not None:
         tc.save(out)
     return tc, report
+
+
+def _fit(fresh, shuffle, gen, n_layers, d_model, device, *, kind, activation, d_tc, **settings):
+    """Scales from the first buffer of ``fresh`` (one per layer and side: mean norm
+    ``sqrt(d_model)``, fit's module docstring), the parameters' start, and the training:
+    ``(p, mask, c_in, c_out, history)``. ``shuffle``: the generator that shuffles each buffer
+    (None: a store's batches, shuffled already)."""
+    first = next(fresh)
+    c_in = d_model**0.5 / first[0].norm(dim=-1).mean(0).clamp_min(1e-12)
+    c_out = d_model**0.5 / first[1].norm(dim=-1).mean(0).clamp_min(1e-12)
+    buffers = _scaled(chain([first], fresh), c_in, c_out, shuffle)
+    del first
+    p, mask = _start(n_layers, d_model, d_tc, kind, activation, gen, device)
+    history = fitting.fit(partial(next, buffers), p, mask, activation=activation, **settings)
+    return p, mask, c_in, c_out, history
+
+
+def _start(n_layers: int, d_model: int, d_tc: int, kind: str, activation: str, gen, device):
+    """The parameters at their start (:func:`interp.transcoders.fit.init_params`) on ``device``,
+    and which layers each layer's features write (the mask)."""
+    cross = kind == "cross-layer"
+    p = fitting.init_params(
+        n_layers, d_model, d_tc, cross=cross, skip=kind == "skip", activation=activation, gen=gen
+    )
+    p = {key: t.to(device).requires_grad_() for key, t in p.items()}
+    ones = torch.ones(n_layers, n_layers, device=device)
+    return p, ones.triu() if cross else torch.eye(n_layers, device=device)
