@@ -5,7 +5,6 @@ documented ones, and a store given to train_sae as a path trains as the opened s
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from interp import train_sae
