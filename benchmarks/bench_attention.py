@@ -3,7 +3,7 @@ the bundled ``tiny-induction`` model and transcoders on the induction prompt of 
 (or a longer random prompt with ``--positions N``).
 
     python benchmarks/bench_attention.py [--positions N] [--device cuda]
-        [--model DIR --transcoders DIR] [--max-feature-nodes N] [--layer L --head H]
+        [--model DIR --transcoders DIR] [--max-feature-nodes N] [--layer L --head H] [--top N]
 
 ``--model``/``--transcoders`` take another checkpoint, e.g. the GPU bench of
 ``../shared/gpu-graph-bench/`` (``SCRATCH/bench-3072-L12/model`` and its
@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--max-feature-nodes", type=int, default=None)
     parser.add_argument("--layer", type=int, default=None)
     parser.add_argument("--head", type=int, default=None)
+    parser.add_argument("--top", type=int, default=None, help="qk_attribution's top (None: all)")
     args = parser.parse_args()
     import interp
 
@@ -66,7 +67,7 @@ def main() -> None:
         else q
     )
     start = time.perf_counter()
-    qk = graph.qk_attribution(layer, head, q, k)
+    qk = graph.qk_attribution(layer, head, q, k, top=args.top)
     sync()
     one = time.perf_counter() - start
     edges = table.groupby(["target", "source"]).ngroups
