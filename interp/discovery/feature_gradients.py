@@ -27,7 +27,6 @@ from torch import Tensor
 
 from interp.discovery.gradients import _rows_at_once, reader_gradients
 from interp.discovery.graph import Graph, Reader
-from interp.discovery.runs import rows_metric
 from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = ["FeatureDeltas", "FeatureTables", "feature_tables"]
@@ -155,7 +154,7 @@ def feature_tables(
             alphas = (torch.arange(lo, hi) % n_steps).to(deltas.embed) / n_steps
             shift = deltas.embed[task_rows.to(deltas.embed.device)] * alphas.view(-1, 1, 1)
         gradients = reader_gradients(
-            model, tokens[task_rows.to(tokens.device)], rows_metric(metric, task_rows), graph,
+            model, tokens[task_rows.to(tokens.device)], metric.select(task_rows), graph,
             embed_shift=shift, fixed=fixed,
         )  # fmt: skip
         f_part = deltas.features[first:last].flatten(0, 1)  # [rows*pos active]

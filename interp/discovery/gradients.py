@@ -28,7 +28,7 @@ from torch import Tensor
 
 from interp.discovery.graph import QKV, Graph
 from interp.discovery.inputs import _weights, shared_norm
-from interp.discovery.runs import WriterOutputs, rows_metric
+from interp.discovery.runs import WriterOutputs
 from interp.engine import (
     MemoryBudgetError,
     estimate_attribution_bytes,
@@ -266,7 +266,7 @@ def gradient_scores(
         gradients = reader_gradients(
             model,
             tokens[task_rows.to(tokens.device)],
-            rows_metric(metric, task_rows),
+            metric.select(task_rows),
             graph,
             embed_shift=shift,
             fixed=fixed,

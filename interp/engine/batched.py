@@ -20,6 +20,13 @@ row's position to read), a pass computes the logits at that position of each row
 ``[batch d_vocab]`` (:func:`interp.engine.passes.forward_read`), and may start each run at its
 first patched position (:mod:`interp.engine.suffix`); a model whose logits are not
 ``unembed(ln_final(resid))`` (checked on one row first) gets full logits, ``read_at`` or not.
+
+A caller whose runs are not lists of interventions gives *pass hooks* instead
+(:data:`PassHooks`): for each pass, the runs in it and the task rows it covers, it returns the
+hooks that act on the pass's whole batch, run ``p``'s block of rows at its place. Such runs
+start at the tokens, repeated once per run (some models' hooks take their shape from the batch
+given: OPT's MLP output); circuit discovery's edge runs are built this way
+(:mod:`interp.discovery.runs`, :mod:`interp.discovery.removal`).
 """
 
 from __future__ import annotations
@@ -55,7 +62,15 @@ from interp.foundation.fallbacks import warn_fallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_patched", "per_row", "check_eval", "MetricFn", "RowMetricFn", "TASK_KINDS"]
+__all__ = [
+    "run_patched",
+    "per_row",
+    "check_eval",
+    "MetricFn",
+    "RowMetricFn",
+    "PassHooks",
+    "TASK_KINDS",
+]
 
 # a metric: logits [batch pos d_vocab] -> one number per row [batch]
 MetricFn = Callable[[Float[Tensor, "batch pos d_vocab"]], Float[Tensor, " batch"]]
@@ -65,6 +80,9 @@ RowMetricFn = Callable[
     [Float[Tensor, "batch pos d_vocab"] | Float[Tensor, "batch d_vocab"], Int[Tensor, " batch"]],
     Float[Tensor, " batch"],
 ]
+# a caller's hooks for one pass: (the runs in it, in block order; the task rows it covers) ->
+# hooks over its whole batch [runs * rows ...], run runs[b] owning rows b * rows ... (b + 1) * rows
+PassHooks = Callable[[list[int], slice], list[tuple[str, HookFn]]]
 # kinds that act on each of several rows as if it ran alone: a patch takes its row of the
 # source, zero and noise are the same for every row; a mean or resample would mix the rows
 TASK_KINDS = ("patch", "zero", "noise")
@@ -186,6 +204,8 @@ def run_patched(
     held: int = 0,
     held_what: str = "what the caller keeps",
     progress: bool = False,
+    pass_hooks: PassHooks | None = None,
+    kept_per_row: int = 0,
 ) -> Float[Tensor, " rows"] | Float[Tensor, "rows task_rows"]:
     """``metric`` of ``prompt`` (one prompt) run once per row with that row's interventions;
     or, given ``row_metric`` instead, of every row of a task (``prompt``: its token ids
@@ -208,7 +228,9 @@ def run_patched(
     per task row), ``zero`` or ``noise``; with ``read_at`` (row ``i``'s position to read, e.g.
     its last real token) the row metric gets ``[batch d_vocab]`` logits read there, or full
     logits where the model's cannot be read that way (module docstring; the numbers are the
-    same, tests/engine/test_task_reading.py).
+    same, tests/engine/test_task_reading.py). ``pass_hooks`` (module docstring): each pass's
+    hooks come from it, ``rows`` only counting the runs it reads (no ``read_at``);
+    ``kept_per_row``: bytes its hooks keep per batch row, planned beside the pass.
     """
     if (metric is None) == (row_metric is None):
         raise TypeError("pass metric (one prompt) or row_metric (a task's rows), one of them")
@@ -235,7 +257,9 @@ def run_patched(
             "the rows per pass are planned from), not both"
         )
     n_rows, n_pos = (int(d) for d in tokens.shape)
-    for run in rows:  # refuse a bad run before any pass
+    if pass_hooks is not None and read_at is not None:
+        raise ValueError("pass_hooks runs every position; read_at is for runs of interventions")
+    for run in rows if pass_hooks is None else ():  # refuse a bad run before any pass
         for item in run:
             _for_rows(item, 0, n_rows, n_rows)
     fixed_hooks = compile_hooks(model, fixed)
@@ -252,7 +276,7 @@ def run_patched(
         if not any(offsets) or not suffix_like_forward(model, tokens, read_at):
             offsets = [0] * len(rows)
     plan = dict(max_rows=max_rows, max_bytes=max_bytes, held_what=held_what)
-    plan.update(read_one=read_at is not None)
+    plan.update(read_one=read_at is not None, kept_per_row=kept_per_row)
     if any(offsets):
         try:
             kept = held + state_bytes(model, n_rows, n_pos)
@@ -270,7 +294,9 @@ def run_patched(
     else:
         per_pass, rows_at_once = task_blocks(model, n_pos, n_rows, len(rows), held=held, **plan)
     groups: dict[tuple[int, int], list[int]] = {}
-    layers = [min((item.site.layer for item in run), default=0) for run in rows]
+    layers = [
+        0 if pass_hooks else min((item.site.layer for item in run), default=0) for run in rows
+    ]
     for p in sorted(range(len(rows)), key=lambda p: layers[p]):
         # dense passes: one start layer each; suffix passes: one offset, rows join as they start
         groups.setdefault((offsets[p], 0 if offsets[p] else layers[p]), []).append(p)
@@ -280,16 +306,20 @@ def run_patched(
         for lo in range(0, n_rows, rows_at_once)
         for i in range(0, len(members), per_pass)
     ]
-    whole = _compiled(model, rows) if rows_at_once >= n_rows else None  # sources run once
+    whole = None if pass_hooks or rows_at_once < n_rows else _compiled(model, rows)  # run once
     values = torch.full((len(rows), n_rows), float("nan"))
     for offset, start, lo, members in tqdm(
         passes, desc="patching", unit="pass", disable=not progress
     ):
         hi = min(lo + rows_at_once, n_rows)
-        cut = [[_for_rows(item, lo, hi, n_rows) for item in rows[p]] for p in members]
+        if pass_hooks is None:  # the caller's runs are its own; pass_hooks cuts them
+            cut = [[_for_rows(item, lo, hi, n_rows) for item in rows[p]] for p in members]
         with masks_follow_rows(model):
             if offset:
                 logits = suffix_pass(model, tokens, offset, cut, states, read_at, slice(lo, hi))
+            elif pass_hooks is not None:
+                hooks = fixed_hooks + pass_hooks(members, slice(lo, hi))
+                logits = forward(model, tokens[lo:hi].repeat(len(members), 1), hooks)
             else:
                 compiled = _compiled(model, cut) if whole is None else [whole[p] for p in members]
                 hooks = fixed_hooks + _block_hooks(start, hi - lo, compiled)

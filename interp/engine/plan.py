@@ -41,6 +41,8 @@ _GLIBC_SLACK_ONE_PASS = 2
 _PLAN_SHARE = 0.9
 # default rows per pass: the logits [rows pos d_vocab] are the largest tensor of a patched pass
 LOGITS_BUDGET_BYTES = 256 * 2**20
+# and, where a pass keeps bytes per row beside it (kept_per_row), those are capped by default too
+KEPT_BUDGET_BYTES = 2 * LOGITS_BUDGET_BYTES
 
 
 class MemoryBudgetError(ValueError):
@@ -228,7 +230,8 @@ def rows_per_pass(
     many as keep the logits under 256 MiB. ``read_one``: each run is unembedded at one position
     only (:func:`interp.engine.passes.forward_read`), so its logits are ``[d_vocab]``; the
     default then also allows as many as keep the pass's largest moment
-    (:func:`estimate_forward_bytes`) under 256 MiB, where that is more. Callers that must
+    (:func:`estimate_forward_bytes`) under 256 MiB, where that is more, and keeps what is kept
+    per row under 512 MiB. Callers that must
     refuse a budget before any run ask here first; raises
     :class:`interp.engine.MemoryBudgetError` when not even one run fits."""
     if max_rows is not None:
@@ -239,6 +242,8 @@ def rows_per_pass(
         if read_one:  # no [pos d_vocab] logits: the pass's largest moment decides, if larger
             one = estimate_forward_bytes(model, (1, n_pos), read_positions=1)
             rows = max(rows, LOGITS_BUDGET_BYTES // one)
+        if kept_per_row:
+            rows = min(rows, max(1, KEPT_BUDGET_BYTES // kept_per_row))
         return rows
     budget = parse_size(max_bytes)
     if held >= budget:
@@ -282,14 +287,17 @@ def task_blocks(
     held: int = 0,
     held_what: str = "what the caller keeps",
     read_one: bool = False,
+    kept_per_row: int = 0,
 ) -> tuple[int, int]:
     """``(runs, rows)`` per pass: all task rows and as many patched runs as fit (at least one),
     or one run over as many rows as fit. ``max_rows`` counts batch rows of a pass (runs x task
     rows); the budget is :func:`rows_per_pass`'s, with ``held`` off it
-    (``read_one``: each row unembedded at one position)."""
+    (``read_one``: each row unembedded at one position; ``kept_per_row``: bytes a pass keeps
+    per batch row beside it)."""
     size = rows_per_pass(
-        model, n_pos, n_runs * n_rows, max_rows, max_bytes, held, held_what, read_one=read_one
-    )
+        model, n_pos, n_runs * n_rows, max_rows, max_bytes, held, held_what,
+        kept_per_row=kept_per_row, read_one=read_one,
+    )  # fmt: skip
     if size < n_rows:
         return 1, max(1, size)
     return max(1, min(n_runs, size // n_rows)), n_rows
