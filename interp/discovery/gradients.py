@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.discovery.graph import QKV, Graph
-from interp.discovery.inputs import _weights, shared_norm
+from interp.discovery.inputs import shared_norm
 from interp.discovery.runs import WriterOutputs
 from interp.engine import (
     MemoryBudgetError,
@@ -37,6 +37,7 @@ from interp.engine import (
     run_logits,
 )
 from interp.engine.estimates import _itemsize
+from interp.models.norms import qkv_weights
 from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = ["gradient_scores", "reader_gradients"]
@@ -154,7 +155,7 @@ def reader_gradients(
     ``tokens``: yields ``(layer, [reader rows pos d_model])`` for each layer's readers in
     graph order (``layer`` None: the logits). ``embed_shift`` is added to the input embeddings,
     ``fixed`` raw hooks go first; ``weights``: ``W_Q``, ``W_K``, ``W_V`` if already read."""
-    weights = weights or {kind: _weights(model, kind)[0].detach() for kind in QKV}
+    weights = weights or {kind: qkv_weights(model, kind)[0].detach() for kind in QKV}
     layer_names, final = _site_names(model, graph)
     leaves: dict[str, Tensor] = {}
     inputs: dict[int, Tensor] = {}
@@ -252,7 +253,7 @@ def gradient_scores(
     chunk = _rows_at_once(model, graph, total_rows, n_pos, max_rows, max_bytes, held)
     groups, n_sources, (src, dst) = _reader_groups(graph)
     table = torch.zeros(len(graph.writers), len(graph.readers), dtype=torch.float64)
-    weights = {kind: _weights(model, kind)[0].detach() for kind in QKV}
+    weights = {kind: qkv_weights(model, kind)[0].detach() for kind in QKV}
     tokens = batch.corrupted.to(model.cfg.device)
     for lo in range(0, total_rows, chunk):
         hi = min(lo + chunk, total_rows)
