@@ -33,9 +33,15 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from interp.discovery.graph import Graph, Reader
+from interp.discovery.graph import Graph, Reader, edge_frame
 from interp.discovery.removal import removed_metrics
-from interp.discovery.runs import _undefined, check_arguments, deltas_bytes, writer_outputs
+from interp.discovery.runs import (
+    _undefined,
+    check_arguments,
+    dataset_mean,
+    deltas_bytes,
+    writer_outputs,
+)
 from interp.engine import check_eval, run_logits
 from interp.tasks import Task, TaskTokens
 
@@ -151,9 +157,9 @@ def acdc(
     task_metric = batch.metric(metric)
     device = model.cfg.device
     with torch.no_grad():
-        c = float(task_metric(run_logits(model, batch.clean.to(device))).double().mean())
+        c = dataset_mean(task_metric, run_logits(model, batch.clean.to(device)))
         corrupted, corrupt_logits = writer_outputs(model, batch.corrupted.to(device), graph)
-        k = float(task_metric(corrupt_logits).double().mean())
+        k = dataset_mean(task_metric, corrupt_logits)
     del corrupt_logits
     if _undefined(c, k):
         raise ValueError(
@@ -175,16 +181,9 @@ def acdc(
         acdc_order(graph), measure, c, c - k, threshold, window=WINDOW, progress=progress
     )
     gone = set(removed)
-    frame = pd.DataFrame(
-        {
-            "edge": list(graph.edge_names),
-            "source": [w for w, _ in graph.edges],
-            "target": [str(r) for _, r in graph.edges],
-            "score": [scores[e] for e in graph.edges],
-            "in_circuit": [e not in gone for e in graph.edges],
-        }
-    )
-    frame.attrs.update(
+    frame = edge_frame(
+        graph.edges,
+        [scores[e] for e in graph.edges],
         clean_metric=c,
         corrupted_metric=k,
         circuit_metric=final,
@@ -195,4 +194,5 @@ def acdc(
         runs=runs,
         recovered_undefined=False,
     )
+    frame["in_circuit"] = [e not in gone for e in graph.edges]
     return frame

@@ -32,6 +32,7 @@ __all__ = [
     "deltas_bytes",
     "check_arguments",
     "row_metric",
+    "dataset_mean",
 ]
 
 METRICS = ("logit_diff", "prob_diff")  # the task metrics discovery reads
@@ -42,6 +43,11 @@ _WRITER = re.compile(r"^(?:embed|L(\d+)H(\d+)|MLP(\d+))$")
 def _undefined(c: float, k: float) -> bool:
     """True when the means ``c`` (clean) and ``k`` (corrupted) are too close to divide by."""
     return not abs(c - k) > 1e-6 * max(1.0, abs(c), abs(k))
+
+
+def dataset_mean(metric: TaskMetric, logits: Tensor) -> float:
+    """The metric's mean over the task's rows, summed in float64."""
+    return float(metric(logits).double().mean())
 
 
 def check_arguments(

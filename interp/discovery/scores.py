@@ -25,10 +25,11 @@ import torch
 
 from interp.discovery.acdc import acdc
 from interp.discovery.gradients import gradient_scores
-from interp.discovery.graph import Graph
+from interp.discovery.graph import Graph, edge_frame
 from interp.discovery.runs import (
     _undefined,
     check_arguments,
+    dataset_mean,
     deltas_bytes,
     patched_metrics,
     writer_outputs,
@@ -98,22 +99,10 @@ def edge_scores(
     )  # fmt: skip
     undefined = _undefined(c, k)
     score = torch.full_like(change, math.nan) if undefined else change / (c - k)
-    frame = pd.DataFrame(
-        {
-            "edge": list(graph.edge_names),
-            "source": [w for w, _ in graph.edges],
-            "target": [str(r) for _, r in graph.edges],
-            "score": score.numpy(),
-        }
-    )
-    frame.attrs.update(
-        clean_metric=c,
-        corrupted_metric=k,
-        method=method,
-        n_rows=n_rows,
-        recovered_undefined=undefined,
-    )
-    return frame
+    return edge_frame(
+        graph.edges, score.numpy(), clean_metric=c, corrupted_metric=k, method=method,
+        n_rows=n_rows, recovered_undefined=undefined,
+    )  # fmt: skip
 
 
 def edge_changes(
@@ -144,8 +133,7 @@ def edge_changes(
     clean_tokens, corrupt_tokens = batch.clean.to(device), batch.corrupted.to(device)
     clean_out, clean_logits = writer_outputs(model, clean_tokens, graph, interventions)
     corrupt_out, corrupt_logits = writer_outputs(model, corrupt_tokens, graph, interventions)
-    c = float(task_metric(clean_logits).double().mean())
-    k = float(task_metric(corrupt_logits).double().mean())
+    c, k = dataset_mean(task_metric, clean_logits), dataset_mean(task_metric, corrupt_logits)
     del clean_logits, corrupt_logits
     deltas = clean_out - corrupt_out
     del clean_out, corrupt_out
