@@ -40,7 +40,7 @@ from interp.engine.estimates import _itemsize
 from interp.models.norms import qkv_weights
 from interp.tasks import TaskMetric, TaskTokens
 
-__all__ = ["gradient_scores", "reader_gradients"]
+__all__ = ["gradient_scores", "reader_gradients", "gradient_points", "step_sums"]
 
 
 def _rows_at_once(model, graph, n_rows, n_pos, max_rows, max_bytes, held) -> int:
@@ -197,6 +197,48 @@ def reader_gradients(
     yield None, grads.pop(final).unsqueeze(0)
 
 
+def gradient_points(
+    model,
+    batch: TaskTokens,
+    metric: TaskMetric,
+    graph: Graph,
+    embed_delta: Float[Tensor, "rows pos d_model"],
+    *,
+    steps: int,
+    chunk: int,
+    fixed: Sequence = (),
+    weights: dict[str, Tensor] | None = None,
+):
+    """The task's gradient points, ``chunk`` at a time (row-major: a row's ``max(1, steps)``
+    points together): yields ``(rows, local, gradients)``, ``rows`` the slice of task rows a
+    chunk covers, ``local`` each point's row in it, ``gradients`` :func:`reader_gradients`' at
+    the points (EAP-IG's point ``k`` of a row: ``k / steps`` of ``embed_delta`` added)."""
+    n_steps = max(1, steps)
+    total = int(batch.corrupted.shape[0]) * n_steps
+    tokens = batch.corrupted.to(model.cfg.device)
+    for lo in range(0, total, chunk):
+        task_rows = torch.arange(lo, min(lo + chunk, total)) // n_steps
+        shift = None
+        if steps:
+            alphas = (torch.arange(lo, lo + len(task_rows)) % n_steps).to(embed_delta) / n_steps
+            shift = embed_delta[task_rows.to(embed_delta.device)] * alphas.view(-1, 1, 1)
+        gradients = reader_gradients(
+            model, tokens[task_rows.to(tokens.device)], metric.select(task_rows), graph,
+            embed_shift=shift, fixed=fixed, weights=weights,
+        )  # fmt: skip
+        first = int(task_rows[0])
+        rows = slice(first, int(task_rows[-1]) + 1)
+        yield rows, (task_rows - first).to(embed_delta.device), gradients
+
+
+def step_sums(
+    grad: Float[Tensor, "reader points pos d_model"], local: Tensor, n_rows: int
+) -> Float[Tensor, "reader rows pos d_model"]:
+    """``grad`` summed over each row's points (``local``: each point's row)."""
+    zeros = torch.zeros((grad.shape[0], n_rows, *grad.shape[2:]), dtype=grad.dtype)
+    return zeros.to(grad.device).index_add_(1, local, grad)
+
+
 def _stacked(part: WriterOutputs, graph: Graph) -> Float[Tensor, "writer rows pos d_model"]:
     blocks = [part.embed.unsqueeze(0)]
     for layer in range(graph.n_layers):
@@ -249,39 +291,20 @@ def gradient_scores(
             )
     n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
     n_steps = max(1, steps)
-    total_rows = n_rows * n_steps  # (row, step) pairs, row-major
-    chunk = _rows_at_once(model, graph, total_rows, n_pos, max_rows, max_bytes, held)
+    chunk = _rows_at_once(model, graph, n_rows * n_steps, n_pos, max_rows, max_bytes, held)
     groups, n_sources, (src, dst) = _reader_groups(graph)
     table = torch.zeros(len(graph.writers), len(graph.readers), dtype=torch.float64)
     weights = {kind: qkv_weights(model, kind)[0].detach() for kind in QKV}
-    tokens = batch.corrupted.to(model.cfg.device)
-    for lo in range(0, total_rows, chunk):
-        hi = min(lo + chunk, total_rows)
-        task_rows = torch.arange(lo, hi) // n_steps
-        first, last = int(task_rows[0]), int(task_rows[-1]) + 1
-        part = deltas.rows(first, last)
-        alphas = (torch.arange(lo, hi) % n_steps).to(part.embed) / n_steps
-        shift = None
-        if steps:
-            shift = part.embed[task_rows - first] * alphas.view(-1, 1, 1)
-        gradients = reader_gradients(
-            model,
-            tokens[task_rows.to(tokens.device)],
-            metric.select(task_rows),
-            graph,
-            embed_shift=shift,
-            fixed=fixed,
-            weights=weights,
-        )
-        local = (task_rows - first).to(part.embed.device)
+    points = gradient_points(
+        model, batch, metric, graph, deltas.embed, steps=steps, chunk=chunk, fixed=fixed,
+        weights=weights,
+    )  # fmt: skip
+    for rows, local, gradients in points:
+        part = deltas.rows(rows.start, rows.stop)
         stacked = _stacked(part, graph).flatten(1)  # [writer rows*pos*d_model]
         for layer, grad in gradients:
-            if n_steps > 1:  # sum each row's steps: [reader rows pos d_model]
-                grad = (
-                    torch.zeros((grad.shape[0], last - first, *grad.shape[2:]), dtype=grad.dtype)
-                    .to(grad.device)
-                    .index_add_(1, local, grad)
-                )
+            if n_steps > 1:
+                grad = step_sums(grad, local, rows.stop - rows.start)
             readers = torch.tensor(groups[layer])
             n = int(n_sources[readers].max())
             block = stacked[:n] @ grad.flatten(1).T  # [writer reader]
