@@ -29,14 +29,9 @@ from torch import Tensor
 from interp.discovery.graph import QKV, Graph
 from interp.discovery.inputs import shared_norm
 from interp.discovery.runs import WriterOutputs
-from interp.engine import (
-    MemoryBudgetError,
-    estimate_attribution_bytes,
-    format_size,
-    parse_size,
-    run_logits,
-)
+from interp.engine import run_logits
 from interp.engine.estimates import _itemsize
+from interp.engine.plan import backward_rows
 from interp.models.norms import qkv_weights
 from interp.tasks import TaskMetric, TaskTokens
 
@@ -44,22 +39,12 @@ __all__ = ["gradient_scores", "reader_gradients", "gradient_points", "step_sums"
 
 
 def _rows_at_once(model, graph, n_rows, n_pos, max_rows, max_bytes, held) -> int:
-    if max_rows is not None:
-        return max(1, min(n_rows, max_rows))
-    if max_bytes is None:
-        return n_rows
-    per_row = estimate_attribution_bytes(model, n_pos) + 2 * len(graph.readers) * n_pos * int(
-        model.cfg.d_model
-    ) * _itemsize(model)
-    budget = parse_size(max_bytes)
-    fit = (budget - held) // per_row
-    if fit < 1:
-        raise MemoryBudgetError(
-            f"one row's forward and backward pass with every reader's gradient needs about "
-            f"{format_size(per_row)} beside the {format_size(held)} held, but max_bytes is "
-            f"{format_size(budget)}; raise max_bytes to at least {format_size(held + per_row)}"
-        )
-    return int(min(n_rows, fit))
+    """Gradient points per pass: each keeps every reader's gradient twice beside its pass."""
+    kept = 2 * len(graph.readers) * n_pos * int(model.cfg.d_model) * _itemsize(model)
+    return backward_rows(
+        model, n_pos, n_rows, max_rows, max_bytes, held=held, kept_per_row=kept,
+        what="one row's forward and backward pass with every reader's gradient",
+    )  # fmt: skip
 
 
 def _site_names(model, graph: Graph) -> tuple[list[list[str]], str]:

@@ -14,6 +14,7 @@ from interp.engine.allocator import return_freed_memory
 from interp.engine.estimates import (
     _cache_items,
     _shape,
+    estimate_attribution_bytes,
     estimate_forward_bytes,
     estimate_loss_bytes,
     estimate_run_bytes,
@@ -28,6 +29,7 @@ __all__ = [
     "check_budget",
     "rows_per_pass",
     "task_blocks",
+    "backward_rows",
     "LOGITS_BUDGET_BYTES",
 ]
 
@@ -301,3 +303,34 @@ def task_blocks(
     if size < n_rows:
         return 1, max(1, size)
     return max(1, min(n_runs, size // n_rows)), n_rows
+
+
+def backward_rows(
+    model,
+    n_pos: int,
+    n_rows: int,
+    max_rows: int | None,
+    max_bytes: int | str | None,
+    *,
+    held: int = 0,
+    kept_per_row: int = 0,
+    what: str = "one row's forward and backward pass",
+) -> int:
+    """Rows of ``n_pos`` tokens per forward and backward pass (gradients of a metric): at most
+    ``max_rows``, all ``n_rows`` without a budget, or as many as fit ``max_bytes`` less
+    ``held``, each needing :func:`estimate_attribution_bytes` plus ``kept_per_row``; raises
+    :class:`MemoryBudgetError` (naming ``what``) when not even one row fits."""
+    if max_rows is not None:
+        return max(1, min(n_rows, max_rows))
+    if max_bytes is None:
+        return n_rows
+    per_row = estimate_attribution_bytes(model, n_pos) + kept_per_row
+    budget = parse_size(max_bytes)
+    fit = (budget - held) // per_row
+    if fit < 1:
+        raise MemoryBudgetError(
+            f"{what} needs about {format_size(per_row)} beside the {format_size(held)} held, "
+            f"but max_bytes is {format_size(budget)}; raise max_bytes to at least "
+            f"{format_size(held + per_row)}"
+        )
+    return int(min(n_rows, fit))
