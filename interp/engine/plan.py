@@ -8,16 +8,17 @@ pass. A single pass that cannot be split is checked whole (:func:`check_budget`)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import replace
 
 from interp.engine.allocator import return_freed_memory
 from interp.engine.estimates import (
+    Kept,
     _cache_items,
+    _run_bytes,
     _shape,
     estimate_attribution_bytes,
     estimate_forward_bytes,
     estimate_loss_bytes,
-    estimate_run_bytes,
     format_size,
     parse_size,
 )
@@ -106,66 +107,43 @@ def rows_per_chunk(
     return min(n_rows, usable // per_row)
 
 
-def check_budget(
-    model,
-    prompt_shape,
-    max_bytes: int | str,
-    *,
-    resid: Sequence[str] = (),
-    patterns: bool = False,
-    scores: bool = False,
-    head_outputs: bool = False,
-    ln_scales: bool = False,
-    hooks: Sequence[str] = (),
-    layers: Sequence[int] | None = None,
-    keep_logits: bool = True,
-    saes: Sequence = (),
-) -> None:
+def check_budget(model, prompt_shape, max_bytes: int | str, **kept) -> None:
     """Raise :class:`MemoryBudgetError` before a run of ``run_cached(...)`` that would not fit,
-    saying what would: a smaller batch, fewer layers, or dropping the largest items."""
-    what = dict(
-        resid=resid,
-        patterns=patterns,
-        scores=scores,
-        head_outputs=head_outputs,
-        ln_scales=ln_scales,
-        hooks=hooks,
-        layers=layers,
-        keep_logits=keep_logits,
-        saes=saes,
-    )
+    saying what would: a smaller batch, fewer layers, or dropping the largest items. The
+    keyword arguments are run_cached's of what it keeps (:class:`interp.engine.estimates.Kept`)."""
+    what = Kept(**kept)
     budget = parse_size(max_bytes)
     batch, n_pos = _shape(prompt_shape)
-    need = estimate_run_bytes(model, (batch, n_pos), **what)
+    need = _run_bytes(model, (batch, n_pos), what)
     if budget < _GLIBC_SLACK_ONE_PASS * need:
         return_freed_memory()
     if need <= budget:
         return
-    items = _cache_items(model, (batch, n_pos), **what)
+    items = _cache_items(model, (batch, n_pos), what)
     items.pop("logits", None)  # counted with the forward pass, where they are made
     parts = ", ".join(
         f"{k} {format_size(v)}" for k, v in sorted(items.items(), key=lambda kv: -kv[1]) if v
     )
     n_layers = int(model.cfg.n_layers)
-    chosen = list(range(n_layers)) if what.get("layers") is None else list(what["layers"])
+    chosen = list(range(n_layers)) if what.layers is None else list(what.layers)
     forward = need - sum(items.values())
     options = []
-    per_row = estimate_run_bytes(model, (1, n_pos), **what)
+    per_row = _run_bytes(model, (1, n_pos), what)
     if per_row <= budget:
         options.append(f"a batch of at most {budget // per_row} rows (of {batch})")
     fits_layers = [
         k
         for k in range(1, len(chosen))
-        if estimate_run_bytes(model, (batch, n_pos), **{**what, "layers": chosen[:k]}) <= budget
+        if _run_bytes(model, (batch, n_pos), replace(what, layers=chosen[:k])) <= budget
     ]
     if fits_layers:
         options.append(
             f"at most {fits_layers[-1]} of the {len(chosen)} layers "
             f"(layers={chosen[: fits_layers[-1]]})"
         )
-    big = [k for k in ("patterns", "scores", "head_outputs") if what.get(k)]
+    big = [k for k in ("patterns", "scores", "head_outputs") if getattr(what, k)]
     if big:
-        lean = estimate_run_bytes(model, (batch, n_pos), **{**what, **dict.fromkeys(big, False)})
+        lean = _run_bytes(model, (batch, n_pos), replace(what, **dict.fromkeys(big, False)))
         verdict = "fits" if lean <= budget else "still needs " + format_size(lean)
         options.append(
             f"reducing {' and '.join(big)} inside a hook instead of caching them "
