@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from interp.cli.graph_task import check_task, run_task
+from interp.cli.graph_task import check_task, graph_settings, run_task
 from interp.cli.options import add_model_option, device, int_between, memory_size
 from interp.cli.output import UsageError, check_out_dir, staged_output
 from interp.cli.sources import BUNDLED_DIR, check_source, load_model
@@ -239,15 +239,7 @@ def run(args: argparse.Namespace) -> int:
     from interp.graphs.attribute import attribution_graph
 
     start = time.perf_counter()
-    graph = attribution_graph(
-        model,
-        tokens,
-        tc,
-        max_feature_nodes=args.max_feature_nodes,
-        max_bytes=args.max_bytes,
-        batch_size=args.batch_size,
-        progress=True,
-    )
+    graph = attribution_graph(model, tokens, tc, **graph_settings(args), progress=True)
     built = time.perf_counter() - start
     pruned = graph.prune(args.node_threshold, args.edge_threshold)
     files, summary = graph_outputs(model, tc, graph, pruned, args, texts, built)

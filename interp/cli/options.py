@@ -33,6 +33,7 @@ __all__ = [
     "read_task",
     "TASK_METRICS",
     "check_at_most",
+    "check_wrong",
     "add_model_option",
     "DEFAULT_MODEL",
 ]
@@ -225,3 +226,14 @@ def check_at_most(option: str, values: int | Iterable[int] | None, limit: int, w
     bad = [v for v in items if v > limit]
     if bad:
         raise UsageError(f"{option} {' '.join(map(str, bad))}: at most {limit} ({why})")
+
+
+def check_wrong(args: argparse.Namespace) -> None:
+    """``--wrong``: left out, or one token other than ``--answer``."""
+    if args.wrong is not None and not args.wrong:
+        raise UsageError("--wrong is empty; pass one token, or leave --wrong out")
+    if args.wrong is not None and args.wrong == args.answer:
+        raise UsageError(
+            "--wrong is the same token as --answer: their difference is 0 by "
+            "definition; pass another token, or leave --wrong out"
+        )
