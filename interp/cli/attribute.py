@@ -23,6 +23,7 @@ from pathlib import Path
 from interp.cli.executor_options import add_executor_arguments, check_executor
 from interp.cli.options import (
     add_model_option,
+    add_out_dir,
     check_at_most,
     check_wrong,
     device,
@@ -99,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a counterfactual single token: explain the logit difference "
         "answer - wrong instead of the answer's logit",
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    add_out_dir(parser)
     parser.add_argument(
         "--pos",
         type=int_between(),

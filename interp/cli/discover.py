@@ -26,6 +26,7 @@ from interp.cli.options import (
     MAX_SEED,
     TASK_METRICS,
     add_model_option,
+    add_out_dir,
     device,
     int_between,
     memory_size,
@@ -108,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="memory budget per forward pass, e.g. 500MB (same results)",
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    add_out_dir(parser)
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
     add_executor_arguments(parser)
 

@@ -35,6 +35,7 @@ __all__ = [
     "check_at_most",
     "check_wrong",
     "add_model_option",
+    "add_out_dir",
     "DEFAULT_MODEL",
 ]
 
@@ -163,6 +164,11 @@ def model_name(text: str) -> str:
             "directory, or a bundled model (interp models)"
         )
     return text
+
+
+def add_out_dir(parser: argparse.ArgumentParser) -> None:
+    """``--out DIR``: where a command writes its files."""
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ from interp.cli.executor_options import add_executor_arguments, check_executor
 from interp.cli.options import (
     TASK_METRICS,
     add_model_option,
+    add_out_dir,
     check_wrong,
     device,
     read_task,
@@ -112,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --task: patch rows I, I+N, ... (0-based, 0 <= I < N) and write "
         "partial.json; combine the shards with interp merge",
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    add_out_dir(parser)
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
     add_executor_arguments(parser)
 

@@ -42,7 +42,7 @@ def _rows_at_once(model, graph, n_rows, n_pos, max_rows, max_bytes, held) -> int
     """Gradient points per pass: each keeps every reader's gradient twice beside its pass."""
     kept = 2 * len(graph.readers) * n_pos * int(model.cfg.d_model) * _itemsize(model)
     return backward_rows(
-        model, n_pos, n_rows, max_rows=max_rows, max_bytes=max_bytes, held=held,
+        model, n_pos, n_rows=n_rows, max_bytes=max_bytes, max_rows=max_rows, held=held,
         kept_per_row=kept,
         what="one row's forward and backward pass with every reader's gradient",
     )  # fmt: skip

@@ -286,10 +286,10 @@ def task_blocks(
 def backward_rows(
     model,
     n_pos: int,
-    n_rows: int,
     *,
-    max_rows: int | None,
+    n_rows: int,
     max_bytes: int | str | None,
+    max_rows: int | None = None,
     held: int = 0,
     kept_per_row: int = 0,
     what: str = "one row's forward and backward pass",
