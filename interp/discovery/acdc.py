@@ -184,15 +184,17 @@ def acdc(
     frame = edge_frame(
         graph.edges,
         [scores[e] for e in graph.edges],
-        clean_metric=c,
-        corrupted_metric=k,
-        circuit_metric=final,
-        method="acdc",
-        threshold=threshold,
-        n_rows=n_rows,
-        calls=calls,
-        runs=runs,
-        recovered_undefined=False,
+        dict(
+            clean_metric=c,
+            corrupted_metric=k,
+            circuit_metric=final,
+            method="acdc",
+            threshold=threshold,
+            n_rows=n_rows,
+            calls=calls,
+            runs=runs,
+            recovered_undefined=False,
+        ),
     )
     frame["in_circuit"] = [e not in gone for e in graph.edges]
     return frame

@@ -213,7 +213,7 @@ def feature_edge_scores(
     undefined = _undefined(c, k)
     scale = math.nan if undefined else 1.0 / (c - k)
     return edge_frame(
-        pairs, (values * scale).numpy(), clean_metric=c, corrupted_metric=k, method=method,
-        n_rows=n_rows, recovered_undefined=undefined, sae_layer=layer,
-        active_features=len(deltas.active),
+        pairs, (values * scale).numpy(), dict(clean_metric=c, corrupted_metric=k,
+        method=method, n_rows=n_rows, recovered_undefined=undefined, sae_layer=layer,
+        active_features=len(deltas.active)),
     )  # fmt: skip

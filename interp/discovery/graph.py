@@ -55,7 +55,7 @@ def split_edge(edge: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-def edge_frame(pairs: Sequence[tuple[str, object]], score, **attrs) -> pd.DataFrame:
+def edge_frame(pairs: Sequence[tuple[str, object]], score, attrs: dict) -> pd.DataFrame:
     """``edge, source, target, score``, one row per ``(source, target)`` pair (targets may be
     :class:`Reader`), with ``attrs``: every discovery score frame."""
     sources, targets = [s for s, _ in pairs], [str(t) for _, t in pairs]

@@ -100,8 +100,8 @@ def edge_scores(
     undefined = _undefined(c, k)
     score = torch.full_like(change, math.nan) if undefined else change / (c - k)
     return edge_frame(
-        graph.edges, score.numpy(), clean_metric=c, corrupted_metric=k, method=method,
-        n_rows=n_rows, recovered_undefined=undefined,
+        graph.edges, score.numpy(), dict(clean_metric=c, corrupted_metric=k, method=method,
+        n_rows=n_rows, recovered_undefined=undefined),
     )  # fmt: skip
 
 

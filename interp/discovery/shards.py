@@ -100,6 +100,6 @@ def merge_discovery_sums(parts: Sequence[dict]) -> pd.DataFrame:
     settings = parts[0]["settings"]
     return edge_frame(
         [split_edge(e) for e in edges], [math.nan if undefined else s / n / (c - k) for s in sums],
-        clean_metric=c, corrupted_metric=k, method=settings["method"], n_rows=n,
-        recovered_undefined=undefined, shards=settings["shards"],
+        dict(clean_metric=c, corrupted_metric=k, method=settings["method"], n_rows=n,
+        recovered_undefined=undefined, shards=settings["shards"]),
     )  # fmt: skip

@@ -25,6 +25,7 @@ How a budget becomes chunks of rows is :mod:`interp.engine.plan`."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -150,6 +151,16 @@ class Kept:
     saes: Sequence = ()
 
 
+def takes_kept(fn):
+    """``fn(..., **kept)`` shown, by ``inspect`` and in docs/api.md, with :class:`Kept`'s fields
+    as keyword-only parameters: that is how it is called (``Kept(**kept)`` refuses others)."""
+    own = inspect.signature(fn).parameters.values()
+    params = [p for p in own if p.kind is not p.VAR_KEYWORD]
+    params += [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(Kept).parameters.values()]
+    fn.__signature__ = inspect.signature(fn).replace(parameters=params)
+    return fn
+
+
 def _cache_items(model, prompt_shape, kept: Kept) -> dict[str, int]:
     """Bytes of each kind of thing ``run_cached`` would keep."""
     resid, layers, hooks, saes = kept.resid, kept.layers, kept.hooks, kept.saes
@@ -189,6 +200,7 @@ def _cache_items(model, prompt_shape, kept: Kept) -> dict[str, int]:
     return items
 
 
+@takes_kept
 def estimate_cache_bytes(model, prompt_shape, **kept) -> int:
     """Bytes of the :class:`interp.CachedRun` that ``run_cached(model, prompt, ...)`` returns.
 
@@ -235,6 +247,7 @@ def estimate_loss_bytes(model, prompt_shape) -> int:
     return batch * n_pos * item * (_LOSS[0] * dims["d_vocab"] + _LOSS[1] * dims["d_model"])
 
 
+@takes_kept
 def estimate_run_bytes(model, prompt_shape, **kept) -> int:
     """Peak extra memory of ``run_cached(model, prompt, ...)``: the largest of the last layer's
     three moments, each with what is cached by then. During its attention, the layer's own

@@ -21,6 +21,7 @@ from interp.engine.estimates import (
     estimate_loss_bytes,
     format_size,
     parse_size,
+    takes_kept,
 )
 
 __all__ = [
@@ -107,6 +108,7 @@ def rows_per_chunk(
     return min(n_rows, usable // per_row)
 
 
+@takes_kept
 def check_budget(model, prompt_shape, max_bytes: int | str, **kept) -> None:
     """Raise :class:`MemoryBudgetError` before a run of ``run_cached(...)`` that would not fit,
     saying what would: a smaller batch, fewer layers, or dropping the largest items. The

@@ -190,4 +190,3 @@ def _mean(values, rows: int) -> Tensor:
         f"the metric must return a scalar or a tensor [batch] ({rows} values), "
         f"got shape {tuple(values.shape)}"
     )
-
