@@ -113,11 +113,8 @@ def prune(
 
 
 def _check_threshold(threshold) -> float:
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-        raise ValueError(
-            f"threshold must be a number >= 0 (a fraction of clean - corrupted), got {threshold!r}"
-        )
-    if math.isnan(threshold) or threshold < 0:
+    number = not isinstance(threshold, bool) and isinstance(threshold, (int, float))
+    if not number or math.isnan(threshold) or threshold < 0:
         raise ValueError(
             f"threshold must be a number >= 0 (a fraction of clean - corrupted), got {threshold!r}"
         )

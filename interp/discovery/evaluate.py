@@ -105,9 +105,7 @@ def _ablated(model, batch: TaskTokens, graph: Graph, ablation: str) -> WriterOut
         real = t[mask]  # [real tokens (head) d]
         return real.double().mean(0).to(t.dtype)[None, None].expand_as(t)
 
-    return WriterOutputs(
-        fixed(clean.embed), tuple(map(fixed, clean.heads)), tuple(map(fixed, clean.mlps))
-    )
+    return clean.map(fixed)
 
 
 def _faithfulness(circuit: torch.Tensor, empty: torch.Tensor, full: torch.Tensor) -> float:

@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -101,19 +102,19 @@ class WriterOutputs:
             return self.heads[layer][:, :, head]
         return self.mlps[layer]
 
-    def __sub__(self, other: WriterOutputs) -> WriterOutputs:
+    def map(self, fn, *others: WriterOutputs) -> WriterOutputs:
+        """``fn`` of each tensor and the tensors in the same place of ``others``."""
         return WriterOutputs(
-            self.embed - other.embed,
-            tuple(a - b for a, b in zip(self.heads, other.heads, strict=True)),
-            tuple(a - b for a, b in zip(self.mlps, other.mlps, strict=True)),
+            fn(self.embed, *(o.embed for o in others)),
+            tuple(map(fn, self.heads, *(o.heads for o in others))),
+            tuple(map(fn, self.mlps, *(o.mlps for o in others))),
         )
 
+    def __sub__(self, other: WriterOutputs) -> WriterOutputs:
+        return self.map(torch.sub, other)
+
     def rows(self, lo: int, hi: int) -> WriterOutputs:
-        return WriterOutputs(
-            self.embed[lo:hi],
-            tuple(t[lo:hi] for t in self.heads),
-            tuple(t[lo:hi] for t in self.mlps),
-        )
+        return self.map(lambda t: t[lo:hi])
 
 
 def writer_outputs(
