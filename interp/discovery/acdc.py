@@ -40,6 +40,7 @@ from interp.discovery.runs import (
     check_arguments,
     dataset_mean,
     deltas_bytes,
+    task_inputs,
     writer_outputs,
 )
 from interp.engine import check_eval, run_logits
@@ -149,9 +150,7 @@ def acdc(
     check_eval(model)
     threshold = _check_threshold(threshold)
     check_arguments(metric, max_rows, max_bytes)
-    graph = Graph.from_model(model)
-    batch = task.tokens(model) if isinstance(task, Task) else task
-    task_metric = batch.metric(metric)
+    graph, batch, task_metric = task_inputs(model, task, metric)
     device = model.cfg.device
     with torch.no_grad():
         c = dataset_mean(task_metric, run_logits(model, batch.clean.to(device)))
@@ -163,8 +162,7 @@ def acdc(
             f"the clean and corrupted metrics ({c:.6g}, {k:.6g}) are too close to divide by; "
             "ACDC's threshold is a fraction of their difference: use a task whose runs differ"
         )
-    n_rows, n_pos = (int(d) for d in batch.clean.shape)
-    held = deltas_bytes(model, graph, n_rows, n_pos)
+    held = deltas_bytes(model, graph, batch)
 
     def measure(states: list[list[Edge]]) -> list[float]:
         with torch.no_grad():
@@ -187,7 +185,7 @@ def acdc(
             circuit_metric=final,
             method="acdc",
             threshold=threshold,
-            n_rows=n_rows,
+            n_rows=len(batch.clean),
             calls=calls,
             runs=runs,
             recovered_undefined=False,

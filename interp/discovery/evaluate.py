@@ -24,7 +24,13 @@ import torch
 
 from interp.discovery.graph import Graph
 from interp.discovery.removal import removed_metrics
-from interp.discovery.runs import WriterOutputs, check_arguments, deltas_bytes, writer_outputs
+from interp.discovery.runs import (
+    WriterOutputs,
+    check_arguments,
+    deltas_bytes,
+    task_inputs,
+    writer_outputs,
+)
 from interp.discovery.scores import _undefined
 from interp.engine import check_eval, run_logits
 from interp.tasks import Task, TaskTokens
@@ -134,8 +140,7 @@ def _circuit_metrics(
     with torch.no_grad():
         full = metric(run_logits(model, batch.clean.to(model.cfg.device))).float().cpu()
         ablated = _ablated(model, batch, graph, ablation)
-    n_rows, n_pos = (int(d) for d in batch.clean.shape)
-    held = deltas_bytes(model, graph, n_rows, n_pos) if ablation == "patch" else 0
+    held = deltas_bytes(model, graph, batch) if ablation == "patch" else 0
     values = removed_metrics(model, batch, metric, ablated, runs, graph, held=held, **budget)
     metrics = {k: values[i] for i, k in enumerate(distinct)}
     metrics[frozenset()] = values[-1]
@@ -199,16 +204,15 @@ def evaluate_circuit(
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
     check_arguments(metric, max_rows, max_bytes)
-    graph = Graph.from_model(model)
+    graph, batch, task_metric = task_inputs(model, task, metric)
     chosen = _edge_list(edges, graph)
     scores = getattr(edges, "scores", None) if scores is None else scores
     ranked = None if scores is None else ranked_edges(scores, graph)
-    batch = task.tokens(model) if isinstance(task, Task) else task
     n_total = len(graph)
     # the circuit itself, then the curve's
     curve_circuits = [] if ranked is None else [ranked[:k] for k in curve_sizes(n_total)]
     metrics, empty, full = _circuit_metrics(
-        model, batch, batch.metric(metric), graph, [chosen, *curve_circuits], ablation,
+        model, batch, task_metric, graph, [chosen, *curve_circuits], ablation,
         max_rows=max_rows, max_bytes=max_bytes, progress=progress,
     )  # fmt: skip
     circuit = metrics[frozenset(chosen)]

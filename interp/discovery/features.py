@@ -32,7 +32,7 @@ from torch import Tensor
 
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
 from interp.discovery.graph import Graph, edge_frame
-from interp.discovery.runs import _undefined, check_arguments, dataset_mean
+from interp.discovery.runs import _undefined, check_arguments, dataset_mean, task_inputs
 from interp.engine import check_eval, run_cached
 from interp.engine.estimates import _itemsize
 from interp.saes.sae import decoder_flag
@@ -192,12 +192,10 @@ def feature_edge_scores(
     )
     if top_features is not None and (not isinstance(top_features, int) or top_features < 0):
         raise ValueError(f"top_features must be a whole number >= 0, got {top_features!r}")
-    graph = Graph.from_model(model)
+    graph, batch, task_metric = task_inputs(model, task, metric)
     layer = sae_layer(model, sae)
     if sae.W_dec.device != torch.device(model.cfg.device):
         sae = copy.deepcopy(sae).to(model.cfg.device)
-    batch = task.tokens(model) if isinstance(task, Task) else task
-    task_metric = batch.metric(metric)
     c, k, deltas = _feature_deltas(model, sae, batch, task_metric, graph, layer, upstream)
     n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
     n_writers = 0 if deltas.writers is None else deltas.writers.shape[0]

@@ -23,7 +23,7 @@ from interp.discovery.inputs import reader_hooks
 from interp.engine import RowMetricFn, run_cached, run_patched
 from interp.engine.estimates import _itemsize
 from interp.models.norms import POST_NORMS, effective_weight, is_rms, param, post_norm
-from interp.tasks import TaskMetric, TaskTokens
+from interp.tasks import Task, TaskMetric, TaskTokens
 
 __all__ = [
     "WriterOutputs",
@@ -34,6 +34,7 @@ __all__ = [
     "check_arguments",
     "row_metric",
     "dataset_mean",
+    "task_inputs",
 ]
 
 METRICS = ("logit_diff", "prob_diff")  # the task metrics discovery reads
@@ -180,9 +181,18 @@ def _post_normed(
     return normed
 
 
-def deltas_bytes(model, graph: Graph, n_rows: int, n_pos: int) -> int:
+def deltas_bytes(model, graph: Graph, batch: TaskTokens) -> int:
     """Bytes of every writer's clean-minus-corrupted output over the task."""
+    n_rows, n_pos = (int(d) for d in batch.clean.shape)
     return len(graph.writers) * n_rows * n_pos * int(model.cfg.d_model) * _itemsize(model)
+
+
+def task_inputs(
+    model, task: Task | TaskTokens, metric: str
+) -> tuple[Graph, TaskTokens, TaskMetric]:
+    """The model's graph, the task's token rows and its metric: where every method starts."""
+    batch = task.tokens(model) if isinstance(task, Task) else task
+    return Graph.from_model(model), batch, batch.metric(metric)
 
 
 def row_metric(metric: TaskMetric) -> RowMetricFn:

@@ -32,6 +32,7 @@ from interp.discovery.runs import (
     dataset_mean,
     deltas_bytes,
     patched_metrics,
+    task_inputs,
     writer_outputs,
 )
 from interp.engine import HookFn, check_eval
@@ -126,9 +127,7 @@ def edge_changes(
     check_arguments(
         metric, max_rows, max_bytes, method=method, methods=SCORED_METHODS, ig_steps=ig_steps
     )
-    graph = Graph.from_model(model)
-    batch = task.tokens(model) if isinstance(task, Task) else task
-    task_metric = batch.metric(metric)
+    graph, batch, task_metric = task_inputs(model, task, metric)
     device = model.cfg.device
     clean_tokens, corrupt_tokens = batch.clean.to(device), batch.corrupted.to(device)
     clean_out, clean_logits = writer_outputs(model, clean_tokens, graph, interventions)
@@ -137,8 +136,7 @@ def edge_changes(
     del clean_logits, corrupt_logits
     deltas = clean_out - corrupt_out
     del clean_out, corrupt_out
-    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
-    held = deltas_bytes(model, graph, n_rows, n_pos)
+    held = deltas_bytes(model, graph, batch)
     if method == "exact":
         runs = [[edge] for edge in graph.edges]
         values = patched_metrics(
@@ -168,4 +166,4 @@ def edge_changes(
                 held=held,
                 fixed=interventions,
             )
-    return graph, change, c, k, n_rows
+    return graph, change, c, k, len(batch.clean)
