@@ -21,7 +21,15 @@ import sys
 from pathlib import Path
 
 from interp.cli.executor_options import add_executor_arguments, check_executor
-from interp.cli.options import add_model_option, check_at_most, device, int_between, shard
+from interp.cli.options import (
+    add_model_option,
+    add_out_dir,
+    check_at_most,
+    check_wrong,
+    device,
+    int_between,
+    shard,
+)
 from interp.cli.output import (
     UsageError,
     check_out_dir,
@@ -92,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a counterfactual single token: explain the logit difference "
         "answer - wrong instead of the answer's logit",
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    add_out_dir(parser)
     parser.add_argument(
         "--pos",
         type=int_between(),
@@ -152,13 +160,7 @@ def _check_prompt_options(args: argparse.Namespace) -> None:
         raise UsageError("--prompt is empty; pass the text the model reads")
     if not args.answer:
         raise UsageError("--answer is empty; pass one token, e.g. ' Paris'")
-    if args.wrong is not None and not args.wrong:
-        raise UsageError("--wrong is empty; pass one token, or leave --wrong out")
-    if args.wrong is not None and args.wrong == args.answer:
-        raise UsageError(
-            "--wrong is the same token as --answer: their difference is 0 by "
-            "definition; pass another token, or leave --wrong out"
-        )
+    check_wrong(args)
 
 
 def run_prompt(args: argparse.Namespace, out: Path) -> int:

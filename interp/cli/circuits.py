@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from interp.cli.options import MAX_SEED, add_model_option, device, int_between
+from interp.cli.options import MAX_SEED, add_model_option, add_out_dir, device, int_between
 from interp.cli.output import check_out_dir, staged_output
 from interp.cli.sources import load_model
 
@@ -29,7 +28,7 @@ def _kinds(text: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_option(parser)
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    add_out_dir(parser)
     parser.add_argument(
         "--kinds",
         type=_kinds,

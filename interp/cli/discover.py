@@ -26,6 +26,7 @@ from interp.cli.options import (
     MAX_SEED,
     TASK_METRICS,
     add_model_option,
+    add_out_dir,
     device,
     int_between,
     memory_size,
@@ -108,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="memory budget per forward pass, e.g. 500MB (same results)",
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    add_out_dir(parser)
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
     add_executor_arguments(parser)
 
@@ -206,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         return run_discover(args, out, model, task, source, ig_steps, write_results, say)
     if args.shard is not None:
         return _write_shard(args, out, model, task, source, settings, ig_steps, say)
-    from interp.cli.discover_results import write_results
+    from interp.cli.discover_results import run_info, write_results
     from interp.discovery import discover_circuit, evaluate_circuit
     from interp.interventions.shards import task_fingerprint
 
@@ -217,17 +218,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"evaluating the circuit of {len(circuit)} edges ({args.ablation} ablation) ...")
     result = evaluate_circuit(model, task, circuit, ablation=args.ablation, **budget)
     frame = circuit.scores
-    info = {
-        "model": source["model"],
-        "task": {
-            "source": source["task"],
-            "n_rows": len(task),
-            "fingerprint": task_fingerprint(task),
-            "shards": 1,
-            "generated": source["generated"],
-        },
-        "examples": source["examples"],
-    }
+    info = run_info(source, len(task), task_fingerprint(task), 1)
     return write_results(out, info, circuit.method, circuit.params, frame, result, args.ablation)
 
 

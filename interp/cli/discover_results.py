@@ -19,6 +19,7 @@ from interp.cli.output import UsageError, staged_output, terminal_table
 
 __all__ = [
     "write_results",
+    "run_info",
     "merge_discovery",
     "generated_task",
     "GENERATED",
@@ -36,6 +37,14 @@ NOT_EVALUATED = (
     "curve here. Merge again with --evaluate (it loads the model and the task the shards "
     "name), or evaluate circuit.json's edges with interp.discovery.evaluate_circuit."
 )
+
+
+def run_info(source: dict, n_rows: int, fingerprint: str, shards: int) -> dict:
+    """summary.json's model, task and examples of a discover run (``source``: where the model
+    and the task came from, as the run or its shards recorded it)."""
+    task = {"source": source["task"], "n_rows": n_rows, "fingerprint": fingerprint}
+    task.update(shards=shards, generated=source["generated"])
+    return {"model": source["model"], "task": task, "examples": source["examples"]}
 
 
 def generated_task(name: str, model, n: int, seed: int):
@@ -162,17 +171,7 @@ def merge_discovery(out: Path, folders: list[Path], parts: list[dict], args) -> 
     except (ValueError, KeyError) as exc:
         raise UsageError(f"cannot merge {', '.join(map(str, folders))}: {exc}") from None
     first = next(p for p in parts if p["shard"] == 0)
-    info = {
-        "model": first["source"]["model"],
-        "task": {
-            "source": first["source"]["task"],
-            "n_rows": settings["n_rows"],
-            "fingerprint": settings["task"],
-            "shards": settings["shards"],
-            "generated": first["source"]["generated"],
-        },
-        "examples": first["source"]["examples"],
-    }
+    info = run_info(first["source"], settings["n_rows"], settings["task"], settings["shards"])
     result = None
     if args.evaluate:
         result = _evaluate(args, first, settings, circuit)

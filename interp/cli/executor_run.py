@@ -102,6 +102,7 @@ def run_attribute(args, out: Path, model, task, write, say) -> int:
 
 def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, write, say) -> int:
     """The whole run's files: merged scores, the circuit, and its evaluation here."""
+    from interp.cli.discover_results import run_info
     from interp.discovery import evaluate_circuit
     from interp.discovery.circuit import circuit_from_scores
     from interp.discovery.shards import discovery_partial_sums, merge_discovery_sums
@@ -119,17 +120,7 @@ def run_discover(args, out: Path, model, task, source: dict, ig_steps: int, writ
     say(f"evaluating the circuit of {len(circuit)} edges ({args.ablation} ablation) ...")
     budget = {"metric": args.metric, "max_bytes": args.max_bytes, "progress": True}
     result = evaluate_circuit(model, task, circuit, ablation=args.ablation, **budget)
-    info = {
-        "model": source["model"],
-        "task": {
-            "source": source["task"],
-            "n_rows": len(task),
-            "fingerprint": task_fingerprint(task),
-            "shards": len(parts),
-            "generated": source["generated"],
-        },
-        "examples": source["examples"],
-    }
+    info = run_info(source, len(task), task_fingerprint(task), len(parts))
     scores = circuit.scores
     return _written(
         out, lambda: write(out, info, circuit.method, circuit.params, scores, result, args.ablation)

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from interp.cli.options import MAX_SEED, add_model_option, device, int_between
+from interp.cli.options import MAX_SEED, add_model_option, add_out_dir, device, int_between
 from interp.cli.output import UsageError, check_out_dir, staged_output
 from interp.cli.sources import load_model
 
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sae", required=True, help="a bundled SAE's name (interp models), or an SAE folder"
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    add_out_dir(parser)
     parser.add_argument(
         "--top", type=int_between(1, 500), default=20, help="features shown, 1 to 500 (default 20)"
     )

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from interp.cli.graph_task import check_task, run_task
-from interp.cli.options import add_model_option, device, int_between, memory_size
+from interp.cli.graph_task import check_task, graph_settings, run_task
+from interp.cli.options import add_model_option, add_out_dir, device, int_between, memory_size
 from interp.cli.output import UsageError, check_out_dir, staged_output
 from interp.cli.sources import BUNDLED_DIR, check_source, load_model
 
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a UTF-8 file of prompts, one a line: a graph each, in --out/prompt_000/ ... "
         "with index.json listing them",
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    add_out_dir(parser)
     parser.add_argument(
         "--node-threshold", type=_fraction, default=0.8, help="share of influence kept (0.8)"
     )
@@ -239,15 +239,7 @@ def run(args: argparse.Namespace) -> int:
     from interp.graphs.attribute import attribution_graph
 
     start = time.perf_counter()
-    graph = attribution_graph(
-        model,
-        tokens,
-        tc,
-        max_feature_nodes=args.max_feature_nodes,
-        max_bytes=args.max_bytes,
-        batch_size=args.batch_size,
-        progress=True,
-    )
+    graph = attribution_graph(model, tokens, tc, **graph_settings(args), progress=True)
     built = time.perf_counter() - start
     pruned = graph.prune(args.node_threshold, args.edge_threshold)
     files, summary = graph_outputs(model, tc, graph, pruned, args, texts, built)

@@ -74,6 +74,7 @@ def run_prompts(
     """Build, prune and write the graph of each prompt (module docstring), each folder holding
     ``files`` (those of a one-prompt run); exit code 0."""
     from interp.cli.graph_files import graph_outputs
+    from interp.cli.graph_task import graph_settings
     from interp.graphs.attribute import attribution_graph
     from interp.graphs.many import iter_graphs
 
@@ -83,11 +84,7 @@ def run_prompts(
             model,
             prompts,
             tc,
-            {
-                "max_feature_nodes": args.max_feature_nodes,
-                "max_bytes": args.max_bytes,
-                "batch_size": args.batch_size,
-            },
+            graph_settings(args),
         )
     except ValueError as exc:  # a prompt too long for the context, say
         raise UsageError(f"--prompts {args.prompts}: {exc}") from None

@@ -21,6 +21,15 @@ NODE_COLUMNS = ["node", "kind", "layer", "feature", "position", "count", "activa
 NODE_COLUMNS += ["probability", "influence", "cumulative"]
 
 
+def graph_settings(args) -> dict:
+    """The options every ``interp graph`` run hands ``attribution_graph``."""
+    return {
+        "max_feature_nodes": args.max_feature_nodes,
+        "max_bytes": args.max_bytes,
+        "batch_size": args.batch_size,
+    }
+
+
 def check_task(args: argparse.Namespace):
     """``--task``'s file read and its rows checked (no model), or None without ``--task``: a
     UsageError otherwise (exit 2)."""
@@ -47,14 +56,7 @@ def run_task(args: argparse.Namespace, model, tc, task, out: Path) -> int:
     except TaskError as exc:
         raise UsageError(f"--task: {exc}") from None
     start = time.perf_counter()
-    graph = attribution_graph(
-        model,
-        task,
-        tc,
-        max_feature_nodes=args.max_feature_nodes,
-        max_bytes=args.max_bytes,
-        batch_size=args.batch_size,
-    )
+    graph = attribution_graph(model, task, tc, **graph_settings(args))
     pruned = graph.prune(args.node_threshold, args.edge_threshold)
     nodes = pruned.nodes.rename_axis("node").reset_index()[NODE_COLUMNS]
     edges = pruned.edges.reindex(pruned.edges["weight"].abs().sort_values(ascending=False).index)

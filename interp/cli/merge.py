@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from interp.cli import attribute
-from interp.cli.options import device
+from interp.cli.options import add_out_dir, device
 from interp.cli.output import UsageError, check_out_dir
 
 HELP = (
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "shards", nargs="+", type=Path, metavar="DIR", help="the --out folder of every shard"
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    add_out_dir(parser)
     parser.add_argument(
         "--evaluate",
         action="store_true",

@@ -33,7 +33,9 @@ __all__ = [
     "read_task",
     "TASK_METRICS",
     "check_at_most",
+    "check_wrong",
     "add_model_option",
+    "add_out_dir",
     "DEFAULT_MODEL",
 ]
 
@@ -164,6 +166,11 @@ def model_name(text: str) -> str:
     return text
 
 
+def add_out_dir(parser: argparse.ArgumentParser) -> None:
+    """``--out DIR``: where a command writes its files."""
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+
+
 def add_model_option(parser: argparse.ArgumentParser) -> None:
     """``--model``, the same for every command: a hub name, a checkpoint directory or a
     bundled model, the bundled one by default."""
@@ -225,3 +232,14 @@ def check_at_most(option: str, values: int | Iterable[int] | None, limit: int, w
     bad = [v for v in items if v > limit]
     if bad:
         raise UsageError(f"{option} {' '.join(map(str, bad))}: at most {limit} ({why})")
+
+
+def check_wrong(args: argparse.Namespace) -> None:
+    """``--wrong``: left out, or one token other than ``--answer``."""
+    if args.wrong is not None and not args.wrong:
+        raise UsageError("--wrong is empty; pass one token, or leave --wrong out")
+    if args.wrong is not None and args.wrong == args.answer:
+        raise UsageError(
+            "--wrong is the same token as --answer: their difference is 0 by "
+            "definition; pass another token, or leave --wrong out"
+        )

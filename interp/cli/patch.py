@@ -17,7 +17,15 @@ import sys
 from pathlib import Path
 
 from interp.cli.executor_options import add_executor_arguments, check_executor
-from interp.cli.options import TASK_METRICS, add_model_option, device, read_task, shard
+from interp.cli.options import (
+    TASK_METRICS,
+    add_model_option,
+    add_out_dir,
+    check_wrong,
+    device,
+    read_task,
+    shard,
+)
 from interp.cli.output import UsageError, check_out_dir, check_shard, write_partial
 from interp.cli.patch_files import SHARD_FILES, write_files, write_results
 from interp.cli.sources import load_model
@@ -105,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --task: patch rows I, I+N, ... (0-based, 0 <= I < N) and write "
         "partial.json; combine the shards with interp merge",
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    add_out_dir(parser)
     parser.add_argument("--device", type=device, default="cpu", help="torch device (default cpu)")
     add_executor_arguments(parser)
 
@@ -140,13 +148,7 @@ def run(args: argparse.Namespace) -> int:
     for option in PAIR_OPTIONS[:3]:
         if not getattr(args, option[2:]):
             raise UsageError(f"{option} is empty; pass some text")
-    if args.wrong is not None and not args.wrong:
-        raise UsageError("--wrong is empty; pass one token, or leave --wrong out")
-    if args.wrong is not None and args.wrong == args.answer:
-        raise UsageError(
-            "--wrong is the same token as --answer: their difference is 0 by "
-            "definition; pass another token, or leave --wrong out"
-        )
+    check_wrong(args)
     return _run_pair(args, out, sites)
 
 

@@ -33,9 +33,16 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from interp.discovery.graph import EdgeGraph, Reader
+from interp.discovery.graph import EdgeGraph, Reader, edge_frame
 from interp.discovery.removal import removed_metrics
-from interp.discovery.runs import _undefined, check_arguments, deltas_bytes, writer_outputs
+from interp.discovery.runs import (
+    _undefined,
+    check_arguments,
+    dataset_mean,
+    deltas_bytes,
+    task_inputs,
+    writer_outputs,
+)
 from interp.engine import check_eval, run_logits
 from interp.tasks import Task, TaskTokens
 
@@ -107,11 +114,8 @@ def prune(
 
 
 def _check_threshold(threshold) -> float:
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-        raise ValueError(
-            f"threshold must be a number >= 0 (a fraction of clean - corrupted), got {threshold!r}"
-        )
-    if math.isnan(threshold) or threshold < 0:
+    number = not isinstance(threshold, bool) and isinstance(threshold, (int, float))
+    if not number or math.isnan(threshold) or threshold < 0:
         raise ValueError(
             f"threshold must be a number >= 0 (a fraction of clean - corrupted), got {threshold!r}"
         )
@@ -146,22 +150,19 @@ def acdc(
     check_eval(model)
     threshold = _check_threshold(threshold)
     check_arguments(metric, max_rows, max_bytes)
-    graph = EdgeGraph.from_model(model)
-    batch = task.tokens(model) if isinstance(task, Task) else task
-    task_metric = batch.metric(metric)
+    graph, batch, task_metric = task_inputs(model, task, metric)
     device = model.cfg.device
     with torch.no_grad():
-        c = float(task_metric(run_logits(model, batch.clean.to(device))).double().mean())
+        c = dataset_mean(task_metric, run_logits(model, batch.clean.to(device)))
         corrupted, corrupt_logits = writer_outputs(model, batch.corrupted.to(device), graph)
-        k = float(task_metric(corrupt_logits).double().mean())
+        k = dataset_mean(task_metric, corrupt_logits)
     del corrupt_logits
     if _undefined(c, k):
         raise ValueError(
             f"the clean and corrupted metrics ({c:.6g}, {k:.6g}) are too close to divide by; "
             "ACDC's threshold is a fraction of their difference: use a task whose runs differ"
         )
-    n_rows, n_pos = (int(d) for d in batch.clean.shape)
-    held = deltas_bytes(model, graph, n_rows, n_pos)
+    held = deltas_bytes(model, graph, batch)
 
     def measure(states: list[list[Edge]]) -> list[float]:
         with torch.no_grad():
@@ -175,24 +176,20 @@ def acdc(
         acdc_order(graph), measure, c, c - k, threshold, window=WINDOW, progress=progress
     )
     gone = set(removed)
-    frame = pd.DataFrame(
-        {
-            "edge": list(graph.edge_names),
-            "source": [w for w, _ in graph.edges],
-            "target": [str(r) for _, r in graph.edges],
-            "score": [scores[e] for e in graph.edges],
-            "in_circuit": [e not in gone for e in graph.edges],
-        }
+    frame = edge_frame(
+        graph.edges,
+        [scores[e] for e in graph.edges],
+        dict(
+            clean_metric=c,
+            corrupted_metric=k,
+            circuit_metric=final,
+            method="acdc",
+            threshold=threshold,
+            n_rows=len(batch.clean),
+            calls=calls,
+            runs=runs,
+            recovered_undefined=False,
+        ),
     )
-    frame.attrs.update(
-        clean_metric=c,
-        corrupted_metric=k,
-        circuit_metric=final,
-        method="acdc",
-        threshold=threshold,
-        n_rows=n_rows,
-        calls=calls,
-        runs=runs,
-        recovered_undefined=False,
-    )
+    frame["in_circuit"] = [e not in gone for e in graph.edges]
     return frame

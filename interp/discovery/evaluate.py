@@ -24,7 +24,13 @@ import torch
 
 from interp.discovery.graph import EdgeGraph
 from interp.discovery.removal import removed_metrics
-from interp.discovery.runs import WriterOutputs, check_arguments, deltas_bytes, writer_outputs
+from interp.discovery.runs import (
+    WriterOutputs,
+    check_arguments,
+    deltas_bytes,
+    task_inputs,
+    writer_outputs,
+)
 from interp.discovery.scores import _undefined
 from interp.engine import check_eval, run_logits
 from interp.tasks import Task, TaskTokens
@@ -105,14 +111,65 @@ def _ablated(model, batch: TaskTokens, graph: EdgeGraph, ablation: str) -> Write
         real = t[mask]  # [real tokens (head) d]
         return real.double().mean(0).to(t.dtype)[None, None].expand_as(t)
 
-    return WriterOutputs(
-        fixed(clean.embed), tuple(map(fixed, clean.heads)), tuple(map(fixed, clean.mlps))
-    )
+    return clean.map(fixed)
 
 
 def _faithfulness(circuit: torch.Tensor, empty: torch.Tensor, full: torch.Tensor) -> float:
     c, e, m = (float(t.double().mean()) for t in (circuit, empty, full))
     return math.nan if _undefined(m, e) else (c - e) / (m - e)
+
+
+def _circuit_metrics(
+    model,
+    batch: TaskTokens,
+    metric,
+    graph: EdgeGraph,
+    circuits: list[list[str]],
+    ablation: str,
+    **budget,
+) -> tuple[dict[frozenset, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """``({edges kept: per-row metric}, empty, full)``: each distinct circuit of ``circuits``
+    runs once, in batched passes with the empty circuit (every edge removed); the full graph is
+    the clean run."""
+    n_total = len(graph)
+    keys = [frozenset(c) for c in circuits]
+    distinct = [k for k in dict.fromkeys(keys) if 0 < len(k) < n_total]
+    by_name = dict(zip(graph.edge_names, graph.edges, strict=True))
+    runs = [[by_name[e] for e in graph.edge_names if e not in k] for k in distinct]
+    runs.append(list(graph.edges))  # the empty circuit: every edge removed
+    with torch.no_grad():
+        full = metric(run_logits(model, batch.clean.to(model.cfg.device))).float().cpu()
+        ablated = _ablated(model, batch, graph, ablation)
+    held = deltas_bytes(model, graph, batch) if ablation == "patch" else 0
+    values = removed_metrics(model, batch, metric, ablated, runs, graph, held=held, **budget)
+    metrics = {k: values[i] for i, k in enumerate(distinct)}
+    metrics[frozenset()] = values[-1]
+    metrics[frozenset(graph.edge_names)] = full
+    return metrics, values[-1], full
+
+
+def _per_row(circuit: torch.Tensor, empty: torch.Tensor, full: torch.Tensor) -> pd.DataFrame:
+    """The per-row frame of :class:`CircuitEvaluation`."""
+    rows = zip(circuit.tolist(), empty.tolist(), full.tolist(), strict=True)
+    faithful = [math.nan if _undefined(m, e) else (c - e) / (m - e) for c, e, m in rows]
+    return pd.DataFrame(
+        {
+            "row": range(len(circuit)),
+            "circuit_metric": circuit.numpy(),
+            "empty_metric": empty.numpy(),
+            "model_metric": full.numpy(),
+            "faithfulness": faithful,
+        }
+    )
+
+
+def _curve(points: list[float], n_total: int) -> tuple[pd.DataFrame, float, float]:
+    """The MIB curve's frame, its CPR and CMD (module docstring)."""
+    curve = pd.DataFrame(
+        {"fraction": CURVE_FRACTIONS, "n_edges": curve_sizes(n_total), "faithfulness": points}
+    )
+    x, f = np.asarray(CURVE_FRACTIONS), np.asarray(points)
+    return curve, float(np.trapezoid(f, x)), float(np.trapezoid(np.abs(1.0 - f), x))
 
 
 def evaluate_circuit(
@@ -147,61 +204,25 @@ def evaluate_circuit(
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
     check_arguments(metric, max_rows, max_bytes)
-    graph = EdgeGraph.from_model(model)
+    graph, batch, task_metric = task_inputs(model, task, metric)
     chosen = _edge_list(edges, graph)
-    if scores is None:
-        scores = getattr(edges, "scores", None)
+    scores = getattr(edges, "scores", None) if scores is None else scores
     ranked = None if scores is None else ranked_edges(scores, graph)
-    batch = task.tokens(model) if isinstance(task, Task) else task
-    task_metric = batch.metric(metric)
     n_total = len(graph)
-    # circuits: the circuit itself, then the curve's; each distinct set of removed edges runs once
-    circuits = [chosen] + ([] if ranked is None else [ranked[:k] for k in curve_sizes(n_total)])
-    keys = [frozenset(c) for c in circuits]
-    distinct = [k for k in dict.fromkeys(keys) if 0 < len(k) < n_total]
-    everything = frozenset(graph.edge_names)
-    by_name = dict(zip(graph.edge_names, graph.edges, strict=True))
-    runs = [[by_name[e] for e in graph.edge_names if e not in k] for k in distinct]
-    runs.append(list(graph.edges))  # the empty circuit: every edge removed
-    with torch.no_grad():
-        full = task_metric(run_logits(model, batch.clean.to(model.cfg.device))).float().cpu()
-        ablated = _ablated(model, batch, graph, ablation)
-    n_rows, n_pos = (int(d) for d in batch.clean.shape)
-    held = deltas_bytes(model, graph, n_rows, n_pos) if ablation == "patch" else 0
-    values = removed_metrics(
-        model, batch, task_metric, ablated, runs, graph,
-        max_rows=max_rows, max_bytes=max_bytes, held=held, progress=progress,
+    # the circuit itself, then the curve's
+    curve_circuits = [] if ranked is None else [ranked[:k] for k in curve_sizes(n_total)]
+    metrics, empty, full = _circuit_metrics(
+        model, batch, task_metric, graph, [chosen, *curve_circuits], ablation,
+        max_rows=max_rows, max_bytes=max_bytes, progress=progress,
     )  # fmt: skip
-    empty = values[-1]
-    metrics = {k: values[i] for i, k in enumerate(distinct)}
-    metrics[frozenset()] = empty
-    metrics[everything] = full
-    circuit = metrics[keys[0]]
-    undefined_rows = [_undefined(float(m), float(e)) for m, e in zip(full, empty, strict=True)]
-    per_row = pd.DataFrame(
-        {
-            "row": range(n_rows),
-            "circuit_metric": circuit.numpy(),
-            "empty_metric": empty.numpy(),
-            "model_metric": full.numpy(),
-            "faithfulness": [
-                math.nan if bad else (float(c) - float(e)) / (float(m) - float(e))
-                for bad, c, e, m in zip(undefined_rows, circuit, empty, full, strict=True)
-            ],
-        }
-    )
+    circuit = metrics[frozenset(chosen)]
     curve = cpr = cmd = None
     if ranked is not None:
-        points = [_faithfulness(metrics[k], empty, full) for k in keys[1:]]
-        curve = pd.DataFrame(
-            {"fraction": CURVE_FRACTIONS, "n_edges": curve_sizes(n_total), "faithfulness": points}
-        )
-        x, f = np.asarray(CURVE_FRACTIONS), np.asarray(points)
-        cpr = float(np.trapezoid(f, x))
-        cmd = float(np.trapezoid(np.abs(1.0 - f), x))
+        points = [_faithfulness(metrics[frozenset(c)], empty, full) for c in curve_circuits]
+        curve, cpr, cmd = _curve(points, n_total)
     return CircuitEvaluation(
         faithfulness=_faithfulness(circuit, empty, full),
-        per_row=per_row,
+        per_row=_per_row(circuit, empty, full),
         curve=curve,
         cpr=cpr,
         cmd=cmd,

@@ -25,9 +25,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.discovery.gradients import _rows_at_once, reader_gradients
+from interp.discovery.gradients import _rows_at_once, gradient_points, step_sums
 from interp.discovery.graph import EdgeGraph, Reader
-from interp.discovery.runs import rows_metric
 from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = ["FeatureDeltas", "FeatureTables", "feature_tables"]
@@ -138,26 +137,17 @@ def feature_tables(
     n_steps = max(1, steps)
     total = n_rows * n_steps
     chunk = _rows_at_once(model, graph, total, n_pos, max_rows, max_bytes, held)
-    tokens = batch.corrupted.to(model.cfg.device)
     streams: list[Tensor] = []
 
     def record(x: Tensor, hook) -> None:
         streams.append(x.detach())
 
     fixed = [(f"blocks.{layer}.ln1.hook_in", record)] if upstream else []
-    for lo in range(0, total, chunk):
-        hi = min(lo + chunk, total)
-        task_rows = torch.arange(lo, hi) // n_steps
-        first, last = int(task_rows[0]), int(task_rows[-1]) + 1
-        local = (task_rows - first).to(deltas.embed.device)
-        shift = None
-        if steps:
-            alphas = (torch.arange(lo, hi) % n_steps).to(deltas.embed) / n_steps
-            shift = deltas.embed[task_rows.to(deltas.embed.device)] * alphas.view(-1, 1, 1)
-        gradients = reader_gradients(
-            model, tokens[task_rows.to(tokens.device)], rows_metric(metric, task_rows), graph,
-            embed_shift=shift, fixed=fixed,
-        )  # fmt: skip
+    points = gradient_points(
+        model, batch, metric, graph, deltas.embed, steps=steps, chunk=chunk, fixed=fixed
+    )
+    for rows, local, gradients in points:
+        first, last = rows.start, rows.stop
         f_part = deltas.features[first:last].flatten(0, 1)  # [rows*pos active]
         e_part = deltas.error[first:last].flatten(0, 1)  # [rows*pos d_model]
         G = 0
@@ -166,11 +156,8 @@ def feature_tables(
                 continue
             if upstream:
                 G = G + grad.sum(0)  # [points pos d_model], before the steps are summed
-            if n_steps > 1:  # sum each row's steps
-                grad = torch.zeros(
-                    (grad.shape[0], last - first, *grad.shape[2:]), dtype=grad.dtype,
-                    device=grad.device,
-                ).index_add_(1, local, grad)  # fmt: skip
+            if n_steps > 1:
+                grad = step_sums(grad, local, last - first)
             ids = by_layer[lay]  # all of this layer's readers, in the order of grad's
             flat = grad.flatten(1, 2)  # [reader rows*pos d_model]
             feature_sums[ids] += _weighted_dots(flat, W_dec, f_part)

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
-from interp.discovery.graph import EdgeGraph, edge_name
-from interp.discovery.runs import _undefined, check_arguments
+from interp.discovery.graph import EdgeGraph, edge_frame
+from interp.discovery.runs import _undefined, check_arguments, dataset_mean, task_inputs
 from interp.engine import check_eval, run_cached
 from interp.engine.estimates import _itemsize
 from interp.saes.sae import decoder_flag
@@ -99,6 +99,55 @@ def _decomposed(model, sae, tokens: Tensor, graph: EdgeGraph, layer: int, upstre
     return embed, features, error, writers, run.logits
 
 
+def _feature_deltas(
+    model, sae, batch: TaskTokens, metric, graph: EdgeGraph, layer: int, upstream: bool
+) -> tuple[float, float, FeatureDeltas]:
+    """``(C, K, clean minus corrupted)``: the clean and corrupted dataset means and the
+    changes of the features that changed, the error and (``upstream``) the earlier writers."""
+    device = model.cfg.device
+    runs = [
+        _decomposed(model, sae, tokens.to(device), graph, layer, upstream)
+        for tokens in (batch.clean, batch.corrupted)
+    ]
+    (embed_c, f_c, err_c, writers_c, logits_c), (embed_k, f_k, err_k, writers_k, logits_k) = runs
+    c, k = dataset_mean(metric, logits_c), dataset_mean(metric, logits_k)
+    change = f_c - f_k  # [rows pos d_sae]
+    active = torch.nonzero(change.flatten(0, 1).ne(0).any(0)).flatten()
+    deltas = FeatureDeltas(
+        embed_c - embed_k,
+        change[..., active].to(embed_c.dtype),
+        active,
+        err_c - err_k,
+        None if writers_c is None else writers_c - writers_k,
+    )
+    return c, k, deltas
+
+
+def _feature_scores(
+    tables, active: Tensor, d_sae: int, graph: EdgeGraph, layer: int, top_features: int | None
+) -> tuple[list[tuple[str, str]], Tensor]:
+    """The frame's ``(source, target)`` pairs and their sums (not yet divided by ``C - K``):
+    features (the ``top_features`` kept) and the error into each reader, then (upstream)
+    each earlier writer into each feature and the error."""
+    full = torch.zeros(len(tables.readers), d_sae, dtype=torch.float64)
+    full[:, active.cpu()] = tables.features
+    weight = full.abs().sum(0)
+    if tables.upstream is not None:
+        weight = weight + tables.upstream.abs().sum(0)
+    kept = torch.arange(d_sae)
+    if top_features is not None:
+        kept = weight.argsort(descending=True, stable=True)[:top_features].sort()[0]
+    nodes = [feature_name(layer, int(j)) for j in kept] + [error_name(layer)]
+    values = torch.cat([full[:, kept], tables.error.unsqueeze(1)], dim=1)  # [reader node]
+    pairs = [(s, str(t)) for t in tables.readers for s in nodes]
+    if tables.upstream is None:
+        return pairs, values.flatten()
+    before = list(graph.writers[: tables.upstream.shape[0]])
+    pairs += [(w, t) for t in nodes for w in before]
+    into = torch.cat([tables.upstream[:, kept], tables.upstream_error.unsqueeze(1)], dim=1)
+    return pairs, torch.cat([values.flatten(), into.T.flatten()])
+
+
 def feature_edge_scores(
     model,
     task: Task | TaskTokens,
@@ -143,34 +192,14 @@ def feature_edge_scores(
     )
     if top_features is not None and (not isinstance(top_features, int) or top_features < 0):
         raise ValueError(f"top_features must be a whole number >= 0, got {top_features!r}")
-    graph = EdgeGraph.from_model(model)
+    graph, batch, task_metric = task_inputs(model, task, metric)
     layer = sae_layer(model, sae)
-    device = model.cfg.device
-    if sae.W_dec.device != torch.device(device):
-        sae = copy.deepcopy(sae).to(device)
-    batch = task.tokens(model) if isinstance(task, Task) else task
-    task_metric = batch.metric(metric)
-    runs = [
-        _decomposed(model, sae, tokens.to(device), graph, layer, upstream)
-        for tokens in (batch.clean, batch.corrupted)
-    ]
-    (embed_c, f_c, err_c, writers_c, logits_c), (embed_k, f_k, err_k, writers_k, logits_k) = runs
-    c = float(task_metric(logits_c).double().mean())
-    k = float(task_metric(logits_k).double().mean())
-    del runs, logits_c, logits_k
-    change = f_c - f_k  # [rows pos d_sae]
-    active = torch.nonzero(change.flatten(0, 1).ne(0).any(0)).flatten()
-    deltas = FeatureDeltas(
-        embed_c - embed_k,
-        change[..., active].to(embed_c.dtype),
-        active,
-        err_c - err_k,
-        None if writers_c is None else writers_c - writers_k,
-    )
-    del embed_c, f_c, err_c, writers_c, embed_k, f_k, err_k, writers_k, change
+    if sae.W_dec.device != torch.device(model.cfg.device):
+        sae = copy.deepcopy(sae).to(model.cfg.device)
+    c, k, deltas = _feature_deltas(model, sae, batch, task_metric, graph, layer, upstream)
     n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
     n_writers = 0 if deltas.writers is None else deltas.writers.shape[0]
-    width = (2 + n_writers) * int(model.cfg.d_model) + len(active)
+    width = (2 + n_writers) * int(model.cfg.d_model) + len(deltas.active)
     held = width * n_rows * n_pos * _itemsize(model)
     with torch.enable_grad():
         tables = feature_tables(
@@ -178,40 +207,11 @@ def feature_edge_scores(
             steps=ig_steps if method == "eap-ig" else 0,
             max_rows=max_rows, max_bytes=max_bytes, held=held,
         )  # fmt: skip
-    full = torch.zeros(len(tables.readers), sae.d_sae, dtype=torch.float64)
-    full[:, active.cpu()] = tables.features
-    weight = full.abs().sum(0)
-    if upstream:
-        weight = weight + tables.upstream.abs().sum(0)
-    kept = torch.arange(sae.d_sae)
-    if top_features is not None:
-        kept = weight.argsort(descending=True, stable=True)[:top_features].sort()[0]
+    pairs, values = _feature_scores(tables, deltas.active, sae.d_sae, graph, layer, top_features)
     undefined = _undefined(c, k)
     scale = math.nan if undefined else 1.0 / (c - k)
-    nodes = [feature_name(layer, int(j)) for j in kept] + [error_name(layer)]
-    targets = [str(r) for r in tables.readers]
-    values = torch.cat([full[:, kept], tables.error.unsqueeze(1)], dim=1)  # [reader node]
-    pairs = [(s, t) for t in targets for s in nodes]
-    if upstream:
-        before = list(graph.writers[:n_writers])
-        pairs += [(w, t) for t in nodes for w in before]
-        into = torch.cat([tables.upstream[:, kept], tables.upstream_error.unsqueeze(1)], dim=1)
-        values = torch.cat([values.flatten(), into.T.flatten()])
-    frame = pd.DataFrame(
-        {
-            "edge": [edge_name(s, t) for s, t in pairs],
-            "source": [s for s, _ in pairs],
-            "target": [t for _, t in pairs],
-            "score": (values.flatten() * scale).numpy(),
-        }
-    )
-    frame.attrs.update(
-        clean_metric=c,
-        corrupted_metric=k,
-        method=method,
-        n_rows=n_rows,
-        recovered_undefined=undefined,
-        sae_layer=layer,
-        active_features=len(active),
-    )
-    return frame
+    return edge_frame(
+        pairs, (values * scale).numpy(), dict(clean_metric=c, corrupted_metric=k,
+        method=method, n_rows=n_rows, recovered_undefined=undefined, sae_layer=layer,
+        active_features=len(deltas.active)),
+    )  # fmt: skip

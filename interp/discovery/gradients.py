@@ -27,38 +27,25 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.discovery.graph import QKV, EdgeGraph
-from interp.discovery.inputs import _weights, shared_norm
-from interp.discovery.runs import WriterOutputs, rows_metric
-from interp.engine import (
-    MemoryBudgetError,
-    estimate_attribution_bytes,
-    format_size,
-    parse_size,
-    run_logits,
-)
+from interp.discovery.inputs import shared_norm
+from interp.discovery.runs import WriterOutputs
+from interp.engine import run_logits
 from interp.engine.estimates import _itemsize
+from interp.engine.plan import backward_rows
+from interp.models.norms import qkv_weights
 from interp.tasks import TaskMetric, TaskTokens
 
-__all__ = ["gradient_scores", "reader_gradients"]
+__all__ = ["gradient_scores", "reader_gradients", "gradient_points", "step_sums"]
 
 
 def _rows_at_once(model, graph, n_rows, n_pos, max_rows, max_bytes, held) -> int:
-    if max_rows is not None:
-        return max(1, min(n_rows, max_rows))
-    if max_bytes is None:
-        return n_rows
-    per_row = estimate_attribution_bytes(model, n_pos) + 2 * len(graph.readers) * n_pos * int(
-        model.cfg.d_model
-    ) * _itemsize(model)
-    budget = parse_size(max_bytes)
-    fit = (budget - held) // per_row
-    if fit < 1:
-        raise MemoryBudgetError(
-            f"one row's forward and backward pass with every reader's gradient needs about "
-            f"{format_size(per_row)} beside the {format_size(held)} held, but max_bytes is "
-            f"{format_size(budget)}; raise max_bytes to at least {format_size(held + per_row)}"
-        )
-    return int(min(n_rows, fit))
+    """Gradient points per pass: each keeps every reader's gradient twice beside its pass."""
+    kept = 2 * len(graph.readers) * n_pos * int(model.cfg.d_model) * _itemsize(model)
+    return backward_rows(
+        model, n_pos, n_rows=n_rows, max_bytes=max_bytes, max_rows=max_rows, held=held,
+        kept_per_row=kept,
+        what="one row's forward and backward pass with every reader's gradient",
+    )  # fmt: skip
 
 
 def _site_names(model, graph: EdgeGraph) -> tuple[list[list[str]], str]:
@@ -154,7 +141,7 @@ def reader_gradients(
     ``tokens``: yields ``(layer, [reader rows pos d_model])`` for each layer's readers in
     graph order (``layer`` None: the logits). ``embed_shift`` is added to the input embeddings,
     ``fixed`` raw hooks go first; ``weights``: ``W_Q``, ``W_K``, ``W_V`` if already read."""
-    weights = weights or {kind: _weights(model, kind)[0].detach() for kind in QKV}
+    weights = weights or {kind: qkv_weights(model, kind)[0].detach() for kind in QKV}
     layer_names, final = _site_names(model, graph)
     leaves: dict[str, Tensor] = {}
     inputs: dict[int, Tensor] = {}
@@ -194,6 +181,48 @@ def reader_gradients(
             found = torch.cat([found, grads.pop(names[3]).unsqueeze(0)])
         yield layer, found.detach()
     yield None, grads.pop(final).unsqueeze(0)
+
+
+def gradient_points(
+    model,
+    batch: TaskTokens,
+    metric: TaskMetric,
+    graph: EdgeGraph,
+    embed_delta: Float[Tensor, "rows pos d_model"],
+    *,
+    steps: int,
+    chunk: int,
+    fixed: Sequence = (),
+    weights: dict[str, Tensor] | None = None,
+):
+    """The task's gradient points, ``chunk`` at a time (row-major: a row's ``max(1, steps)``
+    points together): yields ``(rows, local, gradients)``, ``rows`` the slice of task rows a
+    chunk covers, ``local`` each point's row in it, ``gradients`` :func:`reader_gradients`' at
+    the points (EAP-IG's point ``k`` of a row: ``k / steps`` of ``embed_delta`` added)."""
+    n_steps = max(1, steps)
+    total = int(batch.corrupted.shape[0]) * n_steps
+    tokens = batch.corrupted.to(model.cfg.device)
+    for lo in range(0, total, chunk):
+        task_rows = torch.arange(lo, min(lo + chunk, total)) // n_steps
+        shift = None
+        if steps:
+            alphas = (torch.arange(lo, lo + len(task_rows)) % n_steps).to(embed_delta) / n_steps
+            shift = embed_delta[task_rows.to(embed_delta.device)] * alphas.view(-1, 1, 1)
+        gradients = reader_gradients(
+            model, tokens[task_rows.to(tokens.device)], metric.select(task_rows), graph,
+            embed_shift=shift, fixed=fixed, weights=weights,
+        )  # fmt: skip
+        first = int(task_rows[0])
+        rows = slice(first, int(task_rows[-1]) + 1)
+        yield rows, (task_rows - first).to(embed_delta.device), gradients
+
+
+def step_sums(
+    grad: Float[Tensor, "reader points pos d_model"], local: Tensor, n_rows: int
+) -> Float[Tensor, "reader rows pos d_model"]:
+    """``grad`` summed over each row's points (``local``: each point's row)."""
+    zeros = torch.zeros((grad.shape[0], n_rows, *grad.shape[2:]), dtype=grad.dtype)
+    return zeros.to(grad.device).index_add_(1, local, grad)
 
 
 def _stacked(part: WriterOutputs, graph: EdgeGraph) -> Float[Tensor, "writer rows pos d_model"]:
@@ -248,39 +277,20 @@ def gradient_scores(
             )
     n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
     n_steps = max(1, steps)
-    total_rows = n_rows * n_steps  # (row, step) pairs, row-major
-    chunk = _rows_at_once(model, graph, total_rows, n_pos, max_rows, max_bytes, held)
+    chunk = _rows_at_once(model, graph, n_rows * n_steps, n_pos, max_rows, max_bytes, held)
     groups, n_sources, (src, dst) = _reader_groups(graph)
     table = torch.zeros(len(graph.writers), len(graph.readers), dtype=torch.float64)
-    weights = {kind: _weights(model, kind)[0].detach() for kind in QKV}
-    tokens = batch.corrupted.to(model.cfg.device)
-    for lo in range(0, total_rows, chunk):
-        hi = min(lo + chunk, total_rows)
-        task_rows = torch.arange(lo, hi) // n_steps
-        first, last = int(task_rows[0]), int(task_rows[-1]) + 1
-        part = deltas.rows(first, last)
-        alphas = (torch.arange(lo, hi) % n_steps).to(part.embed) / n_steps
-        shift = None
-        if steps:
-            shift = part.embed[task_rows - first] * alphas.view(-1, 1, 1)
-        gradients = reader_gradients(
-            model,
-            tokens[task_rows.to(tokens.device)],
-            rows_metric(metric, task_rows),
-            graph,
-            embed_shift=shift,
-            fixed=fixed,
-            weights=weights,
-        )
-        local = (task_rows - first).to(part.embed.device)
+    weights = {kind: qkv_weights(model, kind)[0].detach() for kind in QKV}
+    points = gradient_points(
+        model, batch, metric, graph, deltas.embed, steps=steps, chunk=chunk, fixed=fixed,
+        weights=weights,
+    )  # fmt: skip
+    for rows, local, gradients in points:
+        part = deltas.rows(rows.start, rows.stop)
         stacked = _stacked(part, graph).flatten(1)  # [writer rows*pos*d_model]
         for layer, grad in gradients:
-            if n_steps > 1:  # sum each row's steps: [reader rows pos d_model]
-                grad = (
-                    torch.zeros((grad.shape[0], last - first, *grad.shape[2:]), dtype=grad.dtype)
-                    .to(grad.device)
-                    .index_add_(1, local, grad)
-                )
+            if n_steps > 1:
+                grad = step_sums(grad, local, rows.stop - rows.start)
             readers = torch.tensor(groups[layer])
             n = int(n_sources[readers].max())
             block = stacked[:n] @ grad.flatten(1).T  # [writer reader]

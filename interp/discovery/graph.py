@@ -17,10 +17,13 @@ anything equal in the clean and corrupted runs, are not nodes. GPT-2 small has 3
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-__all__ = ["EdgeGraph", "Reader", "edge_count", "edge_name", "split_edge"]
+import pandas as pd
+
+__all__ = ["EdgeGraph", "Reader", "edge_count", "edge_name", "split_edge", "edge_frame"]
 
 QKV = ("q", "k", "v")
 
@@ -51,6 +54,22 @@ def split_edge(edge: str) -> tuple[str, str]:
     if len(parts) != 2 or not all(parts):
         raise ValueError(f"an edge is named SOURCE->TARGET (e.g. 'L0H1->L1H2.k'), got {edge!r}")
     return parts[0], parts[1]
+
+
+def edge_frame(pairs: Sequence[tuple[str, object]], score, attrs: dict) -> pd.DataFrame:
+    """``edge, source, target, score``, one row per ``(source, target)`` pair (targets may be
+    :class:`Reader`), with ``attrs``: every discovery score frame."""
+    sources, targets = [s for s, _ in pairs], [str(t) for _, t in pairs]
+    frame = pd.DataFrame(
+        {
+            "edge": [edge_name(s, t) for s, t in zip(sources, targets, strict=True)],
+            "source": sources,
+            "target": targets,
+            "score": score,
+        }
+    )
+    frame.attrs.update(attrs)
+    return frame
 
 
 @dataclass(frozen=True)

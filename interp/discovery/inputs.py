@@ -28,11 +28,11 @@ from torch import Tensor
 
 from interp.discovery.graph import QKV, Reader
 from interp.engine import HookFn
+from interp.models.norms import check_qkv_input, qkv_weights
 
 __all__ = ["reader_hooks", "Addition"]
 
-CHECK_ATOL = 1e-4  # float32: our ln1(x) W + b against the model's own hook_q/k/v
-
+_REFUSAL = "edges into q/k/v inputs are not supported for it"
 # (reader, batch rows it applies to, the change [rows pos d_model])
 Addition = tuple[Reader, slice, Float[Tensor, "rows pos d_model"]]
 
@@ -49,13 +49,91 @@ def _rows_of(addition: Addition) -> int:
     return int(addition[2].shape[0])
 
 
-def _weights(model, which: str) -> tuple[Tensor, Tensor | None]:
-    W = getattr(model, f"W_{which.upper()}")
-    try:
-        b = getattr(model, f"b_{which.upper()}")
-    except AttributeError:  # the bridge raises for a bias the checkpoint does not have
-        b = None
-    return W, b
+def _hook_of(reader: Reader, shared: bool) -> str:
+    """The hook where ``reader``'s input is moved."""
+    if reader.kind == "logits":
+        return "ln_final.hook_in"
+    if reader.kind == "mlp":
+        return f"blocks.{reader.layer}.{'mlp' if shared else 'ln2'}.hook_in"
+    if reader.kind in QKV:
+        return f"blocks.{reader.layer}.attn.hook_{reader.kind}"
+    raise ValueError(f"unknown reader {reader}")
+
+
+class _Norms:
+    """Each layer's ``ln1`` input ``x`` and ``ln1(x)`` in this pass (recorded at ``ln1.hook_in``),
+    and ``ln1`` of moved inputs: what q/k/v readers and a shared-norm MLP read."""
+
+    def __init__(self, model):
+        self.model = model
+        self.normed: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> (x, ln1(x))
+        self.busy: set[int] = set()  # calling ln1 fires ln1.hook_in again: do not recurse
+
+    def ln1(self, layer: int, x: Tensor) -> Tensor:
+        self.busy.add(layer)
+        try:
+            return self.model.blocks[layer].ln1(x)
+        finally:
+            self.busy.discard(layer)
+
+    def see(self, layer: int) -> HookFn:
+        def hook(x: Tensor, hook) -> None:
+            if layer not in self.busy:
+                self.normed[layer] = (x, self.ln1(layer, x))
+
+        return hook
+
+    def moved(self, layer: int, items: Sequence[Addition]) -> list[Tensor]:
+        """``ln1(x + delta) - ln1(x)`` on each item's rows, the norm applied to as many items
+        at once as make one batch of this pass (a norm works row by row, so each row is what it
+        would be alone; the few norm calls, not the hundreds, are what small models spend time
+        on)."""
+        x, base = self.normed[layer]
+        changes: list[Tensor] = []
+        start = 0
+        while start < len(items):
+            stop, rows = start, 0
+            while stop < len(items) and (stop == start or rows + _rows_of(items[stop]) <= len(x)):
+                rows += _rows_of(items[stop])
+                stop += 1
+            group = items[start:stop]
+            shifted = self.ln1(layer, torch.cat([x[r] + d for _, r, d in group]))
+            parts = shifted.split([_rows_of(item) for item in group])
+            changes += [part - base[r] for part, (_, r, _) in zip(parts, group, strict=True)]
+            start = stop
+        return changes
+
+
+def _add(items: Sequence[Addition], norms: _Norms | None = None, layer: int = 0) -> HookFn:
+    """Each item's change added on its rows (``norms``: through ``ln1``, a shared-norm MLP)."""
+
+    def hook(x: Tensor, hook) -> Tensor:
+        out = x.clone()  # never in place: the stream itself must not move
+        changes = [d for _, _, d in items] if norms is None else norms.moved(layer, items)
+        for (_, rows, _), change in zip(items, changes, strict=True):
+            out[rows] = out[rows] + change
+        return out
+
+    return hook
+
+
+def _heads(model, norms: _Norms, layer: int, which: str, items, check: bool) -> HookFn:
+    """Each q/k/v reader's head moved by ``(ln1(x + delta) - ln1(x)) @ W[layer, head]``."""
+    weights = qkv_weights(model, which)
+    W = weights[0]
+
+    def hook(act: Float[Tensor, "batch pos head d_head"], hook) -> Tensor:
+        out = act.clone()
+        if check:  # a property of each head, over all rows: once a head
+            for h in sorted({reader.head for reader, _, _ in items}):
+                normed = norms.normed[layer][1]
+                check_qkv_input(act, normed, weights, layer, h, which, _REFUSAL)
+        for (reader, rows, _), change in zip(items, norms.moved(layer, items), strict=True):
+            h = reader.head
+            out[rows, :, h] = out[rows, :, h] + change @ W[layer, h]
+        return out
+
+    return hook
 
 
 def reader_hooks(model, additions: Sequence[Addition], *, check: bool = False) -> list:
@@ -65,119 +143,20 @@ def reader_hooks(model, additions: Sequence[Addition], *, check: bool = False) -
     that gets a change (a RuntimeError naming the hook where it is not).
     """
     shared = shared_norm(model)
-    normed: dict[int, Tensor] = {}  # layer -> (x, ln1(x)) of this pass
-    busy: set[int] = set()  # calling ln1 below fires ln1.hook_in again: do not recurse
-    by_hook: dict[str, list[tuple[Reader, slice, Tensor]]] = {}
-    norm_layers: set[int] = set()
-    for reader, rows, delta in additions:
-        if reader.kind == "logits":
-            name = "ln_final.hook_in"
-        elif reader.kind == "mlp" and shared:
-            name = f"blocks.{reader.layer}.mlp.hook_in"
-            norm_layers.add(reader.layer)
-        elif reader.kind == "mlp":
-            name = f"blocks.{reader.layer}.ln2.hook_in"
-        elif reader.kind in QKV:
-            name = f"blocks.{reader.layer}.attn.hook_{reader.kind}"
-            norm_layers.add(reader.layer)
-        else:
-            raise ValueError(f"unknown reader {reader}")
-        by_hook.setdefault(name, []).append((reader, rows, delta))
-
-    def see(layer: int) -> HookFn:
-        def hook(x: Tensor, hook) -> None:
-            if layer in busy:
-                return
-            busy.add(layer)
-            try:
-                normed[layer] = (x, model.blocks[layer].ln1(x))
-            finally:
-                busy.discard(layer)
-
-        return hook
-
-    def moved(layer: int, rows: slice, delta: Tensor) -> Tensor:
-        x, base = normed[layer]
-        busy.add(layer)
-        try:
-            return model.blocks[layer].ln1(x[rows] + delta) - base[rows]
-        finally:
-            busy.discard(layer)
-
-    def moved_all(layer: int, items) -> list[Tensor]:
-        """``moved`` for every item of one hook, the norm applied to as many of them at once
-        as make one batch of this pass (a norm works row by row, so each row is what it would
-        be alone; the few norm calls, not the hundreds, are what small models spend time on)."""
-        x, base = normed[layer]
-        changes: list[Tensor] = []
-        start = 0
-        while start < len(items):
-            stop, rows = start, 0
-            while stop < len(items) and (stop == start or rows + _rows_of(items[stop]) <= len(x)):
-                rows += _rows_of(items[stop])
-                stop += 1
-            group = items[start:stop]
-            busy.add(layer)
-            try:
-                shifted = model.blocks[layer].ln1(torch.cat([x[r] + d for _, r, d in group]))
-            finally:
-                busy.discard(layer)
-            parts = shifted.split([_rows_of(item) for item in group])
-            changes += [part - base[r] for part, (_, r, _) in zip(parts, group, strict=True)]
-            start = stop
-        return changes
-
-    def add(items) -> HookFn:
-        def hook(x: Tensor, hook) -> Tensor:
-            out = x.clone()  # never in place: the stream itself must not move
-            for _, rows, delta in items:
-                out[rows] = out[rows] + delta
-            return out
-
-        return hook
-
-    def shared_mlp(layer: int, items) -> HookFn:
-        def hook(act: Tensor, hook) -> Tensor:
-            out = act.clone()
-            for _, rows, delta in items:
-                out[rows] = out[rows] + moved(layer, rows, delta)
-            return out
-
-        return hook
-
-    def heads(layer: int, which: str, items) -> HookFn:
-        W, b = _weights(model, which)
-
-        def hook(act: Float[Tensor, "batch pos head d_head"], hook) -> Tensor:
-            out = act.clone()
-            if check:  # a property of each head, over all rows: once a head
-                for h in sorted({reader.head for reader, _, _ in items}):
-                    _check(act, normed[layer][1], W[layer, h], b, layer, h, which)
-            for (reader, rows, _), change in zip(items, moved_all(layer, items), strict=True):
-                h = reader.head
-                out[rows, :, h] = out[rows, :, h] + change @ W[layer, h]
-            return out
-
-        return hook
-
-    hooks: list = [(f"blocks.{lay}.ln1.hook_in", see(lay)) for lay in sorted(norm_layers)]
+    by_hook: dict[str, list[Addition]] = {}
+    for addition in additions:
+        by_hook.setdefault(_hook_of(addition[0], shared), []).append(addition)
+    norms = _Norms(model)
+    through_ln1 = {
+        r.layer for r, _, _ in additions if r.kind in QKV or (r.kind == "mlp" and shared)
+    }
+    hooks: list = [(f"blocks.{lay}.ln1.hook_in", norms.see(lay)) for lay in sorted(through_ln1)]
     for name, items in by_hook.items():
         reader = items[0][0]
         if reader.kind in QKV:
-            hooks.append((name, heads(reader.layer, reader.kind, items)))
+            hooks.append((name, _heads(model, norms, reader.layer, reader.kind, items, check)))
         elif reader.kind == "mlp" and shared:
-            hooks.append((name, shared_mlp(reader.layer, items)))
+            hooks.append((name, _add(items, norms, reader.layer)))
         else:
-            hooks.append((name, add(items)))
+            hooks.append((name, _add(items)))
     return hooks
-
-
-def _check(act, normed, W, b, layer, h, which) -> None:
-    ours = normed @ W + (0.0 if b is None else b[layer, h])
-    gap = float((ours - act[:, :, h]).abs().max())
-    if gap > CHECK_ATOL * max(1.0, float(act[:, :, h].abs().max())):
-        raise RuntimeError(
-            f"blocks.{layer}.attn.hook_{which} is not ln1(x) W_{which.upper()} + "
-            f"b_{which.upper()} on this model (off by {gap:.2e}); edges into q/k/v inputs "
-            "are not supported for it"
-        )

@@ -21,19 +21,16 @@ from collections.abc import Sequence
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.discovery.graph import EdgeGraph, Reader
 from interp.discovery.inputs import reader_hooks
-from interp.discovery.runs import WriterOutputs, rows_metric
-from interp.engine import rows_per_pass, run_logits
+from interp.discovery.runs import WriterOutputs, row_metric
+from interp.engine import run_patched
 from interp.engine.estimates import _itemsize
 from interp.models.norms import POST_NORMS, effective_weight, post_norm
 from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = ["removed_metrics"]
-
-DEFAULT_KEPT_BYTES = 512 * 2**20  # without a budget: the writers' changes held in one pass
 
 
 def _groups(graph: EdgeGraph) -> list[tuple[str, str, int | None, list[str]]]:
@@ -75,54 +72,31 @@ def removed_metrics(
 ) -> Float[Tensor, "runs rows"]:
     """The metric of every task row of the clean run with each run's edges removed (module
     docstring); ``ablated``: each writer's replacement output over the task rows (tensors may
-    be broadcast views). Runs share passes, each a block of rows, as many as ``max_rows`` /
-    ``max_bytes`` allow; the numbers do not depend on the split."""
-    n_rows, n_pos = (int(d) for d in batch.clean.shape)
+    be broadcast views). Runs share the passes of :func:`interp.engine.run_patched`, each a
+    block of rows, as many as ``max_rows`` / ``max_bytes`` allow; the numbers do not depend on
+    the split."""
+    n_pos = int(batch.clean.shape[1])
     groups = _groups(graph)
     fill = _fill_after(graph, groups)
     widest = max(len(f) for f in fill)
-    d_model = int(model.cfg.d_model)
-    kept = (len(graph.writers) + 2 * widest) * n_pos * d_model * _itemsize(model)
-    size = rows_per_pass(
-        model,
-        n_pos,
-        max(1, len(runs)) * n_rows,
-        max_rows,
-        max_bytes,
-        held,
-        "the writers' ablated outputs",
-        kept_per_row=kept,
-        what="one run with edges removed",
-        advice="raise max_bytes or evaluate fewer rows",
-    )
-    if max_rows is None and max_bytes is None:  # the writers' changes dominate: cap them too
-        size = min(size, max(1, DEFAULT_KEPT_BYTES // kept))
-    per_pass, rows_at_once = (1, max(1, size)) if size < n_rows else (size // n_rows, n_rows)
-    per_pass = max(1, min(per_pass, len(runs)))
+    kept = (len(graph.writers) + 2 * widest) * n_pos * int(model.cfg.d_model) * _itemsize(model)
     masks = _masks(runs, groups, fill, len(graph.writers))
-    values = torch.full((len(runs), n_rows), float("nan"))
-    passes = [
-        (lo, list(range(i, min(i + per_pass, len(runs)))))
-        for lo in range(0, n_rows, rows_at_once)
-        for i in range(0, len(runs), per_pass)
-    ]
-    for number, (lo, members) in enumerate(
-        tqdm(passes, desc="circuit runs", unit="pass", disable=not progress)
-    ):
-        hi = min(lo + rows_at_once, n_rows)
+    checked = []  # whether the first pass has checked the q/k/v inputs
+
+    def hooks(members: list[int], rows: slice) -> list:
         chosen = torch.tensor(members)
-        values[members, lo:hi] = _one_pass(
-            model,
-            batch.clean[lo:hi],
-            rows_metric(metric, torch.arange(lo, hi).repeat(len(members))),
-            ablated.rows(lo, hi),
-            [None if mask is None else mask[chosen] for mask in masks],
-            groups,
-            fill,
-            n_runs=len(members),
-            check=number == 0,
-        )
-    return values
+        check, checked[:] = not checked, [True]
+        return _pass_hooks(
+            model, ablated.rows(rows.start, rows.stop),
+            [None if mask is None else mask[chosen] for mask in masks], groups, fill,
+            n_runs=len(members), n=rows.stop - rows.start, check=check,
+        )  # fmt: skip
+
+    return run_patched(
+        model, batch.clean, list(runs), row_metric=row_metric(metric), max_rows=max_rows,
+        max_bytes=max_bytes, held=held, held_what="the writers' ablated outputs",
+        progress=progress, pass_hooks=hooks, kept_per_row=kept,
+    )  # fmt: skip
 
 
 def _masks(runs, groups, fill, n_writers: int) -> list[Tensor | None]:
@@ -142,15 +116,15 @@ def _masks(runs, groups, fill, n_writers: int) -> list[Tensor | None]:
     return masks
 
 
-def _one_pass(model, tokens, metric, ablated, masks, groups, fill, *, n_runs, check) -> Tensor:
-    """One pass: ``tokens`` ``[n pos]`` repeated once per run, each run a block of rows.
+def _pass_hooks(model, ablated, masks, groups, fill, *, n_runs: int, n: int, check: bool) -> list:
+    """The hooks of one pass of ``n`` task rows repeated once per run, each run a block of rows.
 
     Every writer's ``ablated - live`` output goes into ``diffs`` ``[runs n pos d_model
     writers]`` as its group fires; after a group, the readers filled there get one batched
     matrix product of ``diffs`` (the writers so far) with their masks, into the slots of
     ``buffer``, which the reader hooks read when the reader comes (slots are reused: a
     group's readers have read theirs before the next group fills)."""
-    n, n_pos, d_model = int(tokens.shape[0]), int(tokens.shape[1]), int(model.cfg.d_model)
+    n_pos, d_model = int(ablated.embed.shape[1]), int(model.cfg.d_model)
     device, dtype = model.cfg.device, ablated.embed.dtype
     n_writers = masks[-1].shape[1] if masks[-1] is not None else sum(len(g[3]) for g in groups)
     widest = max(len(f) for f in fill)
@@ -213,6 +187,4 @@ def _one_pass(model, tokens, metric, ablated, masks, groups, fill, *, n_runs, ch
         for g, (_, kind, g_layer, _) in enumerate(groups)
         if kind == "heads" and g_layer in weights
     ]
-    hooks += reader_hooks(model, additions, check=check)
-    logits = run_logits(model, tokens.repeat(n_runs, 1).to(device), before=hooks)
-    return metric(logits).float().cpu().reshape(n_runs, n)
+    return hooks + reader_hooks(model, additions, check=check)

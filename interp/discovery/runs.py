@@ -17,14 +17,13 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from interp.discovery.graph import EdgeGraph, Reader
 from interp.discovery.inputs import reader_hooks
-from interp.engine import run_cached, run_logits, task_blocks
+from interp.engine import RowMetricFn, run_cached, run_patched
 from interp.engine.estimates import _itemsize
 from interp.models.norms import POST_NORMS, effective_weight, is_rms, param, post_norm
-from interp.tasks import TaskMetric, TaskTokens
+from interp.tasks import Task, TaskMetric, TaskTokens
 
 __all__ = [
     "WriterOutputs",
@@ -33,7 +32,9 @@ __all__ = [
     "parse_writer",
     "deltas_bytes",
     "check_arguments",
-    "rows_metric",
+    "row_metric",
+    "dataset_mean",
+    "task_inputs",
 ]
 
 METRICS = ("logit_diff", "prob_diff")  # the task metrics discovery reads
@@ -44,6 +45,11 @@ _WRITER = re.compile(r"^(?:embed|L(\d+)H(\d+)|MLP(\d+))$")
 def _undefined(c: float, k: float) -> bool:
     """True when the means ``c`` (clean) and ``k`` (corrupted) are too close to divide by."""
     return not abs(c - k) > 1e-6 * max(1.0, abs(c), abs(k))
+
+
+def dataset_mean(metric: TaskMetric, logits: Tensor) -> float:
+    """The metric's mean over the task's rows, summed in float64."""
+    return float(metric(logits).double().mean())
 
 
 def check_arguments(
@@ -97,19 +103,19 @@ class WriterOutputs:
             return self.heads[layer][:, :, head]
         return self.mlps[layer]
 
-    def __sub__(self, other: WriterOutputs) -> WriterOutputs:
+    def map(self, fn, *others: WriterOutputs) -> WriterOutputs:
+        """``fn`` of each tensor and the tensors in the same place of ``others``."""
         return WriterOutputs(
-            self.embed - other.embed,
-            tuple(a - b for a, b in zip(self.heads, other.heads, strict=True)),
-            tuple(a - b for a, b in zip(self.mlps, other.mlps, strict=True)),
+            fn(self.embed, *(o.embed for o in others)),
+            tuple(map(fn, self.heads, *(o.heads for o in others))),
+            tuple(map(fn, self.mlps, *(o.mlps for o in others))),
         )
 
+    def __sub__(self, other: WriterOutputs) -> WriterOutputs:
+        return self.map(torch.sub, other)
+
     def rows(self, lo: int, hi: int) -> WriterOutputs:
-        return WriterOutputs(
-            self.embed[lo:hi],
-            tuple(t[lo:hi] for t in self.heads),
-            tuple(t[lo:hi] for t in self.mlps),
-        )
+        return self.map(lambda t: t[lo:hi])
 
 
 def writer_outputs(
@@ -175,14 +181,24 @@ def _post_normed(
     return normed
 
 
-def deltas_bytes(model, graph: EdgeGraph, n_rows: int, n_pos: int) -> int:
+def deltas_bytes(model, graph: EdgeGraph, batch: TaskTokens) -> int:
     """Bytes of every writer's clean-minus-corrupted output over the task."""
+    n_rows, n_pos = (int(d) for d in batch.clean.shape)
     return len(graph.writers) * n_rows * n_pos * int(model.cfg.d_model) * _itemsize(model)
 
 
-def rows_metric(metric: TaskMetric, rows: Int[Tensor, " batch"]) -> TaskMetric:
-    """``metric`` for a batch whose row ``b`` is task row ``rows[b]`` (repeated runs)."""
-    return metric.select(rows)
+def task_inputs(
+    model, task: Task | TaskTokens, metric: str
+) -> tuple[EdgeGraph, TaskTokens, TaskMetric]:
+    """The model's graph, the task's token rows and its metric: where every method starts."""
+    batch = task.tokens(model) if isinstance(task, Task) else task
+    return EdgeGraph.from_model(model), batch, batch.metric(metric)
+
+
+def row_metric(metric: TaskMetric) -> RowMetricFn:
+    """``metric`` as :func:`interp.engine.run_patched`'s row metric: batch row ``b`` read as task
+    row ``rows[b]`` (runs repeat the rows)."""
+    return lambda logits, rows: metric.select(rows)(logits)
 
 
 def patched_metrics(
@@ -197,50 +213,28 @@ def patched_metrics(
     held: int = 0,
     progress: bool = False,
     fixed: Sequence = (),
-    base: Int[Tensor, "rows pos"] | None = None,
 ) -> Float[Tensor, "runs rows"]:
-    """The metric of every task row under each run (a set of edges patched), in batched
-    passes: as many runs per pass as ``max_rows`` / ``max_bytes`` allow (rows split when not
-    even one run of every row fits). The numbers do not depend on the split. ``fixed``: raw
-    hooks applied to every pass, before the edges' own. ``base``: the tokens each run starts
-    from (default the corrupted prompts; pass ``batch.clean`` with ``deltas`` of ablated minus
-    clean outputs to remove edges from the clean run, as circuit evaluation and ACDC do)."""
-    base = batch.corrupted if base is None else base
-    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
-    per_pass, rows_at_once = task_blocks(
-        model,
-        n_pos,
-        n_rows,
-        max(1, len(runs)),
-        max_rows=max_rows,
-        max_bytes=max_bytes,
-        held=held,
-        held_what="the writers' clean-minus-corrupted outputs",
-    )
-    values = torch.full((len(runs), n_rows), float("nan"))
-    passes = [
-        (lo, list(range(i, min(i + per_pass, len(runs)))))
-        for lo in range(0, n_rows, rows_at_once)
-        for i in range(0, len(runs), per_pass)
-    ]
-    for number, (lo, members) in enumerate(
-        tqdm(passes, desc="edge patching", unit="pass", disable=not progress)
-    ):
-        hi = min(lo + rows_at_once, n_rows)
-        n = hi - lo
-        part = deltas.rows(lo, hi)
+    """The metric of every task row under each run (a set of edges patched), in the batched
+    passes of :func:`interp.engine.run_patched`: as many runs per pass as ``max_rows`` /
+    ``max_bytes`` allow (rows split when not even one run of every row fits). The numbers do
+    not depend on the split. ``fixed``: raw hooks applied to every pass, before the edges' own."""
+    checked = []  # whether the first pass has checked the q/k/v inputs
+
+    def hooks(members: list[int], rows: slice) -> list:
+        part, n = deltas.rows(rows.start, rows.stop), rows.stop - rows.start
         additions = []
         for block, p in enumerate(members):
-            rows = slice(block * n, (block + 1) * n)
             into: dict[Reader, Tensor] = {}
             for writer, reader in runs[p]:
                 into[reader] = into.get(reader, 0) + part[writer]
-            additions += [(reader, rows, delta) for reader, delta in into.items()]
-        tokens = base[lo:hi].repeat(len(members), 1)
-        hooks = reader_hooks(model, additions, check=number == 0)
-        logits = run_logits(model, tokens.to(model.cfg.device), before=[*fixed, *hooks])
-        task_rows = torch.arange(lo, hi).repeat(len(members))
-        value = rows_metric(metric, task_rows)(logits).float().cpu()
-        values[members, lo:hi] = value.reshape(len(members), n)
-        del logits
-    return values
+            block_rows = slice(block * n, (block + 1) * n)
+            additions += [(reader, block_rows, delta) for reader, delta in into.items()]
+        check, checked[:] = not checked, [True]
+        return reader_hooks(model, additions, check=check)
+
+    return run_patched(
+        model, batch.corrupted, list(runs),
+        row_metric=row_metric(metric), fixed=fixed, max_rows=max_rows, max_bytes=max_bytes,
+        held=held, held_what="the writers' clean-minus-corrupted outputs", progress=progress,
+        pass_hooks=hooks,
+    )  # fmt: skip

@@ -25,12 +25,14 @@ import torch
 
 from interp.discovery.acdc import acdc
 from interp.discovery.gradients import gradient_scores
-from interp.discovery.graph import EdgeGraph
+from interp.discovery.graph import EdgeGraph, edge_frame
 from interp.discovery.runs import (
     _undefined,
     check_arguments,
+    dataset_mean,
     deltas_bytes,
     patched_metrics,
+    task_inputs,
     writer_outputs,
 )
 from interp.engine import HookFn, check_eval
@@ -98,22 +100,10 @@ def edge_scores(
     )  # fmt: skip
     undefined = _undefined(c, k)
     score = torch.full_like(change, math.nan) if undefined else change / (c - k)
-    frame = pd.DataFrame(
-        {
-            "edge": list(graph.edge_names),
-            "source": [w for w, _ in graph.edges],
-            "target": [str(r) for _, r in graph.edges],
-            "score": score.numpy(),
-        }
-    )
-    frame.attrs.update(
-        clean_metric=c,
-        corrupted_metric=k,
-        method=method,
-        n_rows=n_rows,
-        recovered_undefined=undefined,
-    )
-    return frame
+    return edge_frame(
+        graph.edges, score.numpy(), dict(clean_metric=c, corrupted_metric=k, method=method,
+        n_rows=n_rows, recovered_undefined=undefined),
+    )  # fmt: skip
 
 
 def edge_changes(
@@ -137,20 +127,16 @@ def edge_changes(
     check_arguments(
         metric, max_rows, max_bytes, method=method, methods=SCORED_METHODS, ig_steps=ig_steps
     )
-    graph = EdgeGraph.from_model(model)
-    batch = task.tokens(model) if isinstance(task, Task) else task
-    task_metric = batch.metric(metric)
+    graph, batch, task_metric = task_inputs(model, task, metric)
     device = model.cfg.device
     clean_tokens, corrupt_tokens = batch.clean.to(device), batch.corrupted.to(device)
     clean_out, clean_logits = writer_outputs(model, clean_tokens, graph, interventions)
     corrupt_out, corrupt_logits = writer_outputs(model, corrupt_tokens, graph, interventions)
-    c = float(task_metric(clean_logits).double().mean())
-    k = float(task_metric(corrupt_logits).double().mean())
+    c, k = dataset_mean(task_metric, clean_logits), dataset_mean(task_metric, corrupt_logits)
     del clean_logits, corrupt_logits
     deltas = clean_out - corrupt_out
     del clean_out, corrupt_out
-    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
-    held = deltas_bytes(model, graph, n_rows, n_pos)
+    held = deltas_bytes(model, graph, batch)
     if method == "exact":
         runs = [[edge] for edge in graph.edges]
         values = patched_metrics(
@@ -180,4 +166,4 @@ def edge_changes(
                 held=held,
                 fixed=interventions,
             )
-    return graph, change, c, k, n_rows
+    return graph, change, c, k, len(batch.clean)

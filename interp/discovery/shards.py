@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from interp.discovery.graph import split_edge
+from interp.discovery.graph import edge_frame, split_edge
 from interp.discovery.runs import _undefined
 from interp.discovery.scores import SCORED_METHODS, edge_changes
 from interp.foundation.executors.sharding import Sharding, as_sharding
@@ -104,25 +104,12 @@ def merge_discovery_sums(parts: Sequence[dict]) -> pd.DataFrame:
     c = math.fsum(p["clean_sum"] for p in parts) / n
     k = math.fsum(p["corrupted_sum"] for p in parts) / n
     undefined = _undefined(c, k)
-    pairs = [split_edge(e) for e in edges]
-    frame = pd.DataFrame(
-        {
-            "edge": edges,
-            "source": [s for s, _ in pairs],
-            "target": [t for _, t in pairs],
-            "score": [math.nan if undefined else s / n / (c - k) for s in sums],
-        }
-    )
     settings = parts[0]["settings"]
-    frame.attrs.update(
-        clean_metric=c,
-        corrupted_metric=k,
-        method=settings["method"],
-        n_rows=n,
-        recovered_undefined=undefined,
-        shards=settings["shards"],
-    )
-    return frame
+    return edge_frame(
+        [split_edge(e) for e in edges], [math.nan if undefined else s / n / (c - k) for s in sums],
+        dict(clean_metric=c, corrupted_metric=k, method=settings["method"], n_rows=n,
+        recovered_undefined=undefined, shards=settings["shards"]),
+    )  # fmt: skip
 
 
 def sharded_edge_scores(

@@ -20,6 +20,13 @@ row's position to read), a pass computes the logits at that position of each row
 ``[batch d_vocab]`` (:func:`interp.engine.passes.forward_read`), and may start each run at its
 first patched position (:mod:`interp.engine.suffix`); a model whose logits are not
 ``unembed(ln_final(resid))`` (checked on one row first) gets full logits, ``read_at`` or not.
+
+A caller whose runs are not lists of interventions gives *pass hooks* instead
+(:data:`PassHooks`): for each pass, the runs in it and the task rows it covers, it returns the
+hooks that act on the pass's whole batch, run ``p``'s block of rows at its place. Such runs
+start at the tokens, repeated once per run (some models' hooks take their shape from the batch
+given: OPT's MLP output); circuit discovery's edge runs are built this way
+(:mod:`interp.discovery.runs`, :mod:`interp.discovery.removal`).
 """
 
 from __future__ import annotations
@@ -55,7 +62,15 @@ from interp.foundation.fallbacks import warn_fallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_patched", "per_row", "check_eval", "MetricFn", "RowMetricFn", "TASK_KINDS"]
+__all__ = [
+    "run_patched",
+    "per_row",
+    "check_eval",
+    "MetricFn",
+    "RowMetricFn",
+    "PassHooks",
+    "TASK_KINDS",
+]
 
 # a metric: logits [batch pos d_vocab] -> one number per row [batch]
 MetricFn = Callable[[Float[Tensor, "batch pos d_vocab"]], Float[Tensor, " batch"]]
@@ -65,6 +80,9 @@ RowMetricFn = Callable[
     [Float[Tensor, "batch pos d_vocab"] | Float[Tensor, "batch d_vocab"], Int[Tensor, " batch"]],
     Float[Tensor, " batch"],
 ]
+# a caller's hooks for one pass: (the runs in it, in block order; the task rows it covers) ->
+# hooks over its whole batch [runs * rows ...], run runs[b] owning rows b * rows ... (b + 1) * rows
+PassHooks = Callable[[list[int], slice], list[tuple[str, HookFn]]]
 # kinds that act on each of several rows as if it ran alone: a patch takes its row of the
 # source, zero and noise are the same for every row; a mean or resample would mix the rows
 TASK_KINDS = ("patch", "zero", "noise")
@@ -186,6 +204,8 @@ def run_patched(
     held: int = 0,
     held_what: str = "what the caller keeps",
     progress: bool = False,
+    pass_hooks: PassHooks | None = None,
+    kept_per_row: int = 0,
 ) -> Float[Tensor, " rows"] | Float[Tensor, "rows task_rows"]:
     """``metric`` of ``prompt`` (one prompt) run once per row with that row's interventions;
     or, given ``row_metric`` instead, of every row of a task (``prompt``: its token ids
@@ -208,35 +228,36 @@ def run_patched(
     per task row), ``zero`` or ``noise``; with ``read_at`` (row ``i``'s position to read, e.g.
     its last real token) the row metric gets ``[batch d_vocab]`` logits read there, or full
     logits where the model's cannot be read that way (module docstring; the numbers are the
-    same, tests/engine/test_task_reading.py).
+    same, tests/engine/test_task_reading.py). ``pass_hooks`` (module docstring): each pass's
+    hooks come from it, ``rows`` only counting the runs it reads (no ``read_at``);
+    ``kept_per_row``: bytes its hooks keep per batch row, planned beside the pass.
     """
     tokens, row_metric = _tokens_and_metric(model, prompt, metric, row_metric, read_at)
     check_eval(model)
     _check_limits(max_rows, max_bytes)
     n_rows, n_pos = (int(d) for d in tokens.shape)
-    for run in rows:  # refuse a bad run before any pass
+    if pass_hooks is not None and read_at is not None:
+        raise ValueError("pass_hooks runs every position; read_at is for runs of interventions")
+    for run in rows if pass_hooks is None else ():  # refuse a bad run before any pass
         for item in run:
             _for_rows(item, 0, n_rows, n_rows)
     fixed_hooks = compile_hooks(model, fixed)
     read_at, offsets = _plan_reading(model, tokens, rows, fixed_hooks, read_at)
     plan = dict(max_rows=max_rows, max_bytes=max_bytes, held_what=held_what)
-    plan.update(read_one=read_at is not None)
+    plan.update(read_one=read_at is not None, kept_per_row=kept_per_row)
     offsets, states, per_pass, rows_at_once = _plan_sizes(model, tokens, rows, offsets, held, plan)
-    passes = _passes(rows, offsets, n_rows, per_pass, rows_at_once)
-    whole = _compiled(model, rows) if rows_at_once >= n_rows else None  # sources run once
+    passes = _passes(rows, offsets, n_rows, per_pass, rows_at_once, bool(pass_hooks))
+    whole = None if pass_hooks or rows_at_once < n_rows else _compiled(model, rows)  # run once
     values = torch.full((len(rows), n_rows), float("nan"))
     for offset, start, lo, members in tqdm(
         passes, desc="patching", unit="pass", disable=not progress
     ):
         hi = min(lo + rows_at_once, n_rows)
-        cut = [[_for_rows(item, lo, hi, n_rows) for item in rows[p]] for p in members]
         with masks_follow_rows(model):
-            if offset:
-                logits = suffix_pass(model, tokens, offset, cut, states, read_at, slice(lo, hi))
-            else:
-                compiled = _compiled(model, cut) if whole is None else [whole[p] for p in members]
-                hooks = fixed_hooks + _block_hooks(start, hi - lo, compiled)
-                logits = _dense_pass(model, tokens[lo:hi], hooks, read_at, lo, hi, len(members))
+            logits = _pass_logits(
+                model, tokens, rows, (offset, start, lo, hi, members), fixed_hooks,
+                states, read_at, whole, pass_hooks,
+            )  # fmt: skip
         batch_rows = torch.arange(lo, hi).repeat(len(members))
         value = torch.as_tensor(row_metric(logits, batch_rows)).float()
         if value.shape != batch_rows.shape:
@@ -247,6 +268,22 @@ def run_patched(
         values[members, lo:hi] = value.reshape(len(members), hi - lo).cpu()
         del logits
     return values[:, 0] if metric is not None else values
+
+
+def _pass_logits(model, tokens, rows, where, fixed_hooks, states, read_at, whole, pass_hooks):
+    """The logits of one pass ``where`` = ``(offset, start layer, lo, hi, runs)``: a suffix
+    pass, the caller's pass hooks over its rows, or the runs' interventions as blocks."""
+    offset, start, lo, hi, members = where
+    n_rows = int(tokens.shape[0])
+    if pass_hooks is not None:  # the caller's runs are its own; pass_hooks cuts them
+        hooks = fixed_hooks + pass_hooks(members, slice(lo, hi))
+        return forward(model, tokens[lo:hi].repeat(len(members), 1), hooks)
+    cut = [[_for_rows(item, lo, hi, n_rows) for item in rows[p]] for p in members]
+    if offset:
+        return suffix_pass(model, tokens, offset, cut, states, read_at, slice(lo, hi))
+    compiled = _compiled(model, cut) if whole is None else [whole[p] for p in members]
+    hooks = fixed_hooks + _block_hooks(start, hi - lo, compiled)
+    return _dense_pass(model, tokens[lo:hi], hooks, read_at, lo, hi, len(members))
 
 
 def _tokens_and_metric(model, prompt, metric, row_metric, read_at):
@@ -322,11 +359,14 @@ def _plan_sizes(model, tokens, rows, offsets, held: int, plan: dict):
     return offsets, None, per_pass, rows_at_once
 
 
-def _passes(rows, offsets, n_rows: int, per_pass: int, rows_at_once: int):
+def _passes(rows, offsets, n_rows: int, per_pass: int, rows_at_once: int, from_tokens: bool):
     """``(offset, start layer, first task row, runs)`` of each pass: dense passes grouped by
-    the earliest layer their runs touch, suffix passes by their first position."""
+    the earliest layer their runs touch (every run from the tokens with ``from_tokens``: the
+    caller's pass hooks), suffix passes by their first position."""
     groups: dict[tuple[int, int], list[int]] = {}
-    layers = [min((item.site.layer for item in run), default=0) for run in rows]
+    layers = [
+        0 if from_tokens else min((item.site.layer for item in run), default=0) for run in rows
+    ]
     for p in sorted(range(len(rows)), key=lambda p: layers[p]):
         # dense passes: one start layer each; suffix passes: one offset, rows join as they start
         groups.setdefault((offsets[p], 0 if offsets[p] else layers[p]), []).append(p)

@@ -25,7 +25,9 @@ How a budget becomes chunks of rows is :mod:`interp.engine.plan`."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,6 +42,7 @@ __all__ = [
     "estimate_loss_bytes",
     "estimate_run_bytes",
     "estimate_attribution_bytes",
+    "Kept",
 ]
 
 # numbers per token that one layer's transients need on top of the kept residual stream
@@ -131,21 +134,36 @@ def _probe_per_row(model, names: Sequence[str], n_pos: int) -> dict[str, int]:
     return sizes
 
 
-def _cache_items(
-    model,
-    prompt_shape,
-    *,
-    resid: Sequence[str] = (),
-    patterns: bool = False,
-    scores: bool = False,
-    head_outputs: bool = False,
-    ln_scales: bool = False,
-    hooks: Sequence[str] = (),
-    layers: Sequence[int] | None = None,
-    keep_logits: bool = True,
-    saes: Sequence = (),
-) -> dict[str, int]:
-    """Bytes of each kind of thing ``run_cached`` would keep (same arguments)."""
+@dataclass(frozen=True)
+class Kept:
+    """What a :func:`interp.run_cached` call keeps: its keyword arguments of these names, with
+    the same meaning and defaults (the estimates and :func:`interp.engine.check_budget` take
+    them as keywords)."""
+
+    resid: Sequence[str] = ()
+    patterns: bool = False
+    scores: bool = False
+    head_outputs: bool = False
+    ln_scales: bool = False
+    hooks: Sequence[str] = ()
+    layers: Sequence[int] | None = None
+    keep_logits: bool = True
+    saes: Sequence = ()
+
+
+def takes_kept(fn):
+    """``fn(..., **kept)`` shown, by ``inspect`` and in docs/api.md, with :class:`Kept`'s fields
+    as keyword-only parameters: that is how it is called (``Kept(**kept)`` refuses others)."""
+    own = inspect.signature(fn).parameters.values()
+    params = [p for p in own if p.kind is not p.VAR_KEYWORD]
+    params += [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(Kept).parameters.values()]
+    fn.__signature__ = inspect.signature(fn).replace(parameters=params)
+    return fn
+
+
+def _cache_items(model, prompt_shape, kept: Kept) -> dict[str, int]:
+    """Bytes of each kind of thing ``run_cached`` would keep."""
+    resid, layers, hooks, saes = kept.resid, kept.layers, kept.hooks, kept.saes
     batch, n_pos = _shape(prompt_shape)
     dims, item = _dims(model), _itemsize(model)
     chosen = range(dims["n_layers"]) if layers is None else list(dict.fromkeys(layers))
@@ -154,15 +172,15 @@ def _cache_items(
     for layer in chosen:
         for kind in resid:
             names[f"blocks.{layer}.hook_resid_{kind}"] = "resid"
-        if patterns:
+        if kept.patterns:
             names[f"blocks.{layer}.attn.hook_pattern"] = "patterns"
-        if scores:
+        if kept.scores:
             names[f"blocks.{layer}.attn.hook_attn_scores"] = "scores"
-        if ln_scales:
+        if kept.ln_scales:
             for ln in ("ln1", "ln2"):
                 if f"blocks.{layer}.{ln}.hook_scale" in model.hook_dict:
                     names[f"blocks.{layer}.{ln}.hook_scale"] = "ln_scales"
-    if ln_scales:
+    if kept.ln_scales:
         names["ln_final.hook_scale"] = "ln_scales"
     for name in hooks:
         names.setdefault(name, "hooks")
@@ -173,49 +191,27 @@ def _cache_items(
         per_token = _per_token(name, dims, n_pos)
         size = rows * per_token if per_token is not None else batch * probed.get(name, 0)
         items[kind] = items.get(kind, 0) + size
-    if head_outputs:  # stored under attn.hook_result, computed from hook_z
+    if kept.head_outputs:  # stored under attn.hook_result, computed from hook_z
         items["head_outputs"] = len(chosen) * rows * dims["head"] * dims["d_model"]
     if saes:  # feature activations [batch pos d_sae] of each spliced SAE
         items["sae_acts"] = rows * sum(int(sae.d_sae) for sae in saes)
-    if keep_logits:
+    if kept.keep_logits:
         items["logits"] = rows * dims["d_vocab"]
     return items
 
 
-def estimate_cache_bytes(
-    model,
-    prompt_shape,
-    *,
-    resid: Sequence[str] = (),
-    patterns: bool = False,
-    scores: bool = False,
-    head_outputs: bool = False,
-    ln_scales: bool = False,
-    hooks: Sequence[str] = (),
-    layers: Sequence[int] | None = None,
-    keep_logits: bool = True,
-    saes: Sequence = (),
-) -> int:
+@takes_kept
+def estimate_cache_bytes(model, prompt_shape, **kept) -> int:
     """Bytes of the :class:`interp.CachedRun` that ``run_cached(model, prompt, ...)`` returns.
 
     ``prompt_shape`` is ``(batch, pos)`` (or ``(pos,)``, or a token tensor); the keyword
-    arguments are run_cached's, with the same meaning and defaults. Counts the activations,
+    arguments are run_cached's of what it keeps (:class:`Kept`), with the same meaning and
+    defaults. Counts the activations,
     the logits and the token ids from the model's shapes and dtype; hooks the estimate does
     not know by name are measured on one row; spliced ``saes`` add their feature activations.
     The forward pass needs working memory on top: see :func:`estimate_run_bytes`.
     """
-    what = dict(
-        resid=resid,
-        patterns=patterns,
-        scores=scores,
-        head_outputs=head_outputs,
-        ln_scales=ln_scales,
-        hooks=hooks,
-        layers=layers,
-        keep_logits=keep_logits,
-        saes=saes,
-    )
-    return sum(_cache_items(model, prompt_shape, **what).values())
+    return sum(_cache_items(model, prompt_shape, Kept(**kept)).values())
 
 
 def estimate_forward_bytes(model, prompt_shape, *, read_positions: int | None = None) -> int:
@@ -251,49 +247,31 @@ def estimate_loss_bytes(model, prompt_shape) -> int:
     return batch * n_pos * item * (_LOSS[0] * dims["d_vocab"] + _LOSS[1] * dims["d_model"])
 
 
-def estimate_run_bytes(
-    model,
-    prompt_shape,
-    *,
-    resid: Sequence[str] = (),
-    patterns: bool = False,
-    scores: bool = False,
-    head_outputs: bool = False,
-    ln_scales: bool = False,
-    hooks: Sequence[str] = (),
-    layers: Sequence[int] | None = None,
-    keep_logits: bool = True,
-    saes: Sequence = (),
-) -> int:
+@takes_kept
+def estimate_run_bytes(model, prompt_shape, **kept) -> int:
     """Peak extra memory of ``run_cached(model, prompt, ...)``: the largest of the last layer's
     three moments, each with what is cached by then. During its attention, the layer's own
     patterns, scores, head outputs and later residual streams do not exist yet; during its MLP,
     its ``resid_post``; at the unembedding the whole cache does (the logits are counted there,
-    whether they are kept or not)."""
-    what = dict(
-        resid=resid,
-        patterns=patterns,
-        scores=scores,
-        head_outputs=head_outputs,
-        ln_scales=ln_scales,
-        hooks=hooks,
-        layers=layers,
-        keep_logits=keep_logits,
-        saes=saes,
-    )
-    cache = estimate_cache_bytes(model, prompt_shape, **{**what, "keep_logits": False})
+    whether they are kept or not). The keyword arguments: :class:`Kept`."""
+    return _run_bytes(model, prompt_shape, Kept(**kept))
+
+
+def _run_bytes(model, prompt_shape, kept: Kept) -> int:
+    resid = kept.resid
+    cache = sum(_cache_items(model, prompt_shape, replace(kept, keep_logits=False)).values())
     moments = _transients(model, prompt_shape)
     batch, n_pos = _shape(prompt_shape)
     dims = _dims(model)
     last = dims["n_layers"] - 1
     row = batch * n_pos * _itemsize(model)  # one number per token
     after_mlp = after_attention = 0
-    if layers is None or last in layers:
+    if kept.layers is None or last in kept.layers:
         after_mlp = row * dims["d_model"] * ("post" in resid)
         after_attention = after_mlp + row * (
             dims["d_model"] * ("mid" in resid)
-            + dims["head"] * n_pos * (patterns + scores)
-            + dims["head"] * dims["d_model"] * head_outputs
+            + dims["head"] * n_pos * (kept.patterns + kept.scores)
+            + dims["head"] * dims["d_model"] * kept.head_outputs
         )
     return max(
         cache - after_attention + moments["attention"],

@@ -186,6 +186,23 @@ def hook_shape(model, name: str) -> tuple[int, ...]:
     return seen["shape"]
 
 
+@contextmanager
+def _stopped_pass(model, tokens, hooks, stop: HookFn, cache: Cache | None) -> Iterator[None]:
+    """A pass under ``inference_mode`` that ``stop`` ends at :data:`READ_HOOK` by raising
+    :class:`_Stop`; the block runs after it, still in inference mode, and the retained patterns
+    are dropped at the end."""
+    fwd_hooks = [*hooks, *drop_retained_patterns(model), (READ_HOOK, stop)]
+    try:
+        with torch.inference_mode():
+            try:
+                _run(model, tokens, fwd_hooks, cache)
+            except _Stop:
+                pass
+            yield
+    finally:
+        release_retained(model)
+
+
 def record_states(
     model, tokens: Int[Tensor, "batch pos"], hooks: Sequence[tuple[str, HookFn]] = ()
 ) -> DynamicCache:
@@ -196,15 +213,8 @@ def record_states(
     def stop(act: Tensor, hook) -> None:
         raise _Stop
 
-    fwd_hooks = [*hooks, *drop_retained_patterns(model), (READ_HOOK, stop)]
-    try:
-        with torch.inference_mode():
-            try:
-                _run(model, tokens, fwd_hooks, states)
-            except _Stop:
-                pass
-    finally:
-        release_retained(model)
+    with _stopped_pass(model, tokens, hooks, stop, states):
+        pass
     if len(states.layers) != len(model.blocks):
         raise RuntimeError("the model's attention did not record its keys and values")
     return states
@@ -234,18 +244,10 @@ def forward_read(
         kept["resid"] = act[rows, read_at.to(act.device)][:, None]  # [batch 1 d_model]
         raise _Stop
 
-    fwd_hooks = [*hooks, *drop_retained_patterns(model), (READ_HOOK, keep)]
-    try:
-        with torch.inference_mode():
-            try:
-                _run(model, tokens, fwd_hooks, prefix)
-            except _Stop:
-                pass
-            if "resid" not in kept:
-                raise RuntimeError(f"the model's pass did not reach {READ_HOOK}")
-            return model.unembed(model.ln_final(kept["resid"]))[:, 0]
-    finally:
-        release_retained(model)
+    with _stopped_pass(model, tokens, hooks, keep, prefix):
+        if "resid" not in kept:
+            raise RuntimeError(f"the model's pass did not reach {READ_HOOK}")
+        return model.unembed(model.ln_final(kept["resid"]))[:, 0]
 
 
 def reads_like_forward(

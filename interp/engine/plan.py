@@ -8,17 +8,20 @@ pass. A single pass that cannot be split is checked whole (:func:`check_budget`)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import replace
 
 from interp.engine.allocator import return_freed_memory
 from interp.engine.estimates import (
+    Kept,
     _cache_items,
+    _run_bytes,
     _shape,
+    estimate_attribution_bytes,
     estimate_forward_bytes,
     estimate_loss_bytes,
-    estimate_run_bytes,
     format_size,
     parse_size,
+    takes_kept,
 )
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "check_budget",
     "rows_per_pass",
     "task_blocks",
+    "backward_rows",
     "LOGITS_BUDGET_BYTES",
 ]
 
@@ -41,6 +45,8 @@ _GLIBC_SLACK_ONE_PASS = 2
 _PLAN_SHARE = 0.9
 # default rows per pass: the logits [rows pos d_vocab] are the largest tensor of a patched pass
 LOGITS_BUDGET_BYTES = 256 * 2**20
+# and, where a pass keeps bytes per row beside it (kept_per_row), those are capped by default too
+KEPT_BUDGET_BYTES = 2 * LOGITS_BUDGET_BYTES
 
 
 class MemoryBudgetError(ValueError):
@@ -102,66 +108,44 @@ def rows_per_chunk(
     return min(n_rows, usable // per_row)
 
 
-def check_budget(
-    model,
-    prompt_shape,
-    max_bytes: int | str,
-    *,
-    resid: Sequence[str] = (),
-    patterns: bool = False,
-    scores: bool = False,
-    head_outputs: bool = False,
-    ln_scales: bool = False,
-    hooks: Sequence[str] = (),
-    layers: Sequence[int] | None = None,
-    keep_logits: bool = True,
-    saes: Sequence = (),
-) -> None:
+@takes_kept
+def check_budget(model, prompt_shape, max_bytes: int | str, **kept) -> None:
     """Raise :class:`MemoryBudgetError` before a run of ``run_cached(...)`` that would not fit,
-    saying what would: a smaller batch, fewer layers, or dropping the largest items."""
-    what = dict(
-        resid=resid,
-        patterns=patterns,
-        scores=scores,
-        head_outputs=head_outputs,
-        ln_scales=ln_scales,
-        hooks=hooks,
-        layers=layers,
-        keep_logits=keep_logits,
-        saes=saes,
-    )
+    saying what would: a smaller batch, fewer layers, or dropping the largest items. The
+    keyword arguments are run_cached's of what it keeps (:class:`interp.engine.estimates.Kept`)."""
+    what = Kept(**kept)
     budget = parse_size(max_bytes)
     batch, n_pos = _shape(prompt_shape)
-    need = estimate_run_bytes(model, (batch, n_pos), **what)
+    need = _run_bytes(model, (batch, n_pos), what)
     if budget < _GLIBC_SLACK_ONE_PASS * need:
         return_freed_memory()
     if need <= budget:
         return
-    items = _cache_items(model, (batch, n_pos), **what)
+    items = _cache_items(model, (batch, n_pos), what)
     items.pop("logits", None)  # counted with the forward pass, where they are made
     parts = ", ".join(
         f"{k} {format_size(v)}" for k, v in sorted(items.items(), key=lambda kv: -kv[1]) if v
     )
     n_layers = int(model.cfg.n_layers)
-    chosen = list(range(n_layers)) if what.get("layers") is None else list(what["layers"])
+    chosen = list(range(n_layers)) if what.layers is None else list(what.layers)
     forward = need - sum(items.values())
     options = []
-    per_row = estimate_run_bytes(model, (1, n_pos), **what)
+    per_row = _run_bytes(model, (1, n_pos), what)
     if per_row <= budget:
         options.append(f"a batch of at most {budget // per_row} rows (of {batch})")
     fits_layers = [
         k
         for k in range(1, len(chosen))
-        if estimate_run_bytes(model, (batch, n_pos), **{**what, "layers": chosen[:k]}) <= budget
+        if _run_bytes(model, (batch, n_pos), replace(what, layers=chosen[:k])) <= budget
     ]
     if fits_layers:
         options.append(
             f"at most {fits_layers[-1]} of the {len(chosen)} layers "
             f"(layers={chosen[: fits_layers[-1]]})"
         )
-    big = [k for k in ("patterns", "scores", "head_outputs") if what.get(k)]
+    big = [k for k in ("patterns", "scores", "head_outputs") if getattr(what, k)]
     if big:
-        lean = estimate_run_bytes(model, (batch, n_pos), **{**what, **dict.fromkeys(big, False)})
+        lean = _run_bytes(model, (batch, n_pos), replace(what, **dict.fromkeys(big, False)))
         verdict = "fits" if lean <= budget else "still needs " + format_size(lean)
         options.append(
             f"reducing {' and '.join(big)} inside a hook instead of caching them "
@@ -228,7 +212,8 @@ def rows_per_pass(
     many as keep the logits under 256 MiB. ``read_one``: each run is unembedded at one position
     only (:func:`interp.engine.passes.forward_read`), so its logits are ``[d_vocab]``; the
     default then also allows as many as keep the pass's largest moment
-    (:func:`estimate_forward_bytes`) under 256 MiB, where that is more. Callers that must
+    (:func:`estimate_forward_bytes`) under 256 MiB, where that is more, and keeps what is kept
+    per row under 512 MiB. Callers that must
     refuse a budget before any run ask here first; raises
     :class:`interp.engine.MemoryBudgetError` when not even one run fits."""
     if max_rows is not None:
@@ -239,6 +224,8 @@ def rows_per_pass(
         if read_one:  # no [pos d_vocab] logits: the pass's largest moment decides, if larger
             one = estimate_forward_bytes(model, (1, n_pos), read_positions=1)
             rows = max(rows, LOGITS_BUDGET_BYTES // one)
+        if kept_per_row:
+            rows = min(rows, max(1, KEPT_BUDGET_BYTES // kept_per_row))
         return rows
     budget = parse_size(max_bytes)
     if held >= budget:
@@ -282,14 +269,48 @@ def task_blocks(
     held: int = 0,
     held_what: str = "what the caller keeps",
     read_one: bool = False,
+    kept_per_row: int = 0,
 ) -> tuple[int, int]:
     """``(runs, rows)`` per pass: all task rows and as many patched runs as fit (at least one),
     or one run over as many rows as fit. ``max_rows`` counts batch rows of a pass (runs x task
     rows); the budget is :func:`rows_per_pass`'s, with ``held`` off it
-    (``read_one``: each row unembedded at one position)."""
+    (``read_one``: each row unembedded at one position; ``kept_per_row``: bytes a pass keeps
+    per batch row beside it)."""
     size = rows_per_pass(
-        model, n_pos, n_runs * n_rows, max_rows, max_bytes, held, held_what, read_one=read_one
-    )
+        model, n_pos, n_runs * n_rows, max_rows, max_bytes, held, held_what,
+        kept_per_row=kept_per_row, read_one=read_one,
+    )  # fmt: skip
     if size < n_rows:
         return 1, max(1, size)
     return max(1, min(n_runs, size // n_rows)), n_rows
+
+
+def backward_rows(
+    model,
+    n_pos: int,
+    *,
+    n_rows: int,
+    max_bytes: int | str | None,
+    max_rows: int | None = None,
+    held: int = 0,
+    kept_per_row: int = 0,
+    what: str = "one row's forward and backward pass",
+) -> int:
+    """Rows of ``n_pos`` tokens per forward and backward pass (gradients of a metric): at most
+    ``max_rows``, all ``n_rows`` without a budget, or as many as fit ``max_bytes`` less
+    ``held``, each needing :func:`estimate_attribution_bytes` plus ``kept_per_row``; raises
+    :class:`MemoryBudgetError` (naming ``what``) when not even one row fits."""
+    if max_rows is not None:
+        return max(1, min(n_rows, max_rows))
+    if max_bytes is None:
+        return n_rows
+    per_row = estimate_attribution_bytes(model, n_pos) + kept_per_row
+    budget = parse_size(max_bytes)
+    fit = (budget - held) // per_row
+    if fit < 1:
+        raise MemoryBudgetError(
+            f"{what} needs about {format_size(per_row)} beside the {format_size(held)} held, "
+            f"but max_bytes is {format_size(budget)}; raise max_bytes to at least "
+            f"{format_size(held + per_row)}"
+        )
+    return int(min(n_rows, fit))

@@ -18,15 +18,18 @@ def check_one_run(parts: Sequence[dict], fmt: str, command: str, what: str) -> d
         if part.get("format") != fmt:
             raise ValueError(
                 f"partial {number} is not a partial result of interp {command} (format "
-                f"{part.get('format')!r}, expected {fmt!r})"
+                f"{part.get('format')!r}, expected {fmt!r}); pass the output of each "
+                f"interp {command} ... --shard I/N"
             )
     settings = parts[0]["settings"]
     for number, part in enumerate(parts[1:], start=2):
-        if part["settings"] != settings:
-            differ = [k for k in settings if part["settings"].get(k) != settings[k]]
+        theirs = part["settings"]
+        differ = [k for k in {**settings, **theirs} if theirs.get(k) != settings.get(k)]
+        if differ:
+            key = differ[0]
             raise ValueError(
-                f"partial {number} is of another run than partial 1 (they differ in "
-                f"{', '.join(differ)}); merge the shards of {what}"
+                f"partial {number} differs from partial 1 in {', '.join(differ)} ({key}: "
+                f"{theirs.get(key)!r} vs {settings.get(key)!r}); merge the shards of {what}"
             )
     return settings
 

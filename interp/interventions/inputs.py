@@ -190,15 +190,3 @@ def _mean(values, rows: int) -> Tensor:
         f"the metric must return a scalar or a tensor [batch] ({rows} values), "
         f"got shape {tuple(values.shape)}"
     )
-
-
-def _mean(values, rows: int) -> Tensor:
-    values = torch.as_tensor(values, dtype=torch.float64)
-    if values.ndim == 0:
-        return values
-    if values.ndim == 1 and len(values) == rows:
-        return values.mean()
-    raise ValueError(
-        f"the metric must return a scalar or a tensor [batch] ({rows} values), "
-        f"got shape {tuple(values.shape)}"
-    )

@@ -11,10 +11,11 @@ from torch import Tensor
 
 from interp.engine import run_cached
 from interp.interventions.path_nodes import Receiver, Sender, _has_mlps
+from interp.models.norms import check_qkv_input, qkv_weights
 
 __all__ = ["read_point", "cache_runs", "record_changes", "deliver_changes", "layer_hooks"]
 
-CHECK_ATOL = 1e-4  # float32: our ln1(x) W + b against the model's own hook_q/k/v
+_REFUSAL = "path patching into q/k/v inputs is not supported for it: use 'logits' or MLP receivers"
 
 
 def layer_hooks(model) -> tuple[list[str], dict[int, str], dict[int, str], str]:
@@ -85,17 +86,6 @@ def _n_kv_heads(model) -> int:
     return int(getattr(model.cfg, "n_key_value_heads", None) or model.cfg.n_heads)
 
 
-def _qkv_weights(model, which: str) -> tuple[Tensor, Tensor | None]:
-    """``W_Q/K/V`` ``[layer head d_model d_head]`` (keys and values per key/value head under
-    grouped-query attention) and the bias, None for bias-free models (Llama, Mistral, Gemma)."""
-    W = getattr(model, f"W_{which.upper()}")
-    try:
-        b = getattr(model, f"b_{which.upper()}")
-    except AttributeError:  # the bridge raises for a bias the checkpoint does not have
-        b = None
-    return W, b
-
-
 def deliver_changes(
     model,
     tokens: Int[Tensor, "batch pos"],
@@ -127,20 +117,14 @@ def deliver_changes(
         return hook
 
     def move_heads(layer: int, which: str, heads: list[int]):
-        W, b = _qkv_weights(model, which)
+        weights = qkv_weights(model, which)
+        W = weights[0]
 
         def hook(act: Float[Tensor, "batch pos head d_head"], hook) -> Tensor:
             before, after = normed[layer]
             out = act.clone()
             for h in heads:
-                ours = before @ W[layer, h] + (0.0 if b is None else b[layer, h])
-                gap = float((ours - act[:, :, h]).abs().max())
-                if gap > CHECK_ATOL * max(1.0, float(act[:, :, h].abs().max())):
-                    raise RuntimeError(
-                        f"blocks.{layer}.attn.hook_{which} is not ln1(x) W_{which.upper()} + "
-                        f"b_{which.upper()} on this model (off by {gap:.2e}); path patching into "
-                        "q/k/v inputs is not supported for it: use 'logits' or MLP receivers"
-                    )
+                check_qkv_input(act, before, weights, layer, h, which, _REFUSAL)
                 out[:, :, h] = act[:, :, h] + (after - before) @ W[layer, h]
             return out
 

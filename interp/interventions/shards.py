@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from interp.foundation.executors.sharding import Sharding, as_sharding
-from interp.foundation.partials import check_shards
+from interp.foundation.partials import check_one_run, check_shards
 from interp.interventions.grids import recovered, undefined
 from interp.interventions.inputs import analysis_rows
 from interp.interventions.patch_rows import TASK_COLUMNS, patch_rows
@@ -44,17 +44,6 @@ __all__ = [
 
 FORMAT = "interp-patch-partial/1"  # the partial file's format: merge refuses others
 KEYS = ["site", "layer", "head", "pos", "method"]  # one cell of the table
-SETTINGS = (
-    "task",
-    "n_rows",
-    "metric",
-    "sites",
-    "direction",
-    "method",
-    "layers",
-    "shards",
-    "positions",
-)
 
 
 def shard_rows(n_rows: int, index: int, count: int) -> list[int]:
@@ -160,24 +149,7 @@ def _pos(value) -> int | str | None:
 
 
 def _check_parts(parts: Sequence[dict]) -> list[int]:
-    if not parts:
-        raise ValueError("no partial results to merge; pass the output of every shard")
-    for number, part in enumerate(parts, start=1):
-        if part.get("format") != FORMAT:
-            raise ValueError(
-                f"partial {number} is not a partial result of interp patch (format "
-                f"{part.get('format')!r}, expected {FORMAT!r}); "
-                "pass the output of interp patch --task ... --shard I/N"
-            )
-    first = parts[0]["settings"]
-    for number, part in enumerate(parts[1:], start=2):
-        for key in SETTINGS:
-            theirs, ours = part["settings"].get(key), first.get(key)
-            if theirs != ours:
-                raise ValueError(
-                    f"partial {number} differs from partial 1 in {key} "
-                    f"({theirs!r} vs {ours!r}); merge shards of one run"
-                )
+    first = check_one_run(parts, FORMAT, "patch", "one run")
     check_shards(parts, first["shards"])
     rows = sorted(r for part in parts for r in part["rows"])
     if rows != list(range(first["n_rows"])):

@@ -25,6 +25,8 @@ __all__ = [
     "normalise",
     "param",
     "post_norm",
+    "qkv_weights",
+    "check_qkv_input",
     "soft_cap",
 ]
 
@@ -92,6 +94,42 @@ def param(model, name: str) -> Tensor | None:
     except AttributeError:
         return None
     return None if value is None else value.detach().double().cpu()
+
+
+def qkv_weights(model, which: str) -> tuple[Tensor, Tensor | None]:
+    """``W_Q/K/V`` ``[layer head d_model d_head]`` (keys and values per key/value head under
+    grouped-query attention) and the bias, None for bias-free models (Llama, Mistral, Gemma)."""
+    W = getattr(model, f"W_{which.upper()}")
+    try:
+        b = getattr(model, f"b_{which.upper()}")
+    except AttributeError:  # the bridge raises for a bias the checkpoint does not have
+        b = None
+    return W, b
+
+
+QKV_ATOL = 1e-4  # float32: our ln1(x) W + b against the model's own hook_q/k/v
+
+
+def check_qkv_input(
+    act: Float[Tensor, "batch pos head d_head"],
+    normed: Float[Tensor, "batch pos d_model"],
+    weights: tuple[Tensor, Tensor | None],
+    layer: int,
+    head: int,
+    which: str,
+    refusal: str,
+) -> None:
+    """Raise a RuntimeError (ending in ``refusal``, what is not supported) where head ``head``'s
+    ``hook_q/k/v`` is not ``normed W + b``: an analysis that moves a head's input through
+    ``ln1`` and its own product relies on it. ``weights``: :func:`qkv_weights`' pair."""
+    W, b = weights
+    ours = normed @ W[layer, head] + (0.0 if b is None else b[layer, head])
+    gap = float((ours - act[:, :, head]).abs().max())
+    if gap > QKV_ATOL * max(1.0, float(act[:, :, head].abs().max())):
+        raise RuntimeError(
+            f"blocks.{layer}.attn.hook_{which} is not ln1(x) W_{which.upper()} + "
+            f"b_{which.upper()} on this model (off by {gap:.2e}); {refusal}"
+        )
 
 
 def soft_cap(model) -> float | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+from interp.foundation.doors import lazy_exports
 
 _EXPORTS = {
     "ActivationStore": "interp.stores.activations",
@@ -13,7 +13,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'interp.stores' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

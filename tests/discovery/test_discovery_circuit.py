@@ -246,7 +246,7 @@ def test_curve_and_its_areas():
 
 
 def test_budgets_change_no_number(zoo, monkeypatch):
-    import interp.discovery.removal as removal
+    import interp.engine.batched as batched  # the engine's one call of the model for these runs
 
     model = zoo.model("llama")
     task = _task(model, seed=4, rows=4)
@@ -254,12 +254,12 @@ def test_budgets_change_no_number(zoo, monkeypatch):
     circuit = discover_circuit(model, task, "eap", top_n=30)
     batches: list[int] = []
 
-    def counted(model, tokens, **kwargs):
+    def counted(model, tokens, *args, **kwargs):
         batches.append(int(tokens.shape[0]))
-        return run_logits(model, tokens, **kwargs)
+        return forward(model, tokens, *args, **kwargs)
 
-    run_logits = removal.run_logits
-    monkeypatch.setattr(removal, "run_logits", counted)
+    forward = batched.forward
+    monkeypatch.setattr(batched, "forward", counted)
     whole = evaluate_circuit(model, task, circuit, scores=scores)
     # each distinct circuit but the full graph (the clean run), and the empty circuit
     n_runs = len({*curve_sizes(whole.n_total), whole.n_edges} - {whole.n_total}) + 1

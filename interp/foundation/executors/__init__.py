@@ -13,7 +13,7 @@ docs/scale.md has the recipes.
 
 from __future__ import annotations
 
-import importlib
+from interp.foundation.doors import lazy_exports
 
 _EXPORTS = {
     "run_shards": "interp.foundation.executors.runner",
@@ -31,7 +31,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'interp.foundation.executors' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

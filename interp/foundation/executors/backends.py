@@ -16,6 +16,7 @@ executor is made, refused with the install line when missing (:func:`require`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import shutil
@@ -60,6 +61,28 @@ def require(name: str):
     return importlib.import_module(EXTRAS[name][0])
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or ["no message"])[0]
+
+
+def _died(exc: BaseException) -> str:
+    return f"the Ray worker died ({type(exc).__name__}: {_first_line(exc)})"
+
+
+def _job_lost(job_id, exc: BaseException) -> str:
+    return f"SLURM job {job_id} ended without a result ({_first_line(exc)})"
+
+
+def _collect(index: int, get, errors, lost) -> tuple:
+    """``(index, result, error, transient)`` of a finished shard: its worker's answer from
+    ``get()``, or where that raises one of ``errors``, the transient error ``lost(exc)``."""
+    try:
+        answer = get()
+    except errors as exc:
+        return index, None, lost(exc), True
+    return index, answer.get("result"), answer.get("error"), answer.get("transient", True)
+
+
 class RayExecutor:
     """Shards as Ray tasks: on the cluster at ``address`` (``"auto"``, ``"ray://host:10001"``),
     or on a local one started here (and stopped by :meth:`close`) when None and none runs.
@@ -100,15 +123,8 @@ class RayExecutor:
         done = []
         for ref in ready:
             index = self._refs.pop(ref)
-            try:
-                answer = self.ray.get(ref)
-            except self.ray.exceptions.RayError as exc:
-                first = (str(exc).strip().splitlines() or ["no message"])[0]
-                error = f"the Ray worker died ({type(exc).__name__}: {first})"
-                done.append((index, None, error, True))
-                continue
-            error = answer.get("error")
-            done.append((index, answer.get("result"), error, answer.get("transient", True)))
+            get = functools.partial(self.ray.get, ref)
+            done.append(_collect(index, get, self.ray.exceptions.RayError, _died))
         return done
 
     def close(self) -> None:
@@ -178,15 +194,9 @@ class SlurmExecutor:
         done = []
         for job in ended:
             index = self._jobs.pop(job)
-            try:
-                answer = job.result()
-            except Exception as exc:  # submitit's UncompletedJobError, FailedJobError
-                first = (str(exc).strip().splitlines() or ["no message"])[0]
-                error = f"SLURM job {job.job_id} ended without a result ({first})"
-                done.append((index, None, error, True))  # timed out, preempted, node lost
-                continue
-            error = answer.get("error")
-            done.append((index, answer.get("result"), error, answer.get("transient", True)))
+            # submitit's UncompletedJobError, FailedJobError: timed out, preempted, node lost
+            lost = functools.partial(_job_lost, job.job_id)
+            done.append(_collect(index, job.result, Exception, lost))
         return done
 
     def close(self) -> None:

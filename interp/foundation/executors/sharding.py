@@ -10,6 +10,7 @@ None a temporary folder is used and removed after the merge (nothing to resume f
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -47,16 +48,10 @@ class Sharding:
         return min(n_rows, self.shards or os.cpu_count() or 1)
 
     def make(self):
-        """A fresh executor of this kind, with its options."""
-        return make_executor(
-            self.executor,
-            workers=self.workers,
-            ray_address=self.ray_address,
-            slurm_partition=self.slurm_partition,
-            slurm_time=self.slurm_time,
-            gpus_per_shard=self.gpus_per_shard,
-            slurm_cluster=self.slurm_cluster,
-        )
+        """A fresh executor of this kind, with its options (:func:`make_executor`'s keywords,
+        each this Sharding's field of that name)."""
+        options = list(inspect.signature(make_executor).parameters)[1:]
+        return make_executor(self.executor, **{name: getattr(self, name) for name in options})
 
 
 def as_sharding(executor: Sharding | str) -> Sharding:
