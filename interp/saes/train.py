@@ -46,9 +46,9 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from interp.dictionaries.data import TokenRows, activations_at
 from interp.engine import check_hook_names, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
-from interp.saes.data import TokenRows, activations_at
 from interp.saes.held_out import streamed_figures
 from interp.saes.sae import SAE
 from interp.stores.budget import split_rows, token_bytes

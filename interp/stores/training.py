@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from interp.dictionaries.data import TokenRows, activations_at
 from interp.foundation.executors.local import InlineExecutor
 from interp.foundation.executors.runner import run_shards
 from interp.foundation.sizes import parse_size
 from interp.models.workers import model_spec, worker_model
-from interp.saes.data import TokenRows, activations_at
 from interp.stores.activations import ActivationStore, write_meta
 from interp.stores.budget import (
     TrainingBudget,

@@ -29,9 +29,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from interp.dictionaries.data import TokenRows
 from interp.engine import run_cached, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
-from interp.saes.data import TokenRows
 from interp.stores.budget import split_rows, token_bytes
 from interp.stores.pairs import pairs_budget, store_pairs
 from interp.transcoders import fit as fitting
