@@ -7,7 +7,7 @@
 - :class:`FeatureEdit`: set or scale one feature of a transcoder layer or an SAE (defined in
   the engine, :mod:`interp.engine.feature_edit`, which applies it);
 - :mod:`~.data`: what dictionaries train on (:class:`TokenRows`) and read
-  (:func:`activations_at`).
+  (:func:`activations_at`); :mod:`~.files`: their weight files (:func:`read_tensors`).
 
 The names are imported on first use, so importing the package costs nothing.
 """
@@ -25,6 +25,7 @@ _EXPORTS = {
     "FeatureEdit": "interp.engine.feature_edit",
     "TokenRows": "interp.dictionaries.data",
     "activations_at": "interp.dictionaries.data",
+    "read_tensors": "interp.dictionaries.files",
 }
 
 __all__ = sorted(_EXPORTS)

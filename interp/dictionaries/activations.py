@@ -67,16 +67,22 @@ def activate(
 
 
 def check_activation(
-    name: str, *, threshold: Tensor | None, k: float | None, d_dict: int, what: str
+    name: str,
+    *,
+    threshold: Tensor | None,
+    k: float | None,
+    d_dict: int,
+    what: str,
+    width: str = "d_dict",
 ) -> None:
     """Refuse settings ``name`` cannot run with: a threshold for ``jumprelu`` alone, ``k`` for
     ``topk`` (an integer in 1 .. d_dict) and ``batchtopk`` (0 < k <= d_dict) alone. ``what``
-    names the dictionary in the message (``"SAE"``, ``"transcoder"``)."""
+    and ``width`` name the dictionary and its width in the message (``"SAE"``, ``"d_sae"``)."""
     if (name == "jumprelu") != (threshold is not None):
         raise ValueError(f"a jumprelu {what} needs a threshold, and only jumprelu takes one")
     if (name in ("topk", "batchtopk")) != (k is not None):
         raise ValueError(f"a {name} {what} needs k, and only topk and batchtopk take one")
     if name == "topk" and not (float(k).is_integer() and 1 <= k <= d_dict):
-        raise ValueError(f"a topk {what} needs k between 1 and {d_dict} (its width), got k={k}")
+        raise ValueError(f"a topk {what} needs k between 1 and {width}={d_dict}, got k={k}")
     if name == "batchtopk" and not 0 < k <= d_dict:
-        raise ValueError(f"a batchtopk {what} needs 0 < k <= {d_dict} (its width), got k={k}")
+        raise ValueError(f"a batchtopk {what} needs 0 < k <= {width}={d_dict}, got k={k}")

@@ -37,7 +37,7 @@ class Dictionary:
         activation: one of :data:`~interp.dictionaries.activations.ACTIVATIONS` (or an alias).
         threshold, k, floor: the activation's settings (its module docstring).
         W_skip: ``[d_out d_in]``, or None.
-        what: how errors name the dictionary (``"SAE"``, ``"transcoder layer 3"``).
+        what, width: how errors name the dictionary and its width (``"SAE"``, ``"d_sae"``).
     """
 
     def __init__(
@@ -53,6 +53,7 @@ class Dictionary:
         floor: bool = True,
         W_skip: Float[Tensor, "d_out d_in"] | None = None,
         what: str = "dictionary",
+        width: str = "d_dict",
     ):
         d_in, d_dict = W_enc.shape
         d_out = W_dec.shape[-1]
@@ -66,7 +67,9 @@ class Dictionary:
                     f"{d_in}, d_dict {d_dict}, d_out {d_out})"
                 )
         activation = activation_name(activation)
-        check_activation(activation, threshold=threshold, k=k, d_dict=d_dict, what=what)
+        check_activation(
+            activation, threshold=threshold, k=k, d_dict=d_dict, what=what, width=width
+        )
         self.W_enc, self.b_enc, self.W_dec, self.b_dec = W_enc, b_enc, W_dec, b_dec
         self.threshold, self.W_skip = threshold, W_skip
         self.activation, self.k, self.floor = activation, k, bool(floor)

@@ -97,7 +97,7 @@ class SAE(Dictionary, torch.nn.Module):
         activation = "relu" if architecture in ("standard", "gated") else architecture
         Dictionary.__init__(
             self, param(W_enc), param(b_enc), param(W_dec), param(b_dec), activation=activation,
-            threshold=param(threshold), k=k, W_skip=param(W_skip), what="SAE",
+            threshold=param(threshold), k=k, W_skip=param(W_skip), what="SAE", width="d_sae",
         )  # fmt: skip
         self.b_gate, self.r_mag, self.b_mag = (
             (param(gate["b_gate"]), param(gate["r_mag"]), param(gate["b_mag"]))

@@ -36,12 +36,11 @@ from interp.stores.budget import split_rows, token_bytes
 from interp.stores.pairs import pairs_budget, store_pairs
 from interp.transcoders import fit as fitting
 from interp.transcoders.held_out import streamed_figures, tally
-from interp.transcoders.transcoder import TranscoderSet
+from interp.transcoders.transcoder import ACTIVATIONS, TranscoderSet
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TranscoderTrainingReport", "train_transcoder"]
 
-KINDS = ("per-layer", "skip", "cross-layer")
-ACTIVATIONS = ("relu", "jumprelu", "topk")
+KINDS = ("per-layer", "skip", "cross-layer")  # a set's KINDS, "skip" a per-layer set with W_skip
 INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "mlp.hook_out"  # circuit-tracer's names
 EVAL_TOKENS = 16384  # held-out tokens the figures are measured on
 EVAL_CHUNK = 4096  # tokens encoded at a time for them

@@ -38,7 +38,8 @@ from interp.transcoders.files import write_folder
 
 __all__ = ["ACTIVATIONS", "INPUT_HOOKS", "KINDS", "OUTPUT_HOOKS", "TranscoderSet"]
 
-ACTIVATIONS = ("relu", "jumprelu", "topk")  # the activation functions a transcoder set holds
+# the activations of interp.dictionaries a transcoder set holds (circuit-tracer has no BatchTopK)
+ACTIVATIONS = ("relu", "jumprelu", "topk")
 KINDS = ("per-layer", "cross-layer")  # one transcoder per layer, or one CLT
 # where in a block a transcoder may read and write (circuit-tracer's names = the bridge's);
 # ln2.hook_normalized: the MLP's norm before its weight and bias, what a HookedTransformer with
@@ -118,6 +119,7 @@ class TranscoderSet:
                 W_enc.T, self._b_enc[layer], W_dec if self.kind == "per-layer" else W_dec[:, 0],
                 self._b_dec[layer], activation=self.activation, threshold=self.threshold(layer),
                 k=self.k, floor=False, W_skip=self.W_skip(layer), what=f"transcoder layer {layer}",
+                width="d_tc",
             ))  # fmt: skip
 
     # ------------------------------------------------------------------ weights per layer

@@ -96,6 +96,7 @@ def test_one_feature_edit_and_the_old_paths_warn():
         "interp.engine.transcoder_splice": ("FeatureEdit", FeatureEdit),
         "interp.saes.sae": ("decoder_flag", interp.dictionaries.decoder_flag),
         "interp.saes.data": ("TokenRows", interp.dictionaries.TokenRows),
+        "interp.saes.safetensors_file": ("read_safetensors", interp.dictionaries.read_tensors),
     }
     for module, (name, new) in moved.items():
         with pytest.warns(DeprecationWarning, match="0.7"):
@@ -155,3 +156,23 @@ def test_a_transcoder_edit_takes_a_tensor_of_values(bundled_model):
     change = run[tc.output_hook(1)] - base[tc.output_hook(1)]
     want = (values - acts[..., feature])[..., None] * tc.W_dec(1)[feature]
     torch.testing.assert_close(change, want, atol=ATOL, rtol=0)
+
+
+def test_weight_files_are_read_or_named(tmp_path):
+    import numpy as np
+    from safetensors.torch import save_file
+
+    from interp.dictionaries.files import read_tensors
+
+    w = {"W_enc": torch.randn(4, 3), "b_enc": torch.randn(3)}
+    save_file(w, str(tmp_path / "a.safetensors"))
+    np.savez(tmp_path / "b.npz", **{k: v.numpy() for k, v in w.items()})
+    for name in ("a.safetensors", "b.npz"):
+        back = read_tensors(tmp_path / name)
+        assert back.keys() == w.keys() and all(torch.equal(back[k], w[k]) for k in w)
+    data = (tmp_path / "a.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-5])
+    with pytest.raises(ValueError, match=r"cut\.safetensors is not a readable .* cut short"):
+        read_tensors(tmp_path / "cut.safetensors")
+    with pytest.raises(ValueError, match="is missing"):
+        read_tensors(tmp_path / "nope.safetensors")
