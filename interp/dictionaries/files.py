@@ -34,7 +34,8 @@ def read_tensors(path: str | Path) -> dict[str, Tensor]:
         import numpy as np
 
         try:
-            return {k: torch.from_numpy(v) for k, v in np.load(path).items()}
+            with np.load(path) as data:
+                return {k: torch.from_numpy(data[k]) for k in data.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
             raise ValueError(f"{path} is not a readable .npz file ({err})") from None
     from safetensors import SafetensorError
