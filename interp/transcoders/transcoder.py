@@ -106,9 +106,9 @@ class TranscoderSet:
         self.layers: list[Dictionary] = []
         for layer in range(self.n_layers):
             W_enc, W_dec = self._W_enc[layer], self._W_dec[layer]
-            want = {"W_enc": (W_enc, (self.d_tc, self.d_model))}
-            if self.kind == "cross-layer":
-                want["W_dec"] = (W_dec, (self.d_tc, self.n_layers - layer, self.d_model))
+            cross = self.kind == "cross-layer"
+            dec = (self.d_tc, *((self.n_layers - layer,) if cross else ()), self.d_model)
+            want = {"W_enc": (W_enc, (self.d_tc, self.d_model)), "W_dec": (W_dec, dec)}
             for name, (tensor, shape) in want.items():
                 if tuple(tensor.shape) != shape:
                     raise ValueError(
@@ -116,7 +116,7 @@ class TranscoderSet:
                         f"expected {shape}"
                     )
             self.layers.append(Dictionary(
-                W_enc.T, self._b_enc[layer], W_dec if self.kind == "per-layer" else W_dec[:, 0],
+                W_enc.T, self._b_enc[layer], W_dec[:, 0] if cross else W_dec,
                 self._b_dec[layer], activation=self.activation, threshold=self.threshold(layer),
                 k=self.k, floor=False, W_skip=self.W_skip(layer), what=f"transcoder layer {layer}",
                 width="d_tc",
