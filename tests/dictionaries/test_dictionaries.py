@@ -176,3 +176,11 @@ def test_weight_files_are_read_or_named(tmp_path):
         read_tensors(tmp_path / "cut.safetensors")
     with pytest.raises(ValueError, match="is missing"):
         read_tensors(tmp_path / "nope.safetensors")
+
+
+def test_a_transcoder_layer_writes_the_width_it_reads():
+    from interp.transcoders.transcoder import TranscoderSet
+
+    W_enc, b_enc = [torch.randn(4, 8)], [torch.randn(4)]
+    with pytest.raises(ValueError, match=r"layer 0: W_dec has shape \(4, 7\), expected \(4, 8\)"):
+        TranscoderSet(W_enc, b_enc, [torch.randn(4, 7)], [torch.randn(7)])
