@@ -13,8 +13,8 @@ toolkit will see it, not from the training process's in-memory model:
 - K-composition scores of every layer-0 head into every layer-1 head, from the weights,
   against a baseline of random matrices of the same shapes.
 
-The batch builder `repeated_random_tokens` (in `interp.saes.data`) is shared with the training
-script and with `interp.train_sae`, so the model is trained, judged and read by SAEs on the
+The batch builder `repeated_random_tokens` (in `interp.dictionaries.data`) is shared with the
+training script and with `interp.train_sae`, so the model is trained, judged and read by SAEs on the
 same kind of sequence.
 """
 
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.saes.data import repeated_random_tokens  # also what train_sae draws
+from interp.dictionaries.data import repeated_random_tokens  # also what train_sae draws
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parents[1] / "interp" / "bundled" / "tiny-induction"
 REP_LENS = (10, 20, 30, 40, 50, 60)

@@ -55,7 +55,7 @@ from measure_bundled_model import (  # noqa: E402
 from torch import Tensor  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from interp.saes.data import repeated_random_tokens, stdlib_sources  # noqa: E402
+from interp.dictionaries.data import repeated_random_tokens, stdlib_sources  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "interp" / "bundled" / "tiny-induction"

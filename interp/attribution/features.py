@@ -33,9 +33,9 @@ from interp.attribution.core import (
     logit_direction,
 )
 from interp.attribution.residual import AttributionError, residual_parts
+from interp.dictionaries.core import decoder_flag
 from interp.engine import Prompt, run_cached
 from interp.models.layernorm import fold_layernorm, is_folded
-from interp.saes.sae import decoder_flag
 
 __all__ = ["feature_attribution"]
 

@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     check_sae_fits(model, sae)
     import torch
 
+    from interp.dictionaries.data import TokenRows
     from interp.pages.features import features_report
-    from interp.saes.data import TokenRows
     from interp.saes.features import feature_summary
 
     sae = sae.to(args.device)

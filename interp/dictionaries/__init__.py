@@ -1,2 +1,41 @@
-"""The dictionary core: what SAEs and transcoders share (their training loop,
-:mod:`interp.dictionaries.training`). It imports only the foundation, the models and the engine."""
+"""Sparse dictionaries: the one core that SAEs (``interp.saes``) and transcoders
+(``interp.transcoders``) are formats and hooks over.
+
+- :mod:`~.activations`: the activation functions, one meaning each (``relu``, ``jumprelu``,
+  ``topk``, ``batchtopk``; ``floor`` says whether the ReLU of SAELens is applied);
+- :mod:`~.core`: :class:`Dictionary`, an encoder, an activation, a decoder and maybe a skip;
+- :class:`FeatureEdit`: set or scale one feature of a transcoder layer or an SAE (defined in
+  the engine, :mod:`interp.engine.feature_edit`, which applies it);
+- :mod:`~.data`: what dictionaries train on (:class:`TokenRows`) and read
+  (:func:`activations_at`); :mod:`~.files`: their weight files (:func:`read_tensors`);
+- :mod:`~.training`: the one training loop (per-kind losses: SAE, per-layer, skip and
+  cross-layer transcoders) and :mod:`~.evaluation`: the held-out figures' tally.
+
+It imports only the foundation, the models and the engine.
+
+The names are imported on first use, so importing the package costs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# public name -> module that defines it
+_EXPORTS = {
+    "ACTIVATIONS": "interp.dictionaries.activations",
+    "activate": "interp.dictionaries.activations",
+    "Dictionary": "interp.dictionaries.core",
+    "decoder_flag": "interp.dictionaries.core",
+    "FeatureEdit": "interp.engine.feature_edit",
+    "TokenRows": "interp.dictionaries.data",
+    "activations_at": "interp.dictionaries.data",
+    "read_tensors": "interp.dictionaries.files",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'interp.dictionaries' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

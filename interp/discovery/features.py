@@ -30,12 +30,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from interp.dictionaries.core import decoder_flag
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
 from interp.discovery.graph import EdgeGraph, edge_frame
 from interp.discovery.runs import _undefined, check_arguments, dataset_mean, task_inputs
 from interp.engine import check_eval, run_cached
 from interp.engine.estimates import _itemsize
-from interp.saes.sae import decoder_flag
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["FEATURE_METHODS", "feature_edge_scores", "feature_name", "error_name", "sae_layer"]

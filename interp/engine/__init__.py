@@ -14,7 +14,9 @@ budget" and get results back:
   (:mod:`~.sites`) as forward hooks; :func:`forward` (:mod:`~.passes`): the one call of the model.
 
 Modules, bottom to top: ``allocator``, ``estimates``, ``plan``, ``tokens``, ``sites``,
-``passes``, ``hooks``, ``cache``, ``suffix``, ``batched`` (docs/architecture.md).
+``passes``, ``hooks``, ``cache``, ``suffix``, ``batched`` (docs/architecture.md);
+``splice``, ``transcoder_splice`` and ``feature_edit`` (:class:`FeatureEdit`) put sparse
+dictionaries into a pass.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from interp.engine.estimates import (
     format_size,
     parse_size,
 )
+from interp.engine.feature_edit import FeatureEdit
 from interp.engine.hooks import compile_hooks, intervene
 from interp.engine.passes import HookFn, forward, store_hook
 from interp.engine.plan import (
@@ -60,7 +63,7 @@ from interp.engine.tokens import (
     to_tokens,
     token_strings,
 )
-from interp.engine.transcoder_splice import FeatureEdit, transcoder_acts_name
+from interp.engine.transcoder_splice import transcoder_acts_name
 
 __all__ = [
     "run_cached",

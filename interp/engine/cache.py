@@ -20,6 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.engine.allocator import trim_freed_memory
+from interp.engine.feature_edit import FeatureEdit
 from interp.engine.hooks import compile_hooks
 from interp.engine.passes import HookFn, forward, store_hook
 from interp.engine.plan import check_budget
@@ -33,7 +34,7 @@ from interp.engine.tokens import (
     hook_name,
     to_tokens,
 )
-from interp.engine.transcoder_splice import FeatureEdit, check_transcoders, transcoder_hooks
+from interp.engine.transcoder_splice import check_transcoders, transcoder_hooks
 from interp.foundation.formatting import (
     grouped_names,
     megabytes,

@@ -115,7 +115,7 @@ def compile_hooks(
     interventions: Sequence[Intervention | tuple[str, HookFn]],
 ) -> list[tuple[str, HookFn]]:
     """``(hook_name, fn)`` forward hooks for ``interventions`` (tuples pass through unchanged;
-    an object with a ``hook()`` method, such as :class:`interp.saes.interventions.FeatureEdit`,
+    an object with a ``hook()`` method, such as :class:`interp.engine.FeatureEdit` of an SAE,
     gives its tuple). Sites are checked against the model first; mean and resample sources are
     run here.
     """

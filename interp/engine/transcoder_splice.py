@@ -9,24 +9,27 @@ cross-layer set decodes every layer's features up to ``l``): the model's own run
 (``use_error_term=True``) or ``r_l`` alone, the replacement model's run. ``f_l`` is kept under
 ``blocks.{l}.hook_transcoder_acts`` ``[batch pos d_tc]``.
 
-:class:`FeatureEdit` sets or scales one feature (at one position or all) before it is decoded;
-the error term is the one of the unedited features, so an edit moves the output by exactly the
-change of the reconstruction.
+:class:`~interp.engine.feature_edit.FeatureEdit` (of a layer) sets or scales one feature (at one
+position or all) before it is decoded; the error term is the one of the unedited features, so an
+edit moves the output by exactly the change of the reconstruction.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from jaxtyping import Float
 from torch import Tensor
 
 from interp.engine.passes import HookFn, hook_shape
 
+if TYPE_CHECKING:
+    from interp.engine.feature_edit import FeatureEdit
+
 __all__ = [
     "TRANSCODER_ACTS",
-    "FeatureEdit",
     "check_transcoders",
     "transcoder_acts_name",
     "transcoder_hooks",
@@ -35,32 +38,23 @@ __all__ = [
 TRANSCODER_ACTS = "hook_transcoder_acts"  # the suffix feature activations are cached under
 
 
+def __getattr__(name: str):
+    if name != "FeatureEdit":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        "interp.engine.transcoder_splice.FeatureEdit moved to interp.engine.FeatureEdit "
+        "(interp.dictionaries.FeatureEdit) in 0.6.0; the old path goes in 0.7",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    from interp.engine.feature_edit import FeatureEdit
+
+    return FeatureEdit
+
+
 def transcoder_acts_name(layer: int) -> str:
     """The cache key of layer ``layer``'s transcoder features."""
     return f"blocks.{layer}.{TRANSCODER_ACTS}"
-
-
-@dataclass(frozen=True)
-class FeatureEdit:
-    """Set (``value``) or scale (``scale``) transcoder feature ``feature`` of ``layer`` at
-    position ``pos`` (every position when None) in every row; zero it with ``value=0``."""
-
-    layer: int
-    feature: int
-    pos: int | None = None
-    value: float | None = None
-    scale: float | None = None
-
-    def __post_init__(self):
-        if (self.value is None) == (self.scale is None):
-            raise ValueError("a FeatureEdit takes exactly one of value= and scale=")
-
-    def apply(self, acts: Float[Tensor, "batch pos d_tc"]) -> None:
-        where = (slice(None), slice(None) if self.pos is None else self.pos, self.feature)
-        if self.value is not None:
-            acts[where] = self.value
-        else:
-            acts[where] = acts[where] * self.scale
 
 
 def check_transcoders(model, tc) -> None:
@@ -88,6 +82,11 @@ def check_transcoders(model, tc) -> None:
 
 def _check_edits(tc, edits: Sequence[FeatureEdit]) -> None:
     for edit in edits:
+        if edit.layer is None:
+            raise ValueError(
+                f"{edit} edits an SAE: pass it as run_cached(interventions=[...]), not as a "
+                "transcoder's feature_edits"
+            )
         if not 0 <= edit.layer < tc.n_layers or not 0 <= edit.feature < tc.d_tc:
             raise ValueError(
                 f"{edit} is outside the transcoders ({tc.n_layers} layers, {tc.d_tc} features)"

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
+from interp.dictionaries.data import TokenRows
 from interp.engine import run_cached
-from interp.saes.data import TokenRows
 
 __all__ = ["CONTEXT_TOKENS", "feature_details"]
 

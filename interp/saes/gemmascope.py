@@ -16,9 +16,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
-import torch
-
+from interp.dictionaries.files import read_tensors
 from interp.saes.sae import SAE
 
 __all__ = ["gemmascope_hook", "read_gemmascope"]
@@ -51,15 +49,15 @@ def read_gemmascope(folder: Path, hook_name: str | None) -> SAE:
             "the path does not say which hook this Gemma Scope SAE reads (no "
             "gemma-scope-*-res|mlp|att/layer_N in it); pass hook_name="
         )
-    with np.load(folder / "params.npz") as data:
-        names = {("W_" + k[2:] if k.startswith("w_") else k): k for k in data.files}
-        missing = [k for k in KEYS if k not in names]
-        if missing:
-            raise ValueError(f"params.npz lacks {', '.join(missing)}")
-        extra = sorted(set(names) - set(KEYS))
-        if extra:
-            raise ValueError(f"params.npz has {', '.join(extra)}, which interp does not know")
-        tensors = {k: torch.from_numpy(data[names[k]]) for k in KEYS}
+    raw = read_tensors(folder / "params.npz")
+    names = {("W_" + k[2:] if k.startswith("w_") else k): k for k in raw}
+    missing = [k for k in KEYS if k not in names]
+    if missing:
+        raise ValueError(f"params.npz lacks {', '.join(missing)}")
+    extra = sorted(set(names) - set(KEYS))
+    if extra:
+        raise ValueError(f"params.npz has {', '.join(extra)}, which interp does not know")
+    tensors = {k: raw[names[k]] for k in KEYS}
     return SAE(
         tensors["W_enc"], tensors["b_enc"], tensors["W_dec"], tensors["b_dec"],
         architecture="jumprelu", hook_name=hook, threshold=tensors["threshold"],

@@ -69,13 +69,13 @@ def load_sae(
 
 def _read(fmt: str, folder: Path, hook_name: str | None, factor: float | None) -> SAE:
     if fmt == "saelens":
+        from interp.dictionaries.files import read_tensors
         from interp.saes.saelens import read_saelens
-        from interp.saes.safetensors_file import read_safetensors
 
         cfg = _read_json(folder / "cfg.json")
         if hook_name is not None and not _names_hook(cfg):
             cfg = {**cfg, "hook_name": hook_name}
-        tensors = read_safetensors(folder / FORMATS[fmt][1])
+        tensors = read_tensors(folder / FORMATS[fmt][1])
         return read_saelens(folder, cfg, tensors, norm_scaling_factor=factor)
     if fmt == "sparsify":
         from interp.saes.sparsify import read_sparsify

@@ -6,18 +6,18 @@ the heads flattened into one vector when ``reshape_activations == "hook_z"``), t
 ``norm_in`` is the identity, ``x * sqrt(d_in) / |x|`` (``constant_norm_rescale``) or
 ``(x - mean) / (std + 1e-5)`` (``layer_norm``, ``std`` unbiased). With ``h = s W_enc + b_enc``:
 
-- ``standard``: ``f = ReLU(h)``;
-- ``jumprelu``: ``f = ReLU(h) * (h > threshold)`` (a pre-activation at its threshold gives 0);
-- ``gated``: ``f = (s W_enc + b_gate > 0) * ReLU(s (W_enc * exp(r_mag)) + b_mag)``;
-- ``topk``: the ``k`` largest entries of ``h`` (of ``h * |W_dec[j]|`` when
-  ``rescale_acts_by_decoder_norm``) through ReLU, every other 0; ties as ``torch.topk`` picks;
-- ``batchtopk``: the ``int(k * n)`` largest entries of ``ReLU(h)`` over all ``n`` rows of
-  the call together (SAELens's BatchTopK training SAE: features depend on the batch).
+- ``standard``, ``jumprelu``, ``topk``, ``batchtopk``: ``f = act(h)``, the activation of
+  :mod:`interp.dictionaries.activations` (``standard`` is ``relu``) with SAELens's ``floor``
+  (JumpReLU is ``ReLU(h) * (h > threshold)``, TopK's kept values go through ReLU); for ``topk``
+  with ``rescale_acts_by_decoder_norm``, of ``h * |W_dec[j]|``;
+- ``gated``: ``f = (s W_enc + b_gate > 0) * ReLU(s (W_enc * exp(r_mag)) + b_mag)``.
 
 The reconstruction is ``norm_out(f W_dec + b_dec)`` (``f / |W_dec[j]|`` first when rescaled),
 ``norm_out`` undoing ``norm_in`` with the input's own statistics. A transcoder (an
 ``output_hook_name``) reads one hook and writes another: no ``norm_out``, and ``forward`` adds
-``x W_skip^T`` when it has a skip connection. The tests transcribe each
+``x W_skip^T`` when it has a skip connection. The maps are those of
+:class:`interp.dictionaries.Dictionary`; this class adds the hook, the input normalisation and
+gating. The tests transcribe each
 formula independently (tests/saes/test_sae_saelens.py); benchmarks/bench_saes.py compares with
 SAELens itself.
 """
@@ -25,20 +25,23 @@ SAELens itself.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-__all__ = ["ARCHITECTURES", "NORMALIZATIONS", "SAE", "decoder_flag"]
+from interp.dictionaries.core import Dictionary
+
+__all__ = ["ARCHITECTURES", "NORMALIZATIONS", "SAE"]
 
 ARCHITECTURES = ("standard", "gated", "jumprelu", "topk", "batchtopk")  # the encoders interp runs
 NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")  # computed at run time
 LAYER_NORM_EPS = 1e-5  # SAELens's run_time_activation_ln_in
 
 
-class SAE(torch.nn.Module):
+class SAE(Dictionary, torch.nn.Module):
     """A sparse autoencoder at one hook of a model, SAELens conventions.
 
     Parameters ``W_enc [d_in d_sae]``, ``b_enc [d_sae]`` (None for ``gated``, which has
@@ -71,47 +74,46 @@ class SAE(torch.nn.Module):
         cfg: dict | None = None,
         source: str = "saelens",
     ):
-        super().__init__()
+        torch.nn.Module.__init__(self)
         _check(architecture, normalize_activations, reshape_activations)
         d_in, d_sae = W_enc.shape
-        d_out = W_dec.shape[-1]
-        shapes = {"W_dec": (W_dec, (d_sae, d_out)), "b_dec": (b_dec, (d_out,))}
-        for name, tensor in {"b_enc": b_enc, "threshold": threshold, **(gate or {})}.items():
-            if tensor is not None:
-                shapes[name] = (tensor, (d_sae,))
-        if W_skip is not None:
-            shapes["W_skip"] = (W_skip, (d_out, d_in))
-        for name, (tensor, shape) in shapes.items():
-            if tuple(tensor.shape) != shape:
-                raise ValueError(
-                    f"SAE {name} has shape {tuple(tensor.shape)}; W_enc {d_in}x{d_sae} and "
-                    f"W_dec {d_sae}x{d_out} need {shape}"
-                )
-        _check_parts(architecture, b_enc, threshold, gate, k, d_sae)
-        if output_hook_name is None and d_out != d_in:
-            raise ValueError(f"an SAE writes what it reads: W_dec's width {d_out} != d_in {d_in}")
-        if apply_b_dec_to_input and d_out != d_in:
+        if (architecture == "gated") != (gate is not None) or (architecture == "gated") == (
+            b_enc is not None
+        ):
+            raise ValueError("a gated SAE has b_gate, r_mag, b_mag instead of b_enc; others b_enc")
+        for name, tensor in (gate or {}).items():
+            if tuple(tensor.shape) != (d_sae,):
+                raise ValueError(f"SAE {name} has shape {tuple(tensor.shape)}, expected ({d_sae},)")
+        if output_hook_name is None and W_dec.shape[-1] != d_in:
+            raise ValueError(
+                f"an SAE writes what it reads: W_dec's width {W_dec.shape[-1]} != d_in {d_in}"
+            )
+        if apply_b_dec_to_input and W_dec.shape[-1] != d_in:
             raise ValueError("apply_b_dec_to_input needs d_out == d_in")
-        param = torch.nn.Parameter
-        self.W_enc, self.W_dec, self.b_dec = param(W_enc), param(W_dec), param(b_dec)
-        self.b_enc = None if b_enc is None else param(b_enc)
-        self.threshold = None if threshold is None else param(threshold)
+
+        def param(t):
+            return None if t is None else torch.nn.Parameter(t)
+
+        activation = "relu" if architecture in ("standard", "gated") else architecture
+        Dictionary.__init__(
+            self, param(W_enc), param(b_enc), param(W_dec), param(b_dec), activation=activation,
+            threshold=param(threshold), k=k, W_skip=param(W_skip), what="SAE", width="d_sae",
+        )  # fmt: skip
         self.b_gate, self.r_mag, self.b_mag = (
             (param(gate["b_gate"]), param(gate["r_mag"]), param(gate["b_mag"]))
             if gate is not None
             else (None, None, None)
         )
-        self.W_skip = None if W_skip is None else param(W_skip)
         # SAELens's batchtopk training state (not used to encode), kept so that save writes it
         self.register_buffer("topk_threshold", None)
-        self.architecture, self.hook_name, self.k = architecture, hook_name, k
+        self.architecture, self.hook_name = architecture, hook_name
         self.apply_b_dec_to_input = bool(apply_b_dec_to_input)
         self.rescale_acts_by_decoder_norm = bool(rescale_acts_by_decoder_norm)
         self.normalize_activations = normalize_activations
         self.hook_head_index = hook_head_index
         self.reshape_activations = reshape_activations
         self.output_hook_name = output_hook_name
-        self.d_in, self.d_sae, self.d_out = int(d_in), int(d_sae), int(d_out)
+        self.d_sae = self.d_dict
         self.cfg, self.source = dict(cfg or {}), source
 
     def __repr__(self) -> str:
@@ -150,20 +152,10 @@ class SAE(torch.nn.Module):
         if self.architecture == "gated":
             active = (s @ self.W_enc + self.b_gate > 0).to(s.dtype)
             return active * torch.relu(s @ (self.W_enc * self.r_mag.exp()) + self.b_mag)
-        h = s @ self.W_enc + self.b_enc
-        if self.architecture == "standard":
-            return torch.relu(h)
-        if self.architecture == "jumprelu":
-            return torch.relu(h) * (h > self.threshold).to(h.dtype)
-        if self.rescale_acts_by_decoder_norm:
+        h = self.pre_activations(s)
+        if self.rescale_acts_by_decoder_norm and self.k is not None:  # topk, batchtopk
             h = h * self.W_dec.norm(dim=-1)
-        if self.architecture == "topk":
-            values, indices = torch.topk(h, k=int(self.k), dim=-1, sorted=False)
-            return torch.zeros_like(h).scatter_(-1, indices, values.relu())
-        acts = h.relu()  # batchtopk: one top-k over every row of the call
-        flat = acts.flatten()
-        top = torch.topk(flat, int(self.k * acts.shape[:-1].numel()), dim=-1)
-        return torch.zeros_like(flat).scatter(-1, top.indices, top.values).reshape(acts.shape)
+        return self.activate(h)
 
     def decode(
         self, acts: Float[Tensor, "... d_sae"], x: Tensor | None = None
@@ -173,7 +165,7 @@ class SAE(torch.nn.Module):
         SAE normalizes its input."""
         if self.rescale_acts_by_decoder_norm:
             acts = acts * (1 / self.W_dec.norm(dim=-1))
-        out = acts @ self.W_dec + self.b_dec
+        out = Dictionary.decode(self, acts)
         if self.output_hook_name is not None:
             return out  # SAELens's transcoders decode without norm_out or reshaping
         if self.normalize_activations != "none":
@@ -196,7 +188,7 @@ class SAE(torch.nn.Module):
     ) -> Float[Tensor, "... d_out"]:
         """``decode(acts, x)``, plus ``x W_skip^T`` when the SAE has a skip connection."""
         out = self.decode(acts, x)
-        return out if self.W_skip is None else out + x @ self.W_skip.T
+        return out if self.W_skip is None else out + self.skip(x)
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         """``reconstruct(encode(x), x)``: what the SAE writes for ``x``."""
@@ -260,31 +252,15 @@ def _check(architecture: str, normalize: str, reshape: str) -> None:
         raise ValueError(f"reshape_activations={reshape!r} is not 'none' or 'hook_z'")
 
 
-def _check_parts(architecture, b_enc, threshold, gate, k, d_sae: int) -> None:
-    if (architecture == "gated") != (gate is not None) or (architecture == "gated") == (
-        b_enc is not None
-    ):
-        raise ValueError("a gated SAE has b_gate, r_mag and b_mag instead of b_enc; others b_enc")
-    if (architecture == "jumprelu") != (threshold is not None):
-        raise ValueError("a jumprelu SAE needs a threshold, and only a jumprelu SAE takes one")
-    if (architecture in ("topk", "batchtopk")) != (k is not None):
-        raise ValueError(f"a {architecture} SAE needs k, and only topk and batchtopk take one")
-    if architecture == "topk" and not (float(k).is_integer() and 1 <= k <= d_sae):
-        raise ValueError(f"a topk SAE needs k between 1 and d_sae={d_sae}, got k={k}")
-    if architecture == "batchtopk" and not 0 < k <= d_sae:
-        raise ValueError(f"a batchtopk SAE needs 0 < k <= d_sae={d_sae}, got k={k}")
+def __getattr__(name: str):
+    if name != "decoder_flag":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        "interp.saes.sae.decoder_flag moved to interp.dictionaries.decoder_flag in 0.6.0; the "
+        "old path goes in 0.7",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    from interp.dictionaries.core import decoder_flag
 
-
-def decoder_flag(sae) -> tuple[str, object] | None:
-    """The first setting that makes ``sae`` write something other than ``f W_dec + b_dec``
-    over its hook's whole activation (analyses that split the stream into ``f_j W_dec[j]``
-    refuse it, naming the key), or None."""
-    flags = {
-        "normalize_activations": getattr(sae, "normalize_activations", "none"),
-        "rescale_acts_by_decoder_norm": getattr(sae, "rescale_acts_by_decoder_norm", False),
-        "reshape_activations": getattr(sae, "reshape_activations", "none"),
-        "hook_head_index": getattr(sae, "hook_head_index", None),
-        "output_hook_name": getattr(sae, "output_hook_name", None),
-        "W_skip": "a skip connection" if getattr(sae, "W_skip", None) is not None else None,
-    }
-    return next(((k, v) for k, v in flags.items() if v not in ("none", False, None)), None)
+    return decoder_flag

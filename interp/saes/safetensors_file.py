@@ -1,30 +1,22 @@
-"""Reading an SAE's ``.safetensors`` file: one that safetensors cannot read is refused in one
-line naming it (safetensors itself says only "header too large", naming no file)."""
+"""Deprecated: :func:`interp.dictionaries.files.read_tensors` reads SAE and transcoder files
+alike since 0.6.0; ``read_safetensors`` keeps working until 0.7 with a DeprecationWarning."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import warnings
 
-from torch import Tensor
-
-__all__ = ["read_safetensors"]
+__deprecated__ = "use interp.dictionaries.files.read_tensors; this path goes in 0.7.0"
 
 
-def read_safetensors(path: Path) -> dict[str, Tensor]:
-    """The tensors of ``path`` (memory-mapped, as ``safetensors.torch.load_file`` reads them).
+def __getattr__(name: str):
+    if name != "read_safetensors":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        "interp.saes.safetensors_file.read_safetensors moved to "
+        "interp.dictionaries.files.read_tensors in 0.6.0; the old path goes in 0.7",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    from interp.dictionaries.files import read_tensors
 
-    Raises:
-        ValueError: the file is corrupt, truncated or not safetensors at all (naming it, and
-            what to do); :func:`interp.saes.load_sae` reports it as an ``SAELoadError``.
-    """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except SafetensorError as err:
-        reason = str(err).removeprefix("Error while deserializing header: ")
-        raise ValueError(
-            f"{path} is not a readable safetensors file ({reason}); save the SAE again, or "
-            "download it afresh"
-        ) from None
+    return read_tensors

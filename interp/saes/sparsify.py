@@ -53,7 +53,7 @@ def sparsify_hooks(hookpoint: str, *, transcode: bool) -> tuple[str, str | None]
 
 def read_sparsify(folder: Path, cfg: dict, hook_name: str | None) -> SAE:
     """A TopK :class:`SAE` (or transcoder) from a sparsify folder (the module docstring)."""
-    from interp.saes.safetensors_file import read_safetensors
+    from interp.dictionaries.files import read_tensors
 
     activation = cfg.get("activation", "topk")
     if activation != "topk":
@@ -72,7 +72,7 @@ def read_sparsify(folder: Path, cfg: dict, hook_name: str | None) -> SAE:
         )
     if transcode and hooks is None:
         raise ValueError("a sparsify transcoder needs a known hookpoint folder name")
-    tensors = read_safetensors(folder / "sae.safetensors")
+    tensors = read_tensors(folder / "sae.safetensors")
     needed = {"encoder.weight", "encoder.bias", "W_dec", "b_dec"}
     needed |= {"W_skip"} if cfg.get("skip_connection", False) else set()
     missing, extra = sorted(needed - set(tensors)), sorted(set(tensors) - needed)

@@ -36,11 +36,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.dictionaries.data import TokenRows, activations_at
 from interp.dictionaries.training import BUFFER_BATCHES, SAELoss, fit
 from interp.engine import check_hook_names, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes import held_out
-from interp.saes.data import TokenRows, activations_at
 from interp.saes.sae import SAE
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "train_sae"]

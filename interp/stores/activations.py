@@ -14,7 +14,7 @@ it runs :data:`ROWS_PER_PASS` rows at a time, one forward pass for every hook, a
 each pass's activations to its part on disk as they come (:class:`interp.stores.parts.PartWriter`:
 a shard holds one pass, whatever its size); its part appears whole or not at all, and the
 driver writes ``store.json`` last, so a store that has one is complete. A BOS token at
-position 0 is left out (as :func:`interp.saes.data.activations_at`, which computes them).
+position 0 is left out (as :func:`interp.dictionaries.data.activations_at`, which computes them).
 
 :meth:`ActivationStore.batches` reads it back shuffled without loading it, holding at most
 ``max_bytes`` (:mod:`interp.stores.reading` says what is counted).

@@ -115,7 +115,7 @@ def evaluation_room(max_bytes: int | str, params: int, tokens: int) -> int:
 
 
 def token_bytes(rows) -> int:
-    """Bytes of the token ids a :class:`interp.saes.data.TokenRows` holds (its texts,
+    """Bytes of the token ids a :class:`interp.dictionaries.data.TokenRows` holds (its texts,
     tokenized: held through the call; making them peaked at what they hold, measured)."""
     return sum(t.numel() * t.element_size() for t in vars(rows).values() if isinstance(t, Tensor))
 

@@ -40,7 +40,8 @@ def file_name(hook: str) -> str:
 
 def kept(tokens: Int[Tensor, "rows pos"], bos: int | None) -> Tensor:
     """``[rows pos]`` True where a position is kept: every one but a BOS at position 0 (its
-    activation is a constant outlier; :func:`interp.saes.data.activations_at` leaves it out)."""
+    activation is a constant outlier; :func:`interp.dictionaries.data.activations_at` leaves it
+    out)."""
     keep = torch.ones(tokens.shape, dtype=torch.bool)
     if bos is not None:
         keep[:, 0] = tokens[:, 0] != bos

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from interp.dictionaries.data import TokenRows, activations_at
 from interp.dictionaries.training import BUFFER_BATCHES
 from interp.foundation.executors.local import InlineExecutor
 from interp.foundation.executors.runner import run_shards
 from interp.models.workers import model_spec, worker_model
-from interp.saes.data import TokenRows, activations_at
 from interp.stores.activations import ActivationStore, write_meta
 from interp.stores.parts import PartWriter, kept, pass_activations
 from interp.stores.sae_source import kept_tokens, replay_bytes, sae_budget

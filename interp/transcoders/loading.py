@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors.torch import load_file
 
+from interp.dictionaries.activations import ALIASES
+from interp.dictionaries.files import read_tensors
 from interp.engine.passes import hook_shape
-from interp.foundation.safetensors_header import safetensors_problem
 from interp.models.sources import BUNDLED_DIR
 from interp.transcoders.files import CONFIG
 from interp.transcoders.saelens import (
@@ -39,7 +39,7 @@ from interp.transcoders.saelens import (
     saelens_folders,
     saelens_parts,
 )
-from interp.transcoders.transcoder import INPUT_HOOKS, OUTPUT_HOOKS, TranscoderSet
+from interp.transcoders.transcoder import ACTIVATIONS, INPUT_HOOKS, OUTPUT_HOOKS, TranscoderSet
 
 __all__ = [
     "INPUT_HOOKS",
@@ -52,7 +52,6 @@ __all__ = [
 
 NORMALIZED = "ln2.hook_normalized"  # the MLP's norm before its weight and bias
 NORMALIZED_0 = f"blocks.0.{NORMALIZED}"
-_ACTIVATIONS = {"relu": "relu", "topk": "topk", "jump_relu": "jumprelu", "jumprelu": "jumprelu"}
 # config.yaml's keys: what interp reads, and circuit-tracer's hub bookkeeping (read by no one);
 # any other key is refused, naming it: a misspelt "activaton: topk" would silently run ReLU
 CONFIG_KEYS = ("model_kind", "feature_input_hook", "feature_output_hook", "scan", "activation", "k",
@@ -132,27 +131,15 @@ def _read_config(path: Path) -> dict:
 
 
 def _read_layer(path: Path) -> dict:
-    if not path.is_file():
-        raise TranscoderLoadError(f"transcoder file {path} is missing")
+    try:
+        raw = read_tensors(path)
+    except ValueError as err:
+        raise TranscoderLoadError(f"transcoder file {err}") from None
     if path.suffix == ".npz":  # Gemma Scope: W_enc [d_model d_tc], threshold
-        import zipfile
-
-        import numpy as np
-
-        try:
-            raw = {k: torch.from_numpy(v) for k, v in np.load(path).items()}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-            raise TranscoderLoadError(f"{path} is not a readable .npz file ({err})") from None
         raw["W_enc"] = raw["W_enc"].T.contiguous()
         if "threshold" in raw:
             raw["activation_function.threshold"] = raw.pop("threshold")
-        return raw
-    problem = safetensors_problem(path)
-    if problem is not None:
-        raise TranscoderLoadError(
-            f"{path} is not a readable safetensors file: {problem}; copy or download it again"
-        )
-    return load_file(path)
+    return raw
 
 
 def _need(tensors: dict, key: str, where: Path) -> torch.Tensor:
@@ -165,11 +152,11 @@ def _activation(config: dict, has_threshold: bool, folder: Path) -> str:
     name = config.get("activation")
     if name is None:
         return "jumprelu" if has_threshold else "relu"
-    if str(name) not in _ACTIVATIONS:
+    if ALIASES.get(str(name), str(name)) not in ACTIVATIONS:
         raise TranscoderLoadError(
             f"{folder / CONFIG}: unknown activation {name!r}; interp reads relu, jump_relu, topk"
         )
-    return _ACTIVATIONS[str(name)]
+    return ALIASES.get(str(name), str(name))
 
 
 def _per_layer(folder: Path, config: dict) -> dict:

@@ -30,20 +30,19 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from interp.dictionaries.data import TokenRows
 from interp.dictionaries.training import BUFFER_BATCHES
 from interp.engine import run_cached, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
-from interp.saes.data import TokenRows
 from interp.stores.budget import split_rows, token_bytes
 from interp.stores.pairs import pairs_budget, store_pairs
 from interp.transcoders import fit as fitting
 from interp.transcoders import held_out
-from interp.transcoders.transcoder import TranscoderSet
+from interp.transcoders.transcoder import ACTIVATIONS, TranscoderSet
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TranscoderTrainingReport", "train_transcoder"]
 
-KINDS = ("per-layer", "skip", "cross-layer")
-ACTIVATIONS = ("relu", "jumprelu", "topk")
+KINDS = ("per-layer", "skip", "cross-layer")  # a set's KINDS, "skip" a per-layer set with W_skip
 INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "mlp.hook_out"  # circuit-tracer's names
 EVAL_TOKENS = 16384  # held-out tokens the figures are measured on
 EVAL_CHUNK = 4096  # tokens encoded at a time for them

@@ -8,7 +8,10 @@ A *per-layer* set has one transcoder per layer ``l``: with ``x`` the MLP's input
 - ``relu``: ``max(h, 0)``;
 - ``jumprelu``: ``h * (h > threshold(l))`` (circuit-tracer's JumpReLU: no ReLU besides the
   threshold, so a negative threshold lets negative values through);
-- ``topk``: the ``k`` largest entries of ``h`` kept as they are, every other feature 0.
+- ``topk``: the ``k`` largest entries of ``h`` kept as they are, every other feature 0;
+
+the activations of :mod:`interp.dictionaries.activations` without SAELens's ``floor``. Each
+layer is an :class:`interp.dictionaries.Dictionary` (:attr:`TranscoderSet.layers`).
 
 It writes ``f @ W_dec(l) + b_dec(l)`` (plus ``x @ W_skip(l).T`` for a skip transcoder) where
 the MLP wrote (``output_hook(l)``). A *cross-layer* transcoder (CLT) has the same encoders,
@@ -30,11 +33,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from interp.dictionaries.core import Dictionary
 from interp.transcoders.files import write_folder
 
 __all__ = ["ACTIVATIONS", "INPUT_HOOKS", "KINDS", "OUTPUT_HOOKS", "TranscoderSet"]
 
-ACTIVATIONS = ("relu", "jumprelu", "topk")  # the activation functions interp runs
+# the activations of interp.dictionaries a transcoder set holds (circuit-tracer has no BatchTopK)
+ACTIVATIONS = ("relu", "jumprelu", "topk")
 KINDS = ("per-layer", "cross-layer")  # one transcoder per layer, or one CLT
 # where in a block a transcoder may read and write (circuit-tracer's names = the bridge's);
 # ln2.hook_normalized: the MLP's norm before its weight and bias, what a HookedTransformer with
@@ -43,13 +48,6 @@ INPUT_HOOKS = (
     "mlp.hook_in", "hook_mlp_in", "hook_resid_mid", "ln2.hook_out", "ln2.hook_normalized",
 )  # fmt: skip
 OUTPUT_HOOKS = ("mlp.hook_out", "hook_mlp_out")  # where they may write
-
-
-def _check(name: str, tensor: Tensor, shape: tuple[int, ...], layer: int) -> None:
-    if tuple(tensor.shape) != shape:
-        raise ValueError(
-            f"transcoder layer {layer}: {name} has shape {tuple(tensor.shape)}, expected {shape}"
-        )
 
 
 class TranscoderSet:
@@ -86,28 +84,12 @@ class TranscoderSet:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-        if (activation == "jumprelu") != (threshold is not None):
-            raise ValueError("a jumprelu transcoder needs thresholds, and only jumprelu takes them")
-        if (activation == "topk") != (k is not None):
-            raise ValueError("a topk transcoder needs k, and only topk takes it")
         if kind == "cross-layer" and W_skip is not None:
             raise ValueError("cross-layer transcoders with W_skip are not supported")
         n_layers = len(W_enc)
         if n_layers == 0:
             raise ValueError("a transcoder set needs at least one layer")
         d_tc, d_model = W_enc[0].shape
-        for layer in range(n_layers):
-            _check("W_enc", W_enc[layer], (d_tc, d_model), layer)
-            _check("b_enc", b_enc[layer], (d_tc,), layer)
-            dec = (d_tc, d_model) if kind == "per-layer" else (d_tc, n_layers - layer, d_model)
-            _check("W_dec", W_dec[layer], dec, layer)
-            _check("b_dec", b_dec[layer], (d_model,), layer)
-            if threshold is not None:
-                _check("threshold", threshold[layer], (d_tc,), layer)
-            if W_skip is not None:
-                _check("W_skip", W_skip[layer], (d_model, d_model), layer)
-        if k is not None and not 1 <= k <= d_tc:
-            raise ValueError(f"topk needs k between 1 and d_tc={d_tc}, got {k}")
         self._W_enc, self._b_enc = list(W_enc), list(b_enc)
         self._W_dec, self._b_dec = list(W_dec), list(b_dec)
         self._threshold = None if threshold is None else list(threshold)
@@ -116,6 +98,29 @@ class TranscoderSet:
         self.n_layers, self.d_tc, self.d_model = n_layers, int(d_tc), int(d_model)
         self.feature_input_hook, self.feature_output_hook = input_hook, output_hook
         self.name = name
+        self._build()
+
+    def _build(self) -> None:
+        """:attr:`layers` from the weights, each shape checked (a CLT layer's own decoder is
+        its ``W_dec[:, 0]``; the later layers' are read by :meth:`decode`)."""
+        self.layers: list[Dictionary] = []
+        for layer in range(self.n_layers):
+            W_enc, W_dec = self._W_enc[layer], self._W_dec[layer]
+            cross = self.kind == "cross-layer"
+            dec = (self.d_tc, *((self.n_layers - layer,) if cross else ()), self.d_model)
+            want = {"W_enc": (W_enc, (self.d_tc, self.d_model)), "W_dec": (W_dec, dec)}
+            for name, (tensor, shape) in want.items():
+                if tuple(tensor.shape) != shape:
+                    raise ValueError(
+                        f"transcoder layer {layer}: {name} has shape {tuple(tensor.shape)}, "
+                        f"expected {shape}"
+                    )
+            self.layers.append(Dictionary(
+                W_enc.T, self._b_enc[layer], W_dec[:, 0] if cross else W_dec,
+                self._b_dec[layer], activation=self.activation, threshold=self.threshold(layer),
+                k=self.k, floor=False, W_skip=self.W_skip(layer), what=f"transcoder layer {layer}",
+                width="d_tc",
+            ))  # fmt: skip
 
     # ------------------------------------------------------------------ weights per layer
 
@@ -164,21 +169,15 @@ class TranscoderSet:
     def pre_activations(
         self, x: Float[Tensor, "... d_model"], layer: int
     ) -> Float[Tensor, "... d_tc"]:
-        W = self._W_enc[layer]
-        return x.to(W.dtype) @ W.T + self._b_enc[layer]
+        return self.layers[layer].pre_activations(x)
 
     def activate(self, h: Float[Tensor, "... d_tc"], layer: int) -> Float[Tensor, "... d_tc"]:
         """The activation function on pre-activations ``h`` of ``layer``."""
-        if self.activation == "relu":
-            return torch.relu(h)
-        if self.activation == "jumprelu":
-            return h * (h > self._threshold[layer])
-        top = torch.topk(h, k=self.k, dim=-1).indices
-        return h * torch.zeros_like(h).scatter_(-1, top, 1.0)
+        return self.layers[layer].activate(h)
 
     def encode(self, x: Float[Tensor, "... d_model"], layer: int) -> Float[Tensor, "... d_tc"]:
         """Feature activations of ``layer`` from its MLP input ``x``."""
-        return self.activate(self.pre_activations(x, layer), layer)
+        return self.layers[layer].encode(x)
 
     def decode(self, acts, layer: int) -> Float[Tensor, "... d_model"]:
         """The reconstruction of ``layer``'s MLP output, skip term not included.
@@ -187,8 +186,7 @@ class TranscoderSet:
         (or stacked tensor) whose entry ``s`` holds layer ``s``'s features for every
         ``s <= layer`` (later entries are not read)."""
         if self.kind == "per-layer":
-            W = self._W_dec[layer]
-            return acts.to(W.dtype) @ W + self._b_dec[layer]
+            return self.layers[layer].decode(acts)
         out = self._b_dec[layer]
         for source in range(layer + 1):
             W = self._W_dec[source][:, layer - source]
@@ -199,8 +197,7 @@ class TranscoderSet:
         """The skip term ``x @ W_skip.T`` (zeros without one)."""
         if self._W_skip is None:
             return torch.zeros_like(x)
-        W = self._W_skip[layer]
-        return (x.to(W.dtype) @ W.T).to(x.dtype)
+        return self.layers[layer].skip(x).to(x.dtype)
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -214,6 +211,7 @@ class TranscoderSet:
         new.__dict__.update(self.__dict__)
         for attr in ("_W_enc", "_b_enc", "_W_dec", "_b_dec", "_threshold", "_W_skip"):
             setattr(new, attr, move(getattr(self, attr)))
+        new._build()
         return new
 
     @property

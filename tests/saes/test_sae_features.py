@@ -134,7 +134,7 @@ def test_an_unreadable_weights_file_is_refused_in_one_line_naming_it(content, tm
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1, error
     assert str(weights) in error[0] and "is not a readable safetensors file" in error[0]
-    assert "save the SAE again, or download it afresh" in error[0]
+    assert "save it again, or download it afresh" in error[0]  # what to do
     assert not out.exists()
 
 

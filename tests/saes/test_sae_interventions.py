@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp import intervene, load_sae, run_cached
-from interp.saes.interventions import FeatureEdit, ablate_feature, patch_feature
+from interp import FeatureEdit, intervene, load_sae, run_cached
+from interp.saes.interventions import ablate_feature, patch_feature
 
 ATOL = 1e-5  # float32 logits of a 2-layer model
 CLEAN = "x = len(self); y = len("

@@ -120,7 +120,8 @@ def test_feature_edit_moves_the_output_by_its_decoder_row(zoo):
     want[pos] = -acts[pos, feature] * tc.W_dec(1)[feature]
     torch.testing.assert_close(change, want, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="exactly one of"):
-        FeatureEdit(layer=0, feature=0)
+        FeatureEdit(layer=0, feature=0, value=1.0, scale=2.0)
+    assert FeatureEdit(layer=0, feature=0).value == 0.0  # neither: zero-ablation, as for SAEs
 
 
 def _shape(n_layers: int, d_model: int):
