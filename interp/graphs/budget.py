@@ -48,6 +48,10 @@ _KERNELS = 4.2 * 2**20
 _FROZEN = (6.0, 9.0)
 _ATTENTION = 3.0  # [batch head pos pos] tensors alive at one layer's attention
 _BACKWARD = (1.0, 4.0)  # (per layer, fixed) [batch pos d_model] tensors of one backward pass
+# the one-copy backward (interp.graphs.vjp): [head pos pos] tensors alive at one layer's
+# attention in its one-row recording pass, and [batch pos d_model] tensors of its backward
+_ONE_COPY_PASS = 3.0
+_ONE_COPY_BACKWARD = 6.0
 
 
 def graph_bytes(
@@ -60,9 +64,11 @@ def graph_bytes(
     n_logits: int,
     batch: int,
     source_bytes: int | None = None,
+    one_copy: bool = False,
 ) -> int:
     """Bytes the build of a graph of ``n_active`` active features (``keep`` kept) holds at its
-    peak (module docstring); ``source_bytes``: the sources' exact size where known."""
+    peak (module docstring); ``source_bytes``: the sources' exact size where known;
+    ``one_copy``: rows by the one-copy backward (:mod:`interp.graphs.vjp`)."""
     cfg = model.cfg
     d, n_heads, n_layers = int(cfg.d_model), int(cfg.n_heads), int(tc.n_layers)
     work = 8 if cfg.dtype == torch.float64 else 4
@@ -79,6 +85,10 @@ def graph_bytes(
     frozen = token * item * (_FROZEN[0] * n_layers + _FROZEN[1])
     attention = _ATTENTION * batch * n_heads * n_pos * n_pos * item
     backward = token * work * (_BACKWARD[0] * n_layers + _BACKWARD[1]) + batch * columns * work
+    if one_copy:  # one copy of the patterns, no batch of activations; the rows' gradients
+        frozen = n_layers * n_heads * n_pos * n_pos * item
+        attention = _ONE_COPY_PASS * n_heads * n_pos * n_pos * item
+        backward = token * work * _ONE_COPY_BACKWARD + batch * columns * work
     capped = keep < n_active
     ranking = block if capped else 0
     end = rows * kept_columns * work if capped else 0

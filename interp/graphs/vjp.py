@@ -1,0 +1,373 @@
+"""The frozen model's backward by hand, from one copy of the prompt: the one-copy row step.
+
+The frozen replacement model (:mod:`interp.graphs.frozen`) is linear: attention patterns and
+norm scales are constants of the prompt, every MLP output a constant but for a transcoder's
+skip term. One copy of each pattern and scale serves every row, so a row needs only its own
+gradient (``[pos d_model]``, layer by layer), not a batch copy of every activation. The prompt
+runs ONCE (batch 1, no graph) and :func:`record` keeps what the transpose reads: each layer's
+pattern ``[head q_pos k_pos]``, each norm's scale ``[pos 1]`` and weight, ``W_V``/``W_O``
+(:class:`interp.graphs.value_path.ValuePath`) and the skip terms' matrices. :meth:`OneCopy.rows`
+then carries a batch of gradient rows ``[batch pos d_model]`` down the residual stream:
+
+- the residual is the identity; an MLP's output is a constant (no gradient through the MLP),
+  its transcoder's skip term ``x W_skip^T`` passes ``g W_skip`` into its input;
+- a frozen norm ``centre(x) / scale * w + b`` passes ``centre(g * w / scale)`` (RMSNorm: no
+  centring; a transcoder reading ``ln2.hook_normalized``: no ``w``);
+- an attention passes ``W_V^T (pattern^T (g W_O^T))`` per head (grouped key/value heads summed
+  back; rotary acts on q and k only, so not on this path);
+
+reading on the way what the batched step reads: the gradient at each MLP output (contracted
+with its writers' decoder vectors and its error vectors) and at the embeddings (tokens).
+
+Covered: pre-norm blocks, sequential (``hook_resid_mid``: GPT-2, GPT-NeoX, Llama, Qwen2,
+Mistral) or parallel (attention and MLP reading one residual: parallel NeoX, GPT-J, Phi), with
+LayerNorm or RMSNorm. The recording pass checks, on the prompt, every relation the transpose
+assumes (each residual the sum of the previous one and the block's outputs, each norm's and each
+attention's map against the bridge's output, the transcoder's input where the map says);
+a model whose pass does not satisfy them (Gemma 2's ``1 + w`` norms and post-norms, OPT's
+flattened norms) keeps the batched frozen pass, with a warning that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from interp.engine import forward
+from interp.foundation.fallbacks import warn_fallback
+from interp.graphs.norm_path import NormPath, norm_paths
+from interp.graphs.value_path import ValuePath, _dense, _one_position, check_rtol, rows_miss
+from interp.graphs.value_path import value_path_weights
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BACKWARDS", "OneCopy", "one_copy_backward", "record"]
+
+BACKWARDS = ("auto", "one-copy", "batched")  # attribution_graph's ``backward=`` choices
+FINAL_HOOK = "unembed.hook_in"  # the final norm's output (interp.graphs.frozen.FINAL_HOOK)
+_SITES = {  # what a transcoder's input hook holds, by its name inside a block
+    "mlp.hook_in": "norm",
+    "hook_mlp_in": "norm",
+    "ln2.hook_out": "norm",
+    "ln2.hook_normalized": "normalized",
+    "hook_resid_mid": "resid",
+}
+
+
+@dataclass
+class _Norm:
+    """A frozen norm's transpose: ``centre(g * weight / scale)``."""
+
+    weight: Tensor | None  # [d_model]; None: 1
+    scale: Tensor  # [pos 1]
+    centre: bool
+
+    def back(self, g: Float[Tensor, "batch pos d_model"], weighted: bool = True) -> Tensor:
+        if weighted and self.weight is not None:
+            g = g * self.weight.to(g.dtype)
+        g = g / self.scale[: g.shape[1]].to(g.dtype)
+        return g - g.mean(-1, keepdim=True) if self.centre else g
+
+
+@dataclass
+class OneCopy:
+    """What one pass of the prompt recorded for the frozen model's transpose (module
+    docstring), per layer; ``mlp_norm`` names the norm a transcoder's input hangs off (``ln2``,
+    or ``ln1`` where attention and MLP share one)."""
+
+    paths: list[ValuePath]
+    patterns: list[Float[Tensor, "head q_pos k_pos"]]  # the model's dtype, upcast per layer
+    ln1: list[_Norm]
+    mlp_norm: list[_Norm | None]  # None: the transcoder reads the residual itself
+    final: _Norm
+    skips: list[Tensor] | None  # [d_model d_model]: M with skip(x) = x M (W_skip^T)
+    site: str  # "norm", "normalized" or "resid" (_SITES)
+    parallel: bool
+    shared_norm: bool  # parallel blocks whose attention and MLP read one norm (GPT-J, Phi)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.paths)
+
+    def _attention(self, layer: int, g: Tensor) -> Tensor:
+        pattern = self.patterns[layer]
+        gx = _one_position(self.paths[layer], pattern, g)
+        return _dense(self.paths[layer], pattern, g) if gx is None else gx
+
+    @torch.no_grad()
+    def rows(
+        self,
+        src,
+        layers: Int[Tensor, " batch"],
+        positions: Int[Tensor, " batch"],
+        vectors: Float[Tensor, "batch d_model"],
+    ) -> Float[Tensor, "batch n_cols"]:
+        """Attribution rows ``[batch n_cols]`` (every feature, error, token) for targets at
+        ``layers`` (``n_layers``: a logit at the final norm's output) and ``positions``, as
+        :func:`interp.graphs.attribute._rows` computes them from a batched frozen pass."""
+        work = src.embed.dtype  # float32 at least (a half-precision model's rows in float32)
+        n, b, d = self.n_layers, len(layers), src.embed.shape[1]
+        p = int(positions.max()) + 1  # the model is causal: later positions get no gradient
+        out = torch.zeros(b, src.n_cols, dtype=work, device=vectors.device)
+        rows = torch.arange(b, device=vectors.device)
+
+        def injected(layer: int) -> Tensor | None:
+            mine = layers == layer
+            if not bool(mine.any()):
+                return None
+            g = torch.zeros(b, p, d, dtype=work, device=vectors.device)
+            g[rows[mine], positions[mine]] = vectors[mine].to(work)
+            return g
+
+        top = min(int(layers.max()), n)
+        g = torch.zeros(b, p, d, dtype=work, device=vectors.device)  # at the residual
+        if (at_final := injected(n)) is not None:
+            g = g + self.final.back(at_final)
+        for layer in range(min(top, n - 1), -1, -1):
+            if layer < top:  # g is the gradient at this layer's MLP output
+                _read(out, src, layer, g)
+            g_in = injected(layer)  # at the transcoder's input
+            if self.skips is not None and layer < top:
+                skip = g @ self.skips[layer].T.to(work)
+                g_in = skip if g_in is None else g_in + skip
+            into = None  # the gradient the MLP's input passes to the residual it reads
+            if g_in is not None:
+                norm = self.mlp_norm[layer]
+                into = g_in if norm is None else norm.back(g_in, self.site == "norm")
+            if self.parallel:
+                g_attn = self._attention(layer, g)
+                if self.shared_norm and into is not None:  # one norm: its transpose once
+                    g = g + self.ln1[layer].back(g_attn + g_in)
+                else:
+                    g = g + self.ln1[layer].back(g_attn) + (0 if into is None else into)
+            else:
+                g = g if into is None else g + into  # at hook_resid_mid
+                g = g + self.ln1[layer].back(self._attention(layer, g))
+        out[:, src.token_start : src.token_start + p] = torch.einsum("bpd,pd->bp", g, src.embed[:p])
+        return out
+
+
+def _read(out: Tensor, src, layer: int, g: Float[Tensor, "batch pos d_model"]) -> None:
+    """The columns of the MLP output ``layer``'s sources (its writers and error nodes) from the
+    gradient ``g`` there (positions past ``g``'s carry none)."""
+    p = g.shape[1]
+    vecs, cols = src.writers[layer]  # [pos slot d_model], [pos slot]
+    if vecs.shape[1]:
+        scores = torch.bmm(g.transpose(0, 1), vecs[:p].transpose(1, 2))  # [pos b slot]
+        valid = cols[:p] >= 0
+        out[:, cols[:p][valid]] += scores.permute(1, 0, 2)[:, valid]
+    n_pos = src.embed.shape[0]
+    start = src.n_features + layer * (n_pos - 1)
+    out[:, start : start + p - 1] = torch.einsum("bpd,pd->bp", g[:, 1:], src.errors[layer][: p - 1])
+
+
+class _Stop(Exception):
+    """Raised at :data:`FINAL_HOOK` once the final norm's output is checked."""
+
+
+def _sites(model, tc) -> tuple[str, bool, bool] | str:
+    """(site, parallel, shared_norm), or why the model's hooks do not fit the one-copy step."""
+    inside = tc.feature_input_hook
+    if inside not in _SITES or tc.feature_output_hook not in ("mlp.hook_out", "hook_mlp_out"):
+        return f"transcoders read {inside} and write {tc.feature_output_hook}"
+    hooks = model.hook_dict.keys()
+    parallel = "blocks.0.hook_resid_mid" not in hooks
+    shared = parallel and "blocks.0.ln2.hook_scale" not in hooks
+    need = ["hook_embed", FINAL_HOOK] + [f"ln_final.hook_{s}" for s in ("in", "scale", "out")]
+    for layer in range(int(tc.n_layers)):
+        block = f"blocks.{layer}"
+        need += [f"{block}.hook_resid_pre", f"{block}.hook_resid_post", tc.input_hook(layer)]
+        need += [f"{block}.attn.hook_{s}" for s in ("in", "pattern", "out")]
+        need += [tc.output_hook(layer)]
+        norms = ("ln1",) if shared else ("ln1", "ln2")
+        need += [f"{block}.{ln}.hook_{s}" for ln in norms for s in ("in", "scale", "out")]
+        need += [] if parallel else [f"{block}.hook_resid_mid"]
+    missing = [name for name in need if name not in hooks]
+    if missing:
+        return f"the model has no hook {missing[0]}"
+    if shared and _SITES[inside] != "norm":
+        return f"transcoders read {inside}, but attention and MLP share one norm"
+    return _SITES[inside], parallel, shared
+
+
+def _check_block(seen: dict, path: ValuePath, ln1: NormPath, ln2: NormPath | None, how) -> list:
+    """The relations the transpose assumes in one block, on the recorded row (each ``[pos
+    d_model]``): the names of those the bridge's values miss."""
+    site, parallel, shared = how
+    rtol = check_rtol(seen["pre"].dtype, seen["pre"].shape[-1])
+    work = torch.promote_types(seen["pre"].dtype, torch.float32)
+    v = {k: t.to(work) for k, t in seen.items() if k not in ("pattern",) and t.dim() == 2}
+    misses = []
+
+    def same(name: str, mine: Tensor, want: Tensor) -> None:
+        if mine.shape != want.shape or rows_miss(mine, want, rtol) > 1.0:
+            misses.append(name)
+
+    same("ln1 reads the residual", v["ln1_in"], v["pre"])
+    same("attention reads ln1", v["attn_in"], v["ln1_out"])
+    ln1.recorded.update(x=seen["ln1_in"], scale=seen["ln1_scale"], out=seen["ln1_out"])
+    if not ln1.check():
+        misses.append("ln1's frozen map")
+    if not path.check(seen["attn_in"][None], seen["pattern"][None], seen["attn_out"][None]):
+        misses.append("the attention's value path")
+    reads = v["pre"] if parallel else v["mid"]
+    if not parallel:
+        same("the residual after attention", v["mid"], v["pre"] + v["attn_out"])
+    norm_out = v["ln1_out"] if shared else v.get("ln2_out")
+    if not shared:
+        same("ln2 reads the residual", v["ln2_in"], reads)
+        ln2.recorded.update(x=seen["ln2_in"], scale=seen["ln2_scale"], out=seen["ln2_out"])
+        if not ln2.check():
+            misses.append("ln2's frozen map")
+    if site == "resid":
+        same("the transcoder reads the residual", v["tc_in"], reads)
+    elif site == "norm":
+        same("the transcoder reads the norm", v["tc_in"], norm_out)
+    else:
+        x = reads - reads.mean(-1, keepdim=True) if ln2.centre else reads
+        same("the transcoder reads the normalised residual", v["tc_in"], x / v["ln2_scale"])
+    added = v["attn_out"] + v["mlp_out"] if parallel else v["mlp_out"]
+    same("the residual after the MLP", v["post"], (v["pre"] if parallel else v["mid"]) + added)
+    return misses
+
+
+def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
+    """One pass of ``tokens`` (batch 1, no graph) recording what :meth:`OneCopy.rows` reads,
+    each relation it assumes checked on the way; or why the model is not covered."""
+    how = _sites(model, tc)
+    if isinstance(how, str):
+        return how
+    site, parallel, shared = how
+    paths = value_path_weights(model, int(tc.n_layers))
+    norms = norm_paths(model, set())
+    if paths is None or norms is None:
+        return "its attention or norm weights cannot be read as frozen maps"
+    n, misses = int(tc.n_layers), []
+    seen: list[dict] = [{} for _ in range(n)]
+    kept = {"patterns": [None] * n, "ln1": [None] * n, "ln2": [None] * n}
+    embed: dict = {}
+
+    def keep(layer: int, key: str):
+        def hook(act: Tensor, hook) -> None:
+            seen[layer][key] = act[0].detach()
+
+        return hook
+
+    def close(layer: int):
+        def hook(act: Tensor, hook) -> None:
+            s = seen[layer]
+            s["post"] = act[0].detach()
+            ln2 = None if shared else norms[f"blocks.{layer}.ln2"]
+            misses.extend(
+                f"layer {layer}: {what}"
+                for what in _check_block(s, paths[layer], norms[f"blocks.{layer}.ln1"], ln2, how)
+            )
+            prev = embed["resid"]
+            if s["pre"].shape != prev.shape or rows_miss(s["pre"], prev, _rtol(prev)) > 1:
+                misses.append(f"layer {layer}: the residual it reads")
+            kept["patterns"][layer] = s["pattern"]
+            kept["ln1"][layer] = s["ln1_scale"]
+            kept["ln2"][layer] = s.get("ln2_scale")
+            embed["resid"] = s["post"]
+            seen[layer] = {}  # one block's activations at a time
+
+        return hook
+
+    def at_embed(act: Tensor, hook) -> None:  # hook_embed, then hook_pos_embed where there is one
+        embed["resid"] = act[0].detach() + embed.get("resid", 0)
+
+    def final(act: Tensor, hook) -> None:
+        embed["final_out"] = act[0].detach()
+        raise _Stop
+
+    hooks = [("hook_embed", at_embed)]
+    if "hook_pos_embed" in model.hook_dict:
+        hooks.append(("hook_pos_embed", at_embed))
+    names = {"hook_resid_pre": "pre", "hook_resid_mid": "mid", "attn.hook_in": "attn_in",
+             "attn.hook_pattern": "pattern", "attn.hook_out": "attn_out"}  # fmt: skip
+    for ln in ("ln1", "ln2"):
+        names |= {f"{ln}.hook_in": f"{ln}_in", f"{ln}.hook_scale": f"{ln}_scale"}
+        names[f"{ln}.hook_out"] = f"{ln}_out"
+    for layer in range(n):
+        block = f"blocks.{layer}"
+        hooks += [(f"{block}.{k}", keep(layer, v)) for k, v in names.items()
+                  if f"{block}.{k}" in model.hook_dict]  # fmt: skip
+        hooks += [(tc.input_hook(layer), keep(layer, "tc_in"))]
+        hooks += [(tc.output_hook(layer), keep(layer, "mlp_out"))]
+        hooks += [(f"{block}.hook_resid_post", close(layer))]
+    hooks += [(f"ln_final.hook_{s}", keep_final(embed, s)) for s in ("in", "scale", "out")]
+    hooks.append((FINAL_HOOK, final))
+    try:
+        forward(model, tokens[None], hooks)
+    except _Stop:
+        pass
+    else:
+        return f"the pass did not reach {FINAL_HOOK}"
+    ln_f = norms["ln_final"]
+    ln_f.recorded.update(x=embed["in"], scale=embed["scale"], out=embed["out"])
+    if not ln_f.check():
+        misses.append("ln_final's frozen map")
+    resid = embed["resid"]
+    for key, want in (("in", resid), ("final_out", embed["out"])):
+        if rows_miss(embed[key].float(), want.float(), _rtol(resid)) > 1:
+            misses.append(f"ln_final: {key}")
+    if misses:
+        return "its pass does not satisfy " + "; ".join(misses[:4])
+
+    def frozen(prefix: str, scale: Tensor) -> _Norm:
+        norm = norms[prefix]
+        norm.recorded.clear()
+        return _Norm(norm.weight, scale, norm.centre)
+
+    ln1 = [frozen(f"blocks.{i}.ln1", kept["ln1"][i]) for i in range(n)]
+    mlp_norm = [
+        None if site == "resid" else ln1[i] if shared else frozen(f"blocks.{i}.ln2", kept["ln2"][i])
+        for i in range(n)
+    ]
+    skips = None
+    if tc.has_skip:  # skip(x) = x M: M read off the skip itself (skip(I) = M)
+        eye = torch.eye(tc.d_model, dtype=tc.dtype, device=tc.device)
+        skips = [tc.skip(eye, i) for i in range(n)]
+    return OneCopy(
+        paths, kept["patterns"], ln1, mlp_norm, frozen("ln_final", embed["scale"]), skips,
+        site, parallel, shared,
+    )  # fmt: skip
+
+
+def _rtol(t: Tensor) -> float:
+    return check_rtol(t.dtype, t.shape[-1])
+
+
+def keep_final(store: dict, key: str):
+    def hook(act: Tensor, hook) -> None:
+        store[key] = act[0].detach()
+
+    return hook
+
+
+def one_copy_backward(model, tokens: Int[Tensor, " pos"], tc, backward: str = "auto"):
+    """The one-copy row step (``OneCopy.rows``) for ``tokens``, or None where the batched frozen
+    pass must run: ``backward`` is ``"batched"``, or the model is not covered (a warning, once,
+    says which path runs and why; ``"one-copy"`` then raises instead)."""
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {', '.join(BACKWARDS)}, got {backward!r}")
+    if backward == "batched":
+        return None
+    got = record(model, tokens, tc)
+    if isinstance(got, OneCopy):
+        return got.rows
+    if backward == "one-copy":
+        raise ValueError(f"the one-copy backward does not cover this model: {got}; "
+                         "pass backward='batched' (or 'auto')")  # fmt: skip
+    warn_fallback(
+        logger,
+        "vjp:batched",
+        "attribution graph: the one-copy backward does not cover this model (%s): running the "
+        "batched frozen pass (batch_size copies of the prompt) instead",
+        got,
+    )
+    return None
