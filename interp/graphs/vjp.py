@@ -198,9 +198,9 @@ def _check_block(seen: dict, path: ValuePath, ln1: NormPath, ln2: NormPath | Non
     """The relations the transpose assumes in one block, on the recorded row (each ``[pos
     d_model]``): the names of those the bridge's values miss."""
     site, parallel, shared = how
+    seen = {k: _checked(t) for k, t in seen.items()}
     rtol = check_rtol(seen["pre"].dtype, seen["pre"].shape[-1])
-    work = torch.promote_types(seen["pre"].dtype, torch.float32)
-    v = {k: t.to(work) for k, t in seen.items() if k not in ("pattern",) and t.dim() == 2}
+    v = {k: t.float() for k, t in seen.items() if t.dim() == 2}
     misses = []
 
     def same(name: str, mine: Tensor, want: Tensor) -> None:
@@ -253,7 +253,8 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
 
     def keep(layer: int, key: str):
         def hook(act: Tensor, hook) -> None:
-            seen[layer][key] = act[0].detach()
+            # the row of batch 1; OPT's bridge hands its ln2 [pos ...], rows and positions flat
+            seen[layer][key] = (act[0] if act.dim() >= 3 else act).detach()
 
         return hook
 
@@ -308,7 +309,8 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
     else:
         return f"the pass did not reach {FINAL_HOOK}"
     ln_f = norms["ln_final"]
-    ln_f.recorded.update(x=embed["in"], scale=embed["scale"], out=embed["out"])
+    ln_f.recorded.update(x=_checked(embed["in"]), scale=_checked(embed["scale"]),
+                         out=_checked(embed["out"]))  # fmt: skip
     if not ln_f.check():
         misses.append("ln_final's frozen map")
     resid = embed["resid"]
@@ -338,8 +340,16 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
     )  # fmt: skip
 
 
+def _checked(t: Tensor) -> Tensor:
+    """``t`` as the checks compare it: a float64 model's values in float32, for transformers
+    computes some maps of a float64 model in float32 (Llama's RMSNorm, GPT-J's attention), so
+    its outputs agree with the map to float32's rounding only. A wrong map (a missing weight or
+    head, ``1 + w``) misses by far more (interp.graphs.value_path.check_rtol)."""
+    return t.float() if t.dtype == torch.float64 else t
+
+
 def _rtol(t: Tensor) -> float:
-    return check_rtol(t.dtype, t.shape[-1])
+    return check_rtol(_checked(t).dtype, t.shape[-1])
 
 
 def keep_final(store: dict, key: str):
