@@ -28,6 +28,7 @@ import logging
 import torch
 
 from interp.foundation.sizes import available_host_bytes
+from interp.graphs.vjp import BACKWARDS, one_copy_fits
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ def estimate_graph_bytes(
     *,
     n_active: int | None = None,
     n_logits: int = 10,
+    backward: str = "auto",
 ) -> int:
     """Bytes :func:`interp.attribution_graph` holds at its peak for a prompt of ``n_pos`` tokens
     through transcoders ``tc`` (the model's own weights not counted).
@@ -121,7 +123,12 @@ def estimate_graph_bytes(
         n_active: the active features (positions 1 onwards). None counts every feature at
             every position active: an upper bound. ``attribution_graph`` counts them itself.
         n_logits: the logit nodes (at most ``max_n_logits``).
+        backward: the row step (``attribution_graph``'s): ``"auto"`` counts the one-copy
+            backward where the model's hooks fit it (:func:`interp.graphs.vjp.one_copy_fits`).
     """
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {', '.join(BACKWARDS)}, got {backward!r}")
+    one_copy = backward == "one-copy" or (backward == "auto" and one_copy_fits(model, tc))
     if n_pos < 2:
         raise ValueError(f"a graph needs at least 2 positions, got {n_pos}")
     if n_active is None:
@@ -130,8 +137,9 @@ def estimate_graph_bytes(
     batch = 64 if batch_size is None else int(batch_size)
     batch = max(1, min(batch, keep + n_logits))
     return graph_bytes(
-        model, tc, n_pos, n_active=n_active, keep=keep, n_logits=n_logits, batch=batch
-    )
+        model, tc, n_pos, n_active=n_active, keep=keep, n_logits=n_logits, batch=batch,
+        one_copy=one_copy,
+    )  # fmt: skip
 
 
 def free_bytes(device: torch.device | str) -> int | None:

@@ -45,7 +45,7 @@ from interp.graphs.value_path import value_path_weights
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKWARDS", "OneCopy", "one_copy_backward", "record"]
+__all__ = ["BACKWARDS", "OneCopy", "one_copy_backward", "one_copy_fits", "record"]
 
 BACKWARDS = ("auto", "one-copy", "batched")  # attribution_graph's ``backward=`` choices
 FINAL_HOOK = "unembed.hook_in"  # the final norm's output (interp.graphs.frozen.FINAL_HOOK)
@@ -67,10 +67,32 @@ class _Norm:
     centre: bool
 
     def back(self, g: Float[Tensor, "batch pos d_model"], weighted: bool = True) -> Tensor:
-        if weighted and self.weight is not None:
-            g = g * self.weight.to(g.dtype)
+        """The transpose on ``g`` (``weighted=False``: ``centre(g / scale)``, the map into
+        ``hook_normalized``); a new tensor."""
         g = g / self.scale[: g.shape[1]].to(g.dtype)
-        return g - g.mean(-1, keepdim=True) if self.centre else g
+        if weighted and self.weight is not None:
+            g.mul_(self.weight.to(g.dtype))
+        return g.sub_(g.mean(-1, keepdim=True)) if self.centre else g
+
+
+def _inject(g: Tensor, norm: _Norm | None, rows, positions, vectors, mine, weighted) -> None:
+    """Adds into ``g`` (the residual's gradient) the rows ``mine``'s target vectors, each at
+    its position, through the frozen ``norm`` between the residual and where they are read
+    (None: read on the residual): ``[m d_model]`` vectors, not a ``[batch pos d_model]`` pass."""
+    if not bool(mine.any()):
+        return
+    r, q, v = rows[mine], positions[mine], vectors[mine]
+    if norm is not None:
+        v = _back_at(norm, v, q, weighted)
+    g.index_put_((r, q), v, accumulate=True)
+
+
+def _back_at(norm: _Norm, v: Tensor, q: Tensor, weighted: bool) -> Tensor:
+    """The frozen norm's transpose on vectors ``v [m d_model]`` at positions ``q [m]``."""
+    v = v / norm.scale[q].to(v.dtype)  # [m d_model] / [m 1]
+    if weighted and norm.weight is not None:
+        v = v * norm.weight.to(v.dtype)
+    return v - v.mean(-1, keepdim=True) if norm.centre else v
 
 
 @dataclass
@@ -114,39 +136,28 @@ class OneCopy:
         p = int(positions.max()) + 1  # the model is causal: later positions get no gradient
         out = torch.zeros(b, src.n_cols, dtype=work, device=vectors.device)
         rows = torch.arange(b, device=vectors.device)
-
-        def injected(layer: int) -> Tensor | None:
-            mine = layers == layer
-            if not bool(mine.any()):
-                return None
-            g = torch.zeros(b, p, d, dtype=work, device=vectors.device)
-            g[rows[mine], positions[mine]] = vectors[mine].to(work)
-            return g
-
+        vectors = vectors.to(work)
         top = min(int(layers.max()), n)
         g = torch.zeros(b, p, d, dtype=work, device=vectors.device)  # at the residual
-        if (at_final := injected(n)) is not None:
-            g = g + self.final.back(at_final)
+        _inject(g, self.final, rows, positions, vectors, layers == n, True)
         for layer in range(min(top, n - 1), -1, -1):
             if layer < top:  # g is the gradient at this layer's MLP output
                 _read(out, src, layer, g)
-            g_in = injected(layer)  # at the transcoder's input
+            into = None  # the skip terms' gradient into the residual the MLP reads
+            norm, weighted = self.mlp_norm[layer], self.site == "norm"
             if self.skips is not None and layer < top:
-                skip = g @ self.skips[layer].T.to(work)
-                g_in = skip if g_in is None else g_in + skip
-            into = None  # the gradient the MLP's input passes to the residual it reads
-            if g_in is not None:
-                norm = self.mlp_norm[layer]
-                into = g_in if norm is None else norm.back(g_in, self.site == "norm")
-            if self.parallel:
-                g_attn = self._attention(layer, g)
-                if self.shared_norm and into is not None:  # one norm: its transpose once
-                    g = g + self.ln1[layer].back(g_attn + g_in)
-                else:
-                    g = g + self.ln1[layer].back(g_attn) + (0 if into is None else into)
-            else:
-                g = g if into is None else g + into  # at hook_resid_mid
-                g = g + self.ln1[layer].back(self._attention(layer, g))
+                into = g @ self.skips[layer].T.to(work)  # at the transcoder's input
+                into = into if norm is None else norm.back(into, weighted)
+            attn = self.ln1[layer]
+            if self.parallel:  # attention and MLP read the residual before the block
+                g_before = g + attn.back(self._attention(layer, g))
+                g = g_before if into is None else g_before.add_(into)
+            else:  # the MLP reads hook_resid_mid, the attention the residual before it
+                g = g if into is None else g + into
+            # the targets at this layer's transcoder input, each at one position
+            _inject(g, norm, rows, positions, vectors, layers == layer, weighted)
+            if not self.parallel:
+                g = g + attn.back(self._attention(layer, g))
         out[:, src.token_start : src.token_start + p] = torch.einsum("bpd,pd->bp", g, src.embed[:p])
         return out
 
@@ -189,9 +200,22 @@ def _sites(model, tc) -> tuple[str, bool, bool] | str:
     missing = [name for name in need if name not in hooks]
     if missing:
         return f"the model has no hook {missing[0]}"
+    others = [n for n in hooks if n.startswith("blocks.0.") and n.endswith(".hook_scale")]
+    others = [n for n in others if n not in ("blocks.0.ln1.hook_scale", "blocks.0.ln2.hook_scale")]
+    if others:  # Gemma 2's post-norms: another map on the residual's way
+        return f"its blocks have norms other than ln1 and ln2 ({others[0]})"
     if shared and _SITES[inside] != "norm":
         return f"transcoders read {inside}, but attention and MLP share one norm"
     return _SITES[inside], parallel, shared
+
+
+def one_copy_fits(model, tc) -> bool:
+    """Whether the model's hooks and the transcoders' sites fit the one-copy backward (the
+    pass checks the rest: a model that fits here may still run batched). False for a model
+    without hooks or transcoders without sites (a description to size, not to run)."""
+    if not hasattr(model, "hook_dict") or not hasattr(tc, "feature_input_hook"):
+        return False
+    return not isinstance(_sites(model, tc), str)
 
 
 def _check_block(seen: dict, path: ValuePath, ln1: NormPath, ln2: NormPath | None, how) -> list:
