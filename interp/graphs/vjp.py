@@ -39,16 +39,16 @@ from torch import Tensor
 
 from interp.engine import forward
 from interp.foundation.fallbacks import warn_fallback
-from interp.graphs.norm_path import NormPath, norm_paths
+from interp.graphs import frozen
+from interp.graphs.norm_path import NormPath
 from interp.graphs.value_path import ValuePath, _dense, _one_position, check_rtol, rows_miss
-from interp.graphs.value_path import value_path_weights
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BACKWARDS", "OneCopy", "one_copy_backward", "one_copy_fits", "record"]
 
 BACKWARDS = ("auto", "one-copy", "batched")  # attribution_graph's ``backward=`` choices
-FINAL_HOOK = "unembed.hook_in"  # the final norm's output (interp.graphs.frozen.FINAL_HOOK)
+FINAL_HOOK = frozen.FINAL_HOOK  # the final norm's output
 _SITES = {  # what a transcoder's input hook holds, by its name inside a block
     "mlp.hook_in": "norm",
     "hook_mlp_in": "norm",
@@ -266,8 +266,9 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
     if isinstance(how, str):
         return how
     site, parallel, shared = how
-    paths = value_path_weights(model, int(tc.n_layers))
-    norms = norm_paths(model, set())
+    # read through frozen's names: a list of prompts shares them (interp.graphs.many)
+    paths = frozen.value_path_weights(model, int(tc.n_layers))
+    norms = frozen.norm_paths(model, set())
     if paths is None or norms is None:
         return "its attention or norm weights cannot be read as frozen maps"
     n, misses = int(tc.n_layers), []
@@ -276,9 +277,10 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
     embed: dict = {}
 
     def keep(layer: int, key: str):
-        def hook(act: Tensor, hook) -> None:
+        def hook(act: Tensor, hook) -> Tensor | None:
             # the row of batch 1; OPT's bridge hands its ln2 [pos ...], rows and positions flat
             seen[layer][key] = (act[0] if act.dim() >= 3 else act).detach()
+            return _held(act, key)
 
         return hook
 
@@ -344,14 +346,14 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
     if misses:
         return "its pass does not satisfy " + "; ".join(misses[:4])
 
-    def frozen(prefix: str, scale: Tensor) -> _Norm:
+    def norm_of(prefix: str, scale: Tensor) -> _Norm:
         norm = norms[prefix]
         norm.recorded.clear()
         return _Norm(norm.weight, scale, norm.centre)
 
-    ln1 = [frozen(f"blocks.{i}.ln1", kept["ln1"][i]) for i in range(n)]
+    ln1 = [norm_of(f"blocks.{i}.ln1", kept["ln1"][i]) for i in range(n)]
     mlp_norm = [
-        None if site == "resid" else ln1[i] if shared else frozen(f"blocks.{i}.ln2", kept["ln2"][i])
+        None if site == "resid" else ln1[i] if shared else norm_of(f"blocks.{i}.ln2", kept["ln2"][i])
         for i in range(n)
     ]
     skips = None
@@ -359,7 +361,7 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
         eye = torch.eye(tc.d_model, dtype=tc.dtype, device=tc.device)
         skips = [tc.skip(eye, i) for i in range(n)]
     return OneCopy(
-        paths, kept["patterns"], ln1, mlp_norm, frozen("ln_final", embed["scale"]), skips,
+        paths, kept["patterns"], ln1, mlp_norm, norm_of("ln_final", embed["scale"]), skips,
         site, parallel, shared,
     )  # fmt: skip
 
@@ -376,9 +378,19 @@ def _rtol(t: Tensor) -> float:
     return check_rtol(_checked(t).dtype, t.shape[-1])
 
 
+def _held(act: Tensor, key: str) -> Tensor | None:
+    """Norm scales and the attention's input handed back (detached), as the batched frozen pass
+    hands them back: TransformerLens 4.3 then computes a norm's output from the hooked values
+    in the model's dtype rather than by transformers' own norm (which normalises a float64
+    Llama in float32), and GPT-J's pattern at ``hook_pattern`` in the model's dtype, so both
+    passes freeze the same values (float64: within 1e-15; untouched, 1e-7 apart)."""
+    return act.detach() if key.endswith("scale") or key == "attn_in" else None
+
+
 def keep_final(store: dict, key: str):
-    def hook(act: Tensor, hook) -> None:
+    def hook(act: Tensor, hook) -> Tensor | None:
         store[key] = act[0].detach()
+        return _held(act, key)
 
     return hook
 

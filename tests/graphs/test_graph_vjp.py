@@ -14,6 +14,7 @@ import logging
 import pytest
 import torch
 
+import interp.graphs.frozen as frozen
 import interp.graphs.vjp as vjp
 from interp import attribution_graph, load_model
 from interp.foundation.fallbacks import reset_fallback_warnings
@@ -135,22 +136,22 @@ def test_a_map_that_misses_the_bridge_is_refused(zoo, monkeypatch, wrong):
     tc = random_transcoders(model, kind="per-layer", d_tc=16, seed=1)
     assert isinstance(vjp.record(model, TOKENS, tc), vjp.OneCopy)
     if wrong == "value path":  # W_V doubled: the attention's output is missed
-        right = vjp.value_path_weights
+        right = frozen.value_path_weights
         monkeypatch.setattr(
-            vjp,
+            frozen,
             "value_path_weights",
             lambda m, n: [dataclasses.replace(p, W_V=2 * p.W_V) for p in right(m, n)],
         )
         expected = "the attention's value path"
     else:  # ln2's weight doubled: its map is missed
-        right = vjp.norm_paths
+        right = frozen.norm_paths
 
         def doubled(m, busy):
             paths = right(m, busy)
             paths["blocks.1.ln2"].weight = 2 * paths["blocks.1.ln2"].weight
             return paths
 
-        monkeypatch.setattr(vjp, "norm_paths", doubled)
+        monkeypatch.setattr(frozen, "norm_paths", doubled)
         expected = "layer 1: ln2's frozen map"
     got = vjp.record(model, TOKENS, tc)
     assert isinstance(got, str) and expected in got
