@@ -97,7 +97,8 @@ def graph_bytes(
     during = frozen + max(attention, backward, ranking)
     kernels = 0.0
     if item < 4 and str(cfg.device).startswith("cpu"):
-        passes = -(-n_logits // batch) + -(-keep // batch)
+        # the one-copy backward runs one pass in the model's dtype (its rows in float32)
+        passes = 1 if one_copy else -(-n_logits // batch) + -(-keep // batch)
         kernels = _KERNELS * min(passes, 1024) ** 0.5
     fixed = _FIXED.get(item, _FIXED[4])
     return int(fixed + kernels + source_bytes + block + max(during, end, pruning))

@@ -155,3 +155,32 @@ def test_a_map_that_misses_the_bridge_is_refused(zoo, monkeypatch, wrong):
         expected = "layer 1: ln2's frozen map"
     got = vjp.record(model, TOKENS, tc)
     assert isinstance(got, str) and expected in got
+
+
+# GPT-J's attention runs in float32 in a float64 model, rounding its pattern by the batch's
+# shape (1e-7 between batches of 1 and 5): the one-copy rows, frozen at the prompt's own pass,
+# are the frozen model run forwards (tests/frozen_model.py, from the clean run) to float64's
+# rounding, where the batched pass's are off by 5e-8
+EXACT_RTOL = 1e-12  # float64 through two layers: ~1e-15 measured
+
+
+@pytest.mark.parametrize("arch", ["gptj", "gpt2"])
+def test_float64_rows_are_the_frozen_model_run_forwards(zoo, arch):
+    from tests.frozen_model import FrozenModel
+    from tests.graphs.test_graph_identities import _sources, _targets
+
+    model = load_model(zoo.directory(arch), device="cpu", dtype=torch.float64)
+    tc = random_transcoders(model, kind="per-layer", skip=True, d_tc=24, seed=3)
+    tc = tc.to(dtype=torch.float64)
+    g = attribution_graph(model, TOKENS, tc, backward="one-copy")
+    fm = FrozenModel(model, TOKENS, tc)
+    targets = torch.tensor(g.nodes.kind.isin(["feature", "logit"]).to_numpy()).nonzero().flatten()
+    A = g.adjacency[targets]
+    n_pos = len(TOKENS)
+    nothing = torch.zeros(1, tc.n_layers, n_pos, tc.d_model, dtype=torch.float64)
+    base = _targets(fm, g, *fm.run(nothing, torch.ones(1, n_pos, dtype=torch.float64)))[0]
+    removed, keep = _sources(fm, g)
+    moved = _targets(fm, g, *fm.run(removed, keep)) - base  # [source target]
+    torch.testing.assert_close(
+        moved.T, -A[:, : len(removed)], rtol=0, atol=EXACT_RTOL * float(A.abs().max())
+    )
