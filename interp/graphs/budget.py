@@ -10,8 +10,12 @@ The build holds, in the work dtype (float32, float64 for a float64 model) unless
   while it runs, one layer's attention scores and pattern (``_ATTENTION`` per row, head and
   position pair); during a backward pass, a gradient per layer and the targets' injections
   (``_BACKWARD``), and the ``[batch columns]`` block of rows computed;
+* with the one-copy backward (:mod:`interp.graphs.vjp`, the default where it covers the model)
+  instead of the frozen pass: one copy of every layer's pattern (model dtype), one row's
+  attention while the prompt's one pass runs (``_ONE_COPY_PASS``), and the backward's
+  ``[batch pos d_model]`` gradients (``_ONE_COPY_BACKWARD``, work dtype) and block of rows;
 * a bfloat16/float16 model on CPU: the kernels oneDNN compiles and caches per shape, which
-  grow with the passes (``_KERNELS``);
+  grow with the passes (``_KERNELS``; the one-copy backward: one pass, its rows in float32);
 * under a cap, one copy of the rows while ranking (``partial_influences``) and the kept
   columns' copy at the end; afterwards pruning needs one more copy of the kept rows and a
   mask.
@@ -50,9 +54,14 @@ _FROZEN = (6.0, 9.0)
 _ATTENTION = 3.0  # [batch head pos pos] tensors alive at one layer's attention
 _BACKWARD = (1.0, 4.0)  # (per layer, fixed) [batch pos d_model] tensors of one backward pass
 # the one-copy backward (interp.graphs.vjp): [head pos pos] tensors alive at one layer's
-# attention in its one-row recording pass, and [batch pos d_model] tensors of its backward
+# attention in its one-row recording pass (as _ATTENTION, for one row), [batch pos d_model]
+# tensors (work dtype) alive in its backward (the residual's gradient, the attention's and a
+# norm's transposes, the skip term's), and the allocator's own (no autograd graph: less than
+# _FIXED). Fitted to 20 points of 32 to 256 positions (per-layer and cross-layer, float32 and
+# bfloat16; docs/graphs.md): within 4% from 64 positions, 16% at 32 (peaks of 7-13 MiB)
 _ONE_COPY_PASS = 3.0
-_ONE_COPY_BACKWARD = 6.0
+_ONE_COPY_BACKWARD = 5.0
+_FIXED_ONE_COPY = 2 * 2**20
 
 
 def graph_bytes(
@@ -100,7 +109,7 @@ def graph_bytes(
         # the one-copy backward runs one pass in the model's dtype (its rows in float32)
         passes = 1 if one_copy else -(-n_logits // batch) + -(-keep // batch)
         kernels = _KERNELS * min(passes, 1024) ** 0.5
-    fixed = _FIXED.get(item, _FIXED[4])
+    fixed = _FIXED_ONE_COPY if one_copy else _FIXED.get(item, _FIXED[4])
     return int(fixed + kernels + source_bytes + block + max(during, end, pruning))
 
 

@@ -150,14 +150,13 @@ class OneCopy:
                 into = into if norm is None else norm.back(into, weighted)
             attn = self.ln1[layer]
             if self.parallel:  # attention and MLP read the residual before the block
-                g_before = g + attn.back(self._attention(layer, g))
-                g = g_before if into is None else g_before.add_(into)
-            else:  # the MLP reads hook_resid_mid, the attention the residual before it
-                g = g if into is None else g + into
+                g = attn.back(self._attention(layer, g)).add_(g)
+            if into is not None:  # in place: g is this pass's own tensor
+                g.add_(into)
             # the targets at this layer's transcoder input, each at one position
             _inject(g, norm, rows, positions, vectors, layers == layer, weighted)
-            if not self.parallel:
-                g = g + attn.back(self._attention(layer, g))
+            if not self.parallel:  # the MLP read hook_resid_mid, the attention reads before it
+                g = attn.back(self._attention(layer, g)).add_(g)
         out[:, src.token_start : src.token_start + p] = torch.einsum("bpd,pd->bp", g, src.embed[:p])
         return out
 
