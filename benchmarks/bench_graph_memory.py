@@ -193,8 +193,11 @@ def main(argv: list[str]) -> None:
                               f"{over}", flush=True)  # fmt: skip
                     if {"batched", "one-copy"} <= side.keys():
                         old, new = side["batched"], side["one-copy"]
-                        print(f"  batched / one-copy: peak {old['peak'] / new['peak']:.1f}x, "
-                              f"time {old['seconds'] / new['seconds']:.2f}x", flush=True)
+                        print(
+                            f"  batched / one-copy: peak {old['peak'] / new['peak']:.1f}x, "
+                            f"time {old['seconds'] / new['seconds']:.2f}x",
+                            flush=True,
+                        )
     print(f"largest estimate deviation {worst_estimate:.1%}; largest peak over budget "
           f"{worst_budget:+.1%}")  # fmt: skip
 

@@ -38,7 +38,8 @@ def rows_rtol(dtype: torch.dtype, d_model: int, n_layers: int = N_LAYERS) -> flo
 def half_rtol(dtype: torch.dtype, n_layers: int = N_LAYERS) -> float:
     """The batched pass of a half-precision model rounds each vector it computes to ``dtype``
     (the one-copy backward computes in float32): tests/graphs/test_graph_half_precision.py's
-    ``4 (n_layers + 1) u`` of the largest entry (bfloat16, 2 layers: 0.117; measured 0.003-0.016)."""
+    ``4 (n_layers + 1) u`` of the largest entry (bfloat16, 2 layers: 0.117; measured
+    0.003-0.016)."""
     return 4 * (n_layers + 1) * torch.finfo(dtype).eps / 2
 
 
