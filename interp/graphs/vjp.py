@@ -48,6 +48,16 @@ _SITES = {  # what a transcoder's input hook holds, by its name inside a block
 }
 
 
+_BLOCK = {"pre", "ln1_in", "ln1_scale", "ln1_out", "attn_in", "pattern", "attn_out", "tc_in"}
+_BLOCK |= {"mlp_out"}
+_LN2 = {"ln2_in", "ln2_scale", "ln2_out"}
+_NEEDED = {  # what a block's hooks record, by (parallel, shared_norm)
+    (False, False): _BLOCK | _LN2 | {"mid"},
+    (True, False): _BLOCK | _LN2,
+    (True, True): _BLOCK,
+}
+
+
 class _Stop(Exception):
     """Raised at :data:`FINAL_HOOK` once the final norm's output is checked."""
 
@@ -160,6 +170,11 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
         def hook(act: Tensor, hook) -> None:
             s = seen[layer]
             s["post"] = act[0].detach()
+            lost = sorted(_NEEDED[parallel, shared] - s.keys())
+            if lost:  # a hook the block never ran: nothing to check it by
+                misses.append(f"layer {layer}: hooks that did not run ({', '.join(lost)})")
+                embed["resid"], seen[layer] = s["post"], {}
+                return
             ln2 = None if shared else norms[f"blocks.{layer}.ln2"]
             misses.extend(
                 f"layer {layer}: {what}"
@@ -206,6 +221,10 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
         pass
     else:
         return f"the pass did not reach {FINAL_HOOK}"
+    if lost := sorted({"in", "scale", "out", "final_out"} - embed.keys()):
+        misses.append(f"ln_final: hooks that did not run ({', '.join(lost)})")
+    if misses:
+        return "its pass does not satisfy " + "; ".join(misses[:4])
     ln_f = norms["ln_final"]
     ln_f.recorded.update(x=_checked(embed["in"]), scale=_checked(embed["scale"]),
                          out=_checked(embed["out"]))  # fmt: skip
