@@ -271,8 +271,9 @@ def _held(act: Tensor, key: str) -> Tensor | None:
     """Norm scales and the attention's input handed back (detached), as the batched frozen pass
     hands them back: TransformerLens 4.3 then computes a norm's output from the hooked values
     in the model's dtype rather than by transformers' own norm (which normalises a float64
-    Llama in float32), and GPT-J's pattern at ``hook_pattern`` in the model's dtype, so both
-    passes freeze the same values (float64: within 1e-15; untouched, 1e-7 apart)."""
+    Llama in float32), so both passes freeze the same values (a float64 Llama's rows 2e-16
+    apart; untouched, 1e-7). GPT-J's float32 attention still rounds its pattern by the batch's
+    shape: there the batched pass's pattern is its batch's, this pass's the prompt's own."""
     return act.detach() if key.endswith("scale") or key == "attn_in" else None
 
 
