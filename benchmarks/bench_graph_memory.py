@@ -17,9 +17,13 @@ under ``max_bytes``), so the resident size is the use.
         [--d-model 128] [--heads 4] [--d-tc 512] [--positions 16,64] [--uncapped-up-to 64]
         [--cap 256]
         [--kinds per-layer,cross-layer] [--dtypes float32,bfloat16]
+        [--backwards one-copy,batched] [--budget no]
 
 Prints one line per point (estimate / measured, peak / budget) and a summary: the largest
-deviation of the estimate and the largest peak over a budget.
+deviation of the estimate and the largest peak over a budget. ``--backwards`` runs each point
+once per row step (``attribution_graph(backward=...)``; default ``auto``), one after the other,
+and prints their peaks and times side by side with the ratio batched / one-copy;
+``--budget no`` skips the budgeted runs.
 """
 
 from __future__ import annotations
@@ -108,23 +112,27 @@ def _child(spec: dict) -> dict:
     else:
         Path("/proc/self/clear_refs").write_text("5")
         before = rss()["VmRSS"]
-    g = attribution_graph(model, tokens, tc, max_feature_nodes=cap, max_bytes=budget)
+    backward = spec.get("backward", "auto")
+    g = attribution_graph(model, tokens, tc, max_feature_nodes=cap, max_bytes=budget,
+                          backward=backward)  # fmt: skip
     if device == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
     else:
         peak = rss()["VmHWM"] - before
     n_active = g.info["active_features"]
+    path = g.info["backward"]
     estimate = estimate_graph_bytes(model, tc, n_pos, cap, g.info["batch_size"],
-                                    n_active=n_active, n_logits=len(g.logit_token_ids))  # fmt: skip
+                                    n_active=n_active, n_logits=len(g.logit_token_ids),
+                                    backward=path)  # fmt: skip
 
     def at(batch: int) -> int:
         return estimate_graph_bytes(model, tc, n_pos, cap, batch, n_active=n_active,
-                                    n_logits=len(g.logit_token_ids))  # fmt: skip
+                                    n_logits=len(g.logit_token_ids), backward=path)  # fmt: skip
 
     one = least_bytes(at, max(1, g.info["batch_size"] // 2))  # a smaller batch's least
     return {"peak": peak, "estimate": estimate, "one": one, "batch": g.info["batch_size"],
-            "active": n_active, "seconds": g.info["seconds"]}  # fmt: skip
+            "active": n_active, "seconds": g.info["seconds"], "backward": path}  # fmt: skip
 
 
 def _run(spec: dict) -> dict:
@@ -146,6 +154,8 @@ def main(argv: list[str]) -> None:
         rest = [a for a in argv if a != "--quick"]
         opts = dict(zip(rest[::2], rest[1::2], strict=False))
     grid = dict(QUICK if "--quick" in argv else FULL)
+    grid["backwards"] = opts.get("--backwards", "auto").split(",")
+    budgeted = opts.get("--budget", "yes") != "no"
     for key in ("positions", "kinds", "dtypes"):  # e.g. --positions 16,64 --kinds per-layer
         if f"--{key}" in opts:
             grid[key] = [int(v) if key == "positions" else v for v in opts[f"--{key}"].split(",")]
@@ -157,28 +167,41 @@ def main(argv: list[str]) -> None:
             "heads": int(opts.get("--heads", 4)),
             "dir": opts.get("--dir") or tempfile.mkdtemp(prefix="graph-memory-")}  # fmt: skip
     worst_estimate, worst_budget = 0.0, 0.0
-    print("kind dtype positions cap | batch active | estimate measured ratio | budget peak/budget")
+    print("kind dtype positions cap backward | batch active | estimate measured ratio | seconds | "
+          "budget peak/budget")  # fmt: skip
     for kind in grid["kinds"]:
         for dtype in grid["dtypes"]:
             for n_pos in grid["positions"]:
                 for cap in (None, grid["cap"]):
                     if cap is None and n_pos > grid["uncapped_up_to"]:
                         continue
-                    spec = dict(base, kind=kind, dtype=dtype, n_pos=n_pos, cap=cap)
-                    r = _run(spec)
-                    ratio = r["estimate"] / r["peak"]
-                    worst_estimate = max(worst_estimate, abs(ratio - 1))
-                    budget = (r["estimate"] + r["one"]) // 2  # fits, with a smaller batch
-                    b = _run(dict(spec, max_bytes=budget)) if r["batch"] > 1 else None
-                    over = ""
-                    if b is not None:
-                        over = f"{budget / 2**20:.0f} MiB {b['peak'] / budget:.2f} "
-                        over += f"(batch {b['batch']})"
-                    if b is not None:
-                        worst_budget = max(worst_budget, b["peak"] / budget - 1)
-                    print(f"{kind} {dtype} {n_pos} {cap} | {r['batch']} {r['active']} | "
-                          f"{r['estimate'] / 2**20:.1f} MiB {r['peak'] / 2**20:.1f} MiB "
-                          f"{ratio:.2f} | {over}", flush=True)  # fmt: skip
+                    side = {}
+                    for backward in grid["backwards"]:
+                        spec = dict(base, kind=kind, dtype=dtype, n_pos=n_pos, cap=cap,
+                                    backward=backward)  # fmt: skip
+                        r = side[backward] = _run(spec)
+                        ratio = r["estimate"] / r["peak"]
+                        worst_estimate = max(worst_estimate, abs(ratio - 1))
+                        budget = (r["estimate"] + r["one"]) // 2  # fits, with a smaller batch
+                        b = None
+                        if budgeted and r["batch"] > 1:
+                            b = _run(dict(spec, max_bytes=budget))
+                        over = ""
+                        if b is not None:
+                            over = f"{budget / 2**20:.0f} MiB {b['peak'] / budget:.2f} "
+                            over += f"(batch {b['batch']})"
+                            worst_budget = max(worst_budget, b["peak"] / budget - 1)
+                        print(f"{kind} {dtype} {n_pos} {cap} {r['backward']} | {r['batch']} "
+                              f"{r['active']} | {r['estimate'] / 2**20:.1f} MiB "
+                              f"{r['peak'] / 2**20:.1f} MiB {ratio:.2f} | {r['seconds']:.1f} s | "
+                              f"{over}", flush=True)  # fmt: skip
+                    if {"batched", "one-copy"} <= side.keys():
+                        old, new = side["batched"], side["one-copy"]
+                        print(
+                            f"  batched / one-copy: peak {old['peak'] / new['peak']:.1f}x, "
+                            f"time {old['seconds'] / new['seconds']:.2f}x",
+                            flush=True,
+                        )
     print(f"largest estimate deviation {worst_estimate:.1%}; largest peak over budget "
           f"{worst_budget:+.1%}")  # fmt: skip
 

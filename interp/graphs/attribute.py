@@ -43,6 +43,7 @@ from interp.graphs.graph import AttributionGraph
 from interp.graphs.influence import partial_influences
 from interp.graphs.nodes import Sources, node_table, read_sources, salient_logits
 from interp.graphs.task_graph import is_task, task_graph_of
+from interp.graphs.vjp import one_copy_backward
 from interp.transcoders.loading import check_transcoders_fit
 
 __all__ = ["attribution_graph", "estimate_graph_bytes"]
@@ -115,6 +116,7 @@ def attribution_graph(
     batch_size: int | None = None,
     max_bytes: int | str | None = None,
     progress: bool = False,
+    backward: str = "auto",
 ) -> AttributionGraph:
     """The attribution graph of one prompt through transcoders ``tc`` (module docstring).
 
@@ -135,6 +137,10 @@ def attribution_graph(
             not the model): the batch is halved until the estimate fits; a graph that needs
             more even at its smallest batch is refused (``MemoryBudgetError``) with what it needs.
         progress: show a progress bar over the features.
+        backward: how rows are computed: ``"one-copy"`` the frozen model's backward by hand
+            from one pass of the prompt (:mod:`interp.graphs.vjp`), ``"batched"`` backward
+            passes through ``batch_size`` copies of it (:mod:`interp.graphs.frozen`),
+            ``"auto"`` the first where the model is covered (a warning says when not).
 
     Given an :class:`interp.Task`, the task graph of its rows (:mod:`interp.graphs.task_graph`).
     """
@@ -170,9 +176,10 @@ def attribution_graph(
     n_logits, n_pos = len(logit_ids), len(tokens)
     n_nodes = keep + src.n_cols - n_feat + n_logits
     del clean  # read: its activations and logits are not held through the build
+    one_copy = one_copy_backward(model, tokens, tc, backward)  # None: the batched pass
     sized = functools.partial(
         graph_bytes, model, tc, n_pos, n_active=n_feat, keep=keep, n_logits=n_logits,
-        source_bytes=_source_bytes(src),
+        source_bytes=_source_bytes(src), one_copy=one_copy is not None,
     )  # fmt: skip
     chosen = 64 if batch_size is None else int(batch_size)
     # a round visits 4 x the batch asked for (circuit-tracer's rounds), whatever batch the
@@ -217,13 +224,15 @@ def attribution_graph(
     computed = torch.zeros(keep + n_logits, total_cols, dtype=dtype)
     row_nodes = torch.zeros(keep + n_logits, dtype=torch.long)  # each row's column
     with no_param_grads(model):
-        fp = frozen_pass(model, tokens, tc, batch_size)
-        device = fp.embed.device
+        if one_copy is None:
+            rows_of = functools.partial(_rows, frozen_pass(model, tokens, tc, batch_size))
+        else:
+            rows_of = one_copy
+        device = src.embed.device
         for i in range(0, n_logits, batch_size):
             chunk = slice(i, min(i + batch_size, n_logits))
             b = chunk.stop - chunk.start
-            rows = _rows(
-                fp,
+            rows = rows_of(
                 src,
                 torch.full((b,), tc.n_layers, device=device),
                 torch.full((b,), n_pos - 1, device=device),
@@ -244,8 +253,7 @@ def attribution_graph(
                 # a round's rows in (layer, pos) order: each batch then reaches fewer positions
                 pending = pending.sort().values
             for batch in torch.split(pending, batch_size):
-                rows = _rows(
-                    fp,
+                rows = rows_of(
                     src,
                     src.feat_layer[batch].to(device),
                     src.feat_pos[batch].to(device),
@@ -257,7 +265,7 @@ def attribution_graph(
                 filled += len(batch)
                 bar.update(len(batch))
         bar.close()
-        del fp
+        del rows_of
 
     selected = torch.nonzero(visited).flatten()
     if keep < n_feat:  # the unvisited features' columns go: the rows in place, chunk by chunk
@@ -278,6 +286,7 @@ def attribution_graph(
             "batch_size": batch_size,
             "estimated_bytes": sized(batch=batch_size),
             "hook": FINAL_HOOK,
+            "backward": "batched" if one_copy is None else "one-copy",
         },
         context={"model": model, "tc": tc},  # for head loadings and QK attribution
     )

@@ -10,8 +10,12 @@ The build holds, in the work dtype (float32, float64 for a float64 model) unless
   while it runs, one layer's attention scores and pattern (``_ATTENTION`` per row, head and
   position pair); during a backward pass, a gradient per layer and the targets' injections
   (``_BACKWARD``), and the ``[batch columns]`` block of rows computed;
+* with the one-copy backward (:mod:`interp.graphs.vjp`, the default where it covers the model)
+  instead of the frozen pass: one copy of every layer's pattern (model dtype), one row's
+  attention while the prompt's one pass runs (``_ONE_COPY_PASS``), and the backward's
+  ``[batch pos d_model]`` gradients (``_ONE_COPY_BACKWARD``, work dtype) and block of rows;
 * a bfloat16/float16 model on CPU: the kernels oneDNN compiles and caches per shape, which
-  grow with the passes (``_KERNELS``);
+  grow with the passes (``_KERNELS``; the one-copy backward: one pass, its rows in float32);
 * under a cap, one copy of the rows while ranking (``partial_influences``) and the kept
   columns' copy at the end; afterwards pruning needs one more copy of the kept rows and a
   mask.
@@ -28,6 +32,7 @@ import logging
 import torch
 
 from interp.foundation.sizes import available_host_bytes
+from interp.graphs.vjp import BACKWARDS, one_copy_fits
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +48,24 @@ _FIXED = {2: 5 * 2**20, 4: 8.5 * 2**20, 8: 8.5 * 2**20}
 # over 5 passes (16 positions), 10.4 over 8 (32), 17 over 14 (64), 28 over 54 (256); fitted
 # as _KERNELS * sqrt(passes), passes at most 1,024 (the cache's capacity in kernels)
 _KERNELS = 4.2 * 2**20
-# (per layer, fixed) [batch pos d_model] tensors the frozen pass holds, fitted (with the two
-# below) to 17 peaks of 2- to 6-layer models, 4 and 8 heads, d_model 128 and 256, 64 to 512
-# positions, capped and not, per-layer and cross-layer, float32 and bfloat16: every estimate
-# within 7% of its peak (0.5.0's 2-layer fit, (6, 9) and 3, had absorbed a pattern and an input
-# per layer that views of the batch kept alive, and fell to 0.58 of a 6-layer peak)
+# (per layer, fixed) [batch pos d_model] tensors the batched frozen pass (backward="batched")
+# holds, fitted with the two below to 17 peaks of 2- to 6-layer models, 4 and 8 heads, d_model
+# 128 and 256, 64 to 512 positions, capped and not, per-layer and cross-layer, float32 and
+# bfloat16: every estimate within 7% of its peak (0.5.0's 2-layer fit, (6, 9) and 3, had
+# absorbed a pattern and an input per layer that views of the batch kept alive, and fell to
+# 0.58 of a 6-layer peak)
 _FROZEN = (2.0, 2.0)
 _ATTENTION = 2.5  # [batch head pos pos] tensors alive at one layer's attention
 _BACKWARD = (0.5, 4.0)  # (per layer, fixed) [batch pos d_model] tensors of one backward pass
+# the one-copy backward (interp.graphs.vjp): [head pos pos] tensors alive at one layer's
+# attention in its one-row recording pass (as _ATTENTION, for one row), [batch pos d_model]
+# tensors (work dtype) alive in its backward (the residual's gradient, the attention's and a
+# norm's transposes, the skip term's), and the allocator's own (no autograd graph: less than
+# _FIXED). Fitted to 20 points of 32 to 256 positions (per-layer and cross-layer, float32 and
+# bfloat16; docs/graphs.md): within 4% from 64 positions, 16% at 32 (peaks of 7-13 MiB)
+_ONE_COPY_PASS = 3.0
+_ONE_COPY_BACKWARD = 5.0
+_FIXED_ONE_COPY = 2 * 2**20
 
 
 def graph_bytes(
@@ -63,9 +78,11 @@ def graph_bytes(
     n_logits: int,
     batch: int,
     source_bytes: int | None = None,
+    one_copy: bool = False,
 ) -> int:
     """Bytes the build of a graph of ``n_active`` active features (``keep`` kept) holds at its
-    peak (module docstring); ``source_bytes``: the sources' exact size where known."""
+    peak (module docstring); ``source_bytes``: the sources' exact size where known;
+    ``one_copy``: rows by the one-copy backward (:mod:`interp.graphs.vjp`)."""
     cfg = model.cfg
     d, n_heads, n_layers = int(cfg.d_model), int(cfg.n_heads), int(tc.n_layers)
     work = 8 if cfg.dtype == torch.float64 else 4
@@ -82,6 +99,10 @@ def graph_bytes(
     frozen = token * item * (_FROZEN[0] * n_layers + _FROZEN[1])
     attention = _ATTENTION * batch * n_heads * n_pos * n_pos * item
     backward = token * work * (_BACKWARD[0] * n_layers + _BACKWARD[1]) + batch * columns * work
+    if one_copy:  # one copy of the patterns, no batch of activations; the rows' gradients
+        frozen = n_layers * n_heads * n_pos * n_pos * item
+        attention = _ONE_COPY_PASS * n_heads * n_pos * n_pos * item
+        backward = token * work * _ONE_COPY_BACKWARD + batch * columns * work
     capped = keep < n_active
     ranking = block if capped else 0
     end = rows * kept_columns * work if capped else 0
@@ -89,9 +110,10 @@ def graph_bytes(
     during = frozen + max(attention, backward, ranking)
     kernels = 0.0
     if item < 4 and str(cfg.device).startswith("cpu"):
-        passes = -(-n_logits // batch) + -(-keep // batch)
+        # the one-copy backward runs one pass in the model's dtype (its rows in float32)
+        passes = 1 if one_copy else -(-n_logits // batch) + -(-keep // batch)
         kernels = _KERNELS * min(passes, 1024) ** 0.5
-    fixed = _FIXED.get(item, _FIXED[4])
+    fixed = _FIXED_ONE_COPY if one_copy else _FIXED.get(item, _FIXED[4])
     return int(fixed + kernels + source_bytes + block + max(during, end, pruning))
 
 
@@ -104,6 +126,7 @@ def estimate_graph_bytes(
     *,
     n_active: int | None = None,
     n_logits: int = 10,
+    backward: str = "auto",
 ) -> int:
     """Bytes :func:`interp.attribution_graph` holds at its peak for a prompt of ``n_pos`` tokens
     through transcoders ``tc`` (the model's own weights not counted).
@@ -114,7 +137,12 @@ def estimate_graph_bytes(
         n_active: the active features (positions 1 onwards). None counts every feature at
             every position active: an upper bound. ``attribution_graph`` counts them itself.
         n_logits: the logit nodes (at most ``max_n_logits``).
+        backward: the row step (``attribution_graph``'s): ``"auto"`` counts the one-copy
+            backward where the model's hooks fit it (:func:`interp.graphs.vjp.one_copy_fits`).
     """
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {', '.join(BACKWARDS)}, got {backward!r}")
+    one_copy = backward == "one-copy" or (backward == "auto" and one_copy_fits(model, tc))
     if n_pos < 2:
         raise ValueError(f"a graph needs at least 2 positions, got {n_pos}")
     if n_active is None:
@@ -123,8 +151,9 @@ def estimate_graph_bytes(
     batch = 64 if batch_size is None else int(batch_size)
     batch = max(1, min(batch, keep + n_logits))
     return graph_bytes(
-        model, tc, n_pos, n_active=n_active, keep=keep, n_logits=n_logits, batch=batch
-    )
+        model, tc, n_pos, n_active=n_active, keep=keep, n_logits=n_logits, batch=batch,
+        one_copy=one_copy,
+    )  # fmt: skip
 
 
 def free_bytes(device: torch.device | str) -> int | None:

@@ -233,6 +233,7 @@ def task_graph(
     batch_size: int = 64,
     max_bytes: int | str | None = None,
     progress: bool = False,
+    backward: str = "auto",
 ) -> TaskGraph:
     """The task graph (module docstring): ``one_graph`` (``attribution_graph``, passed in so
     this module sits below it) builds each row's graph with the other arguments (its own)."""
@@ -243,6 +244,7 @@ def task_graph(
         batch_size=batch_size,
         max_bytes=max_bytes,
         progress=progress,
+        backward=backward,
     )
     task: Task = tokens_or_text
     batch = task.tokens(model)  # every row checked before any graph

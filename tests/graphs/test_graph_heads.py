@@ -61,7 +61,12 @@ def test_head_loadings_sum_to_edges(zoo, arch):
     assert len(sums) == len(kept)  # every kept edge has loadings
     want = torch.tensor([float(A[t, s]) for t, s in sums.index], dtype=torch.float64)
     got = torch.tensor(sums.to_numpy(), dtype=torch.float64)
-    torch.testing.assert_close(got, want, rtol=0, atol=RTOL * float(A.abs().max()))
+    # GPT-J's attention runs in float32 in a float64 model, rounding its pattern by the batch's
+    # shape: the graph's one-copy rows freeze the prompt's own (batch 1) pattern, the head
+    # loadings' pass that of its batch, 1e-7 apart (the graph's rows are the frozen model run
+    # forwards to 2e-15: tests/graphs/test_graph_vjp.py)
+    rtol = RTOL_F32 if arch == "gptj" else RTOL
+    torch.testing.assert_close(got, want, rtol=0, atol=rtol * float(A.abs().max()))
     pos = pruned.nodes["pos"].to_numpy()
     residual = table[table.layer == -1]
     assert (pos[residual.target] == pos[residual.source]).all()
