@@ -1,0 +1,147 @@
+"""What head loadings and QK attribution hold at their peak, and the rows a memory budget allows.
+
+Both decompositions (:mod:`interp.graphs.heads`, :mod:`interp.graphs.qk`) hold, besides the
+model and the graph they were given:
+
+* the sources (:class:`interp.graphs.nodes.Sources`: exact bytes), read from a clean pass
+  whose cache (every transcoder site and the logits, model dtype) is alive while they are read;
+* their results, exact bytes: head loadings' ``[target layer head column]`` loadings and
+  residual parts, QK attribution's ``2 x d_head`` rows of the query's and key's parts;
+* ``passes`` frozen passes of ``rows`` rows (:mod:`interp.graphs.attention_pass`; head loadings
+  two, QK one), ``_FROZEN`` ``[rows pos d_model]`` tensors per layer in the model's dtype;
+  while a pass runs, one layer's attention scores and pattern (``_ATTENTION`` ``[rows head
+  pos pos]`` tensors);
+* a backward pass's gradients (``_BACKWARD`` ``[rows pos d_model]`` per layer, work dtype)
+  and, for head loadings, each target's gradient split over heads (``[rows head pos
+  d_model]``);
+* at the end, the table: head loadings' ``[edge layer head]`` weights, their indices and the
+  DataFrame (``_TABLE`` bytes per entry), QK attribution's ``[item item]`` pairs likewise.
+
+A half-precision model on CPU adds oneDNN's kernels per shape, as the graph's build does
+(:data:`interp.graphs.budget._KERNELS`, by the square root of the backward passes).
+
+The coefficients were fitted to peaks measured by benchmarks/bench_attention_memory.py (host
+RSS of a fresh process with freed memory returned to the system at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from interp.engine.allocator import return_freed_memory
+from interp.engine.plan import MemoryBudgetError
+from interp.foundation.sizes import format_size, parse_size
+
+__all__ = ["Held", "RowPlan", "decomposition_bytes", "fit_rows", "heads_bytes", "qk_bytes"]
+
+_FIXED = 4 * 2**20  # the allocator's and autograd's own
+_FROZEN = 12.0  # [rows pos d_model] tensors a frozen pass holds, per layer (model dtype)
+_ATTENTION = 3.0  # [rows head pos pos] tensors alive at one layer's attention
+_BACKWARD = 8.0  # [rows pos d_model] gradients of one backward pass, per layer (work dtype)
+_PER_HEAD = 2.0  # [rows head pos d_model]: head loadings' gradients split over heads
+_TABLE = 48  # bytes per entry of the final table (values, indices, the DataFrame's columns)
+_KERNELS = 4.2 * 2**20  # oneDNN's cached kernels (a half-precision model on CPU), as budget's
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a decomposition holds besides its passes: ``passes`` frozen passes alive at once,
+    the ``sources`` and ``results`` (bytes), the ``table``'s entries, ``per_head`` (head
+    loadings' gradients split over heads), the backward passes made per row (``calls``)."""
+
+    passes: int
+    sources: int
+    results: int
+    table: int
+    per_head: bool
+    calls: int
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The rows per pass chosen and the estimate there and at the smallest batch."""
+
+    rows: int
+    estimated_bytes: int
+    least_bytes: int
+
+    def attrs(self) -> dict:
+        return {
+            "batch_size": self.rows,
+            "estimated_bytes": self.estimated_bytes,
+            "least_bytes": self.least_bytes,
+        }
+
+
+def _nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _source_bytes(src) -> int:
+    tensors = [src.encoders, src.errors, src.embed, src.activation, src.feat_layer]
+    tensors += [src.feat_pos, src.feat_index]
+    tensors += [v for v, _ in src.writers] + [c for _, c in src.writers]
+    return _nbytes(*tensors)
+
+
+def heads_bytes(src, loads, residual, n_edges: int) -> Held:
+    """Head loadings' :class:`Held`: two passes, the loadings and residual parts, a table of
+    ``n_edges x layer x head`` weights; a backward pass per (target, layer, head)."""
+    _, n_layers, n_heads, _ = loads.shape
+    return Held(2, _source_bytes(src), _nbytes(loads, residual), n_edges * n_layers * n_heads,
+                True, len(loads) * (1 + n_layers * n_heads))  # fmt: skip
+
+
+def qk_bytes(src, values, n_items: int) -> Held:
+    """QK attribution's :class:`Held`: one pass, the ``2 x d_head`` rows, a table of
+    ``n_items**2`` pairs; ``2 x d_head`` backward rows."""
+    return Held(1, _source_bytes(src), 2 * _nbytes(values), n_items * n_items, False, len(values))
+
+
+def decomposition_bytes(model, tc, n_pos: int, rows: int, held: Held) -> int:
+    """Bytes a decomposition holds at its peak with ``rows`` rows per pass (module docstring)."""
+    cfg = model.cfg
+    d, n_heads, n_layers = int(cfg.d_model), int(cfg.n_heads), int(tc.n_layers)
+    item = torch.empty((), dtype=cfg.dtype).element_size()
+    work = 8 if cfg.dtype == torch.float64 else 4
+    token = rows * n_pos * d
+    clean = (2 * n_layers + 1) * n_pos * d * item + n_pos * int(cfg.d_vocab) * item
+    frozen = held.passes * token * item * _FROZEN * n_layers
+    attention = _ATTENTION * rows * n_heads * n_pos * n_pos * item
+    backward = token * work * _BACKWARD * n_layers
+    if held.per_head:
+        backward += _PER_HEAD * token * n_heads * work
+    kernels = 0.0
+    if item < 4 and str(cfg.device).startswith("cpu"):
+        kernels = _KERNELS * min(-(-held.calls // rows), 1024) ** 0.5
+    during = frozen + max(attention, backward)
+    table = held.table * _TABLE
+    return int(_FIXED + kernels + held.sources + held.results + max(clean, during, table))
+
+
+def fit_rows(model, tc, n_pos: int, rows: int, held: Held, max_bytes, what: str) -> RowPlan:
+    """``rows``, halved while the estimate exceeds ``max_bytes`` (None: no budget); a budget
+    that the least estimate over the batches tried does not fit is refused, saying what it
+    needs. Under a budget freed memory goes back to the system at once
+    (:func:`interp.engine.return_freed_memory`), so the process's size is what it holds."""
+    sizes = {}  # by batch, the largest first
+    batch = rows
+    while True:
+        sizes[batch] = decomposition_bytes(model, tc, n_pos, batch, held)
+        if batch == 1:
+            break
+        batch //= 2
+    least = min(sizes.values())
+    if max_bytes is not None:
+        budget = parse_size(max_bytes)
+        if least > budget:
+            raise MemoryBudgetError(
+                f"{what} needs at least {least} bytes ({format_size(least)}: {held.passes} "
+                f"frozen pass(es) over {n_pos} positions, {format_size(held.sources)} of "
+                f"sources, {format_size(held.results)} of results); raise max_bytes to {least}"
+            )
+        return_freed_memory()
+        rows = next(b for b, size in sizes.items() if size <= budget)  # the largest that fits
+    return RowPlan(rows, sizes[rows], least)
