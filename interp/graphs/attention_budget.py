@@ -15,7 +15,9 @@ model and the graph they were given:
   and, for head loadings, each target's gradient split over heads (``[rows head pos
   d_model]``);
 * at the end, the table: head loadings' ``[edge layer head]`` weights, their indices and the
-  DataFrame (``_TABLE`` bytes per entry), QK attribution's ``[item item]`` pairs likewise.
+  DataFrame, QK attribution's pairs of the items that can have a part on each side (a node
+  below the head's layer at or before the query's, or the key's, position, and the three
+  constants), each pair's product, indices and columns.
 
 A half-precision model on CPU adds oneDNN's kernels per shape, as the graph's build does
 (:data:`interp.graphs.budget._KERNELS`, by the square root of the backward passes).
@@ -38,18 +40,21 @@ __all__ = ["Held", "RowPlan", "decomposition_bytes", "fit_rows", "heads_bytes", 
 
 _FIXED = 4 * 2**20  # the allocator's and autograd's own
 _FROZEN = 12.0  # [rows pos d_model] tensors a frozen pass holds, per layer (model dtype)
-_ATTENTION = 3.0  # [rows head pos pos] tensors alive at one layer's attention
+_ATTENTION = 4.5  # [rows head pos pos] tensors alive at one layer's attention
 _BACKWARD = 8.0  # [rows pos d_model] gradients of one backward pass, per layer (work dtype)
 _PER_HEAD = 2.0  # [rows head pos d_model]: head loadings' gradients split over heads
-_TABLE = 48  # bytes per entry of the final table (values, indices, the DataFrame's columns)
+# bytes per entry of the final tables, counted from the arrays they make (the weights or
+# products, nonzero's indices, the columns and the DataFrame's copy of them, its sort)
+_HEAD_ENTRY = 160  # an (edge, layer, head) of head loadings
+_PAIR_ENTRY = 136  # a (query item, key item) pair of QK attribution
 _KERNELS = 4.2 * 2**20  # oneDNN's cached kernels (a half-precision model on CPU), as budget's
 
 
 @dataclass(frozen=True)
 class Held:
     """What a decomposition holds besides its passes: ``passes`` frozen passes alive at once,
-    the ``sources`` and ``results`` (bytes), the ``table``'s entries, ``per_head`` (head
-    loadings' gradients split over heads), the backward passes made per row (``calls``)."""
+    the ``sources``, ``results`` and the final ``table`` (bytes), ``per_head`` (head
+    loadings' gradients split over heads), the backward rows it computes (``calls``)."""
 
     passes: int
     sources: int
@@ -90,14 +95,17 @@ def heads_bytes(src, loads, residual, n_edges: int) -> Held:
     """Head loadings' :class:`Held`: two passes, the loadings and residual parts, a table of
     ``n_edges x layer x head`` weights; a backward pass per (target, layer, head)."""
     _, n_layers, n_heads, _ = loads.shape
-    return Held(2, _source_bytes(src), _nbytes(loads, residual), n_edges * n_layers * n_heads,
-                True, len(loads) * (1 + n_layers * n_heads))  # fmt: skip
+    table = n_edges * n_layers * n_heads * _HEAD_ENTRY
+    return Held(2, _source_bytes(src), _nbytes(loads, residual), table, True,
+                len(loads) * (1 + n_layers * n_heads))  # fmt: skip
 
 
-def qk_bytes(src, values, n_items: int) -> Held:
-    """QK attribution's :class:`Held`: one pass, the ``2 x d_head`` rows, a table of
-    ``n_items**2`` pairs; ``2 x d_head`` backward rows."""
-    return Held(1, _source_bytes(src), 2 * _nbytes(values), n_items * n_items, False, len(values))
+def qk_bytes(src, values, n_query: int, n_key: int) -> Held:
+    """QK attribution's :class:`Held`: one pass, the ``2 x d_head`` rows and the parts, a table
+    of at most ``n_query x n_key`` pairs (the items that can have a part on either side);
+    ``2 x d_head`` backward rows."""
+    table = n_query * n_key * _PAIR_ENTRY
+    return Held(1, _source_bytes(src), 2 * _nbytes(values), table, False, len(values))
 
 
 def decomposition_bytes(model, tc, n_pos: int, rows: int, held: Held) -> int:
@@ -117,8 +125,7 @@ def decomposition_bytes(model, tc, n_pos: int, rows: int, held: Held) -> int:
     if item < 4 and str(cfg.device).startswith("cpu"):
         kernels = _KERNELS * min(-(-held.calls // rows), 1024) ** 0.5
     during = frozen + max(attention, backward)
-    table = held.table * _TABLE
-    return int(_FIXED + kernels + held.sources + held.results + max(clean, during, table))
+    return int(_FIXED + kernels + held.sources + held.results + max(clean, during, held.table))
 
 
 def fit_rows(model, tc, n_pos: int, rows: int, held: Held, max_bytes, what: str) -> RowPlan:

@@ -31,6 +31,7 @@ query and of the key), in chunks of ``batch_size``.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
@@ -107,10 +108,10 @@ def _qk_parts(model, tc, g, layer, head, query_pos, key_pos, batch_size, max_byt
     # the part that goes through the attention's input (the rest is the bias)
     values = torch.zeros(2 * d_head, src.n_cols, dtype=dtype)
     through_x = torch.zeros(2 * d_head, dtype=dtype)
-    n_items = len(g.nodes) + len(CONSTANTS)
     plan = fit_rows(
         model, tc, len(tokens), max(1, min(int(batch_size), 2 * d_head)),
-        qk_bytes(src, values, n_items), max_bytes, "QK attribution",
+        qk_bytes(src, values, *_reaching(g, layer, query_pos, key_pos)), max_bytes,
+        "QK attribution",
     )  # fmt: skip
     with no_param_grads(model):
         fp = attention_pass(model, tokens, tc, plan.rows, qk_layer=layer)
@@ -140,6 +141,18 @@ def _qk_parts(model, tc, g, layer, head, query_pos, key_pos, batch_size, max_byt
         items.append(torch.cat([nodes, other[None], constant[None], bias[None]]))
     labels = [*node_ids(g.nodes, int(model.cfg.n_layers)), *CONSTANTS]
     return items[0], items[1], scale, labels, plan
+
+
+def _reaching(g, layer: int, query_pos: int, key_pos: int) -> tuple[int, int]:
+    """How many items can have a part in the query, and in the key: sources below ``layer``
+    (features and errors write after their layer's attention) at or before the position,
+    and the constants."""
+    nodes = g.nodes
+    source = nodes["kind"].isin(["token"]) | (
+        nodes["kind"].isin(["feature", "error"]) & (nodes["layer"] < layer)
+    )
+    pos = nodes["pos"].to_numpy()
+    return tuple(int((source & (pos <= at)).sum()) + len(CONSTANTS) for at in (query_pos, key_pos))
 
 
 def _backward_rows(fp, src, layer: int, at: list, values: Tensor, through_x: Tensor) -> None:
@@ -201,26 +214,34 @@ def qk_attribution(
     or those names) and ``contribution``; pairs whose contribution is exactly zero are left out,
     and ``top`` keeps only the largest. Without ``top`` the contributions sum to the score
     before any soft cap, which ``attrs["score"]`` holds (``attrs["capped"]``: after the cap).
-    ``max_bytes`` bounds the frozen pass and the parts (the batch halved until they fit; a
-    budget one row does not fit is refused with what it needs).
+    ``max_bytes`` bounds what the call holds (the sources, the frozen pass, the backward rows,
+    the parts and the table; not the model or the graph): the batch is halved until the
+    estimate (:mod:`interp.graphs.attention_budget`) fits, and a budget the smallest batch
+    does not fit is refused (``MemoryBudgetError``) with what it needs. ``attrs`` also holds
+    ``batch_size``, ``estimated_bytes`` and ``least_bytes`` (the estimate at the batch used
+    and at the smallest).
     """
     Q, K, scale, labels, plan = _qk_parts(
         model, tc, g, layer, head, query_pos, key_pos, batch_size, max_bytes
     )
-    pairs: Float[Tensor, "item item"] = scale * Q @ K.T
+    # the products of the items with a part on both sides only (the rest are zero)
+    q_items = torch.nonzero(Q.abs().amax(1) > 0).flatten()
+    k_items = torch.nonzero(K.abs().amax(1) > 0).flatten()
+    pairs: Float[Tensor, "item item"] = scale * Q[q_items] @ K[k_items].T
     qi, ki = torch.nonzero(pairs, as_tuple=True)
     value = pairs[qi, ki]
+    del pairs
     order = torch.argsort(value.abs(), descending=True)
     if top is not None:
         order = order[: int(top)]
-    qi, ki, value = qi[order], ki[order], value[order]
-    n_nodes = len(g.nodes)
+    qi, ki, value = q_items[qi[order]], k_items[ki[order]], value[order]
+    n_nodes, names = len(g.nodes), np.asarray(labels, dtype=object)
     table = pd.DataFrame(
         {
             "query_node": torch.where(qi < n_nodes, qi, -1).numpy(),
             "key_node": torch.where(ki < n_nodes, ki, -1).numpy(),
-            "query_id": [labels[i] for i in qi.tolist()],
-            "key_id": [labels[i] for i in ki.tolist()],
+            "query_id": names[qi.numpy()],
+            "key_id": names[ki.numpy()],
             "contribution": value.numpy(),
         }
     )
