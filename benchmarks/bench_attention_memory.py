@@ -60,8 +60,8 @@ def _model(spec: dict):
             make_checkpoint(folder, arch="gpt2", n_layers=N_LAYERS, n_heads=4, d_model=D_MODEL,
                             n_ctx=1024, vocab_size=1000)  # fmt: skip
         else:  # 4 query heads on 2 key/value heads, rotary, RMSNorm
-            make_zoo_checkpoint(folder, spec["arch"], hidden_size=D_MODEL,
-                                max_position_embeddings=1024, intermediate_size=4 * D_MODEL)  # fmt: skip
+            wide = {"hidden_size": D_MODEL, "intermediate_size": 4 * D_MODEL}
+            make_zoo_checkpoint(folder, spec["arch"], max_position_embeddings=1024, **wide)
     return load_model(folder, device=spec["device"], dtype=getattr(torch, spec["dtype"]))
 
 
@@ -100,6 +100,7 @@ def _child(spec: dict) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from interp import attribution_graph
+    from interp.engine.plan import MemoryBudgetError
     from interp.graphs.heads import head_loadings
     from interp.graphs.qk import qk_attribution
 
@@ -124,7 +125,8 @@ def _child(spec: dict) -> dict:
     decompose(warm.prune() if heads else warm)
     g = attribution_graph(model, tokens, tc, max_feature_nodes=spec["cap"])
     tc = g.context["tc"]  # in the graph's dtype
-    target = g.prune() if heads else g
+    # head loadings: every kept edge of the pruned graph, or with "unpruned", every edge
+    target = g.prune() if heads and not spec.get("unpruned") else g
     del warm, g
     gc.collect()
 
@@ -140,7 +142,11 @@ def _child(spec: dict) -> dict:
     else:
         Path("/proc/self/clear_refs").write_text("5")
         before = rss()["VmRSS"]
-    table = decompose(target, max_bytes=spec.get("max_bytes"))
+    try:
+        extra = {"batch_size": spec["batch_size"]} if spec.get("batch_size") else {}
+        table = decompose(target, max_bytes=spec.get("max_bytes"), **extra)
+    except MemoryBudgetError as err:  # refused up front: what it needs
+        return {"refused": str(err)}
     if device == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before

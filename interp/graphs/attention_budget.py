@@ -7,23 +7,23 @@ model and the graph they were given:
   whose cache (every transcoder site and the logits, model dtype) is alive while they are read;
 * their results, exact bytes: head loadings' ``[target layer head column]`` loadings and
   residual parts, QK attribution's ``2 x d_head`` rows of the query's and key's parts;
-* ``passes`` frozen passes of ``rows`` rows (:mod:`interp.graphs.attention_pass`; head loadings
-  two, QK one), ``_FROZEN`` ``[rows pos d_model]`` tensors per layer in the model's dtype;
-  while a pass runs, one layer's attention scores and pattern (``_ATTENTION`` ``[rows head
-  pos pos]`` tensors);
-* a backward pass's gradients (``_BACKWARD`` ``[rows pos d_model]`` per layer, work dtype)
-  and, for head loadings, each target's gradient split over heads (``[rows head pos
-  d_model]``);
+* per row of a pass: the frozen passes (:mod:`interp.graphs.attention_pass`; head loadings
+  two, QK attribution one), one backward pass's gradients and, for head loadings, each
+  target's gradient split over heads: ``_PER_ROW[what]`` = (``[pos d_model]`` tensors per
+  layer, ``[head pos pos]`` tensors) in the model's dtype;
 * at the end, the table: head loadings' ``[edge layer head]`` weights, their indices and the
   DataFrame, QK attribution's pairs of the items that can have a part on each side (a node
   below the head's layer at or before the query's, or the key's, position, and the three
-  constants), each pair's product, indices and columns.
+  constants), each pair's product, indices and columns (counted from the arrays made).
 
 A half-precision model on CPU adds oneDNN's kernels per shape, as the graph's build does
-(:data:`interp.graphs.budget._KERNELS`, by the square root of the backward passes).
+(``_KERNELS`` by the square root of the backward passes).
 
-The coefficients were fitted to peaks measured by benchmarks/bench_attention_memory.py (host
-RSS of a fresh process with freed memory returned to the system at once).
+The per-row coefficients were fitted to the peaks benchmarks/bench_attention_memory.py
+measures (host RSS of a fresh process with freed memory returned to the system at once) on
+2-layer, d_model 128 models at 16 to 256 positions, to the steeper slope (few rows: a batch
+wider than the targets costs less per row), so the estimate errs high; the split between
+layers and the rest was not measured (2-layer models only).
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ from interp.foundation.sizes import format_size, parse_size
 
 __all__ = ["Held", "RowPlan", "decomposition_bytes", "fit_rows", "heads_bytes", "qk_bytes"]
 
-_FIXED = 4 * 2**20  # the allocator's and autograd's own
-_FROZEN = 12.0  # [rows pos d_model] tensors a frozen pass holds, per layer (model dtype)
-_ATTENTION = 4.5  # [rows head pos pos] tensors alive at one layer's attention
-_BACKWARD = 8.0  # [rows pos d_model] gradients of one backward pass, per layer (work dtype)
-_PER_HEAD = 2.0  # [rows head pos d_model]: head loadings' gradients split over heads
+_FIXED = 8 * 2**20  # the allocator's, autograd's and a fresh process's first calls' own
+# what one row of the passes holds, by decomposition: ([pos d_model] tensors per layer,
+# [head pos pos] tensors), model dtype. Fitted over the measured peaks less the rest (float32,
+# 2 layers, d_model 128, 4 heads; fresh processes): head loadings up to 2.4 MB a row at 64
+# positions (a Llama) and 10.4 at 256; QK attribution 1.0 and 6.1
+_PER_ROW = {"heads": (36.0, 2.5), "qk": (24.0, 0.5)}
 # bytes per entry of the final tables, counted from the arrays they make (the weights or
 # products, nonzero's indices, the columns and the DataFrame's copy of them, its sort)
 _HEAD_ENTRY = 160  # an (edge, layer, head) of head loadings
@@ -52,15 +53,14 @@ _KERNELS = 4.2 * 2**20  # oneDNN's cached kernels (a half-precision model on CPU
 
 @dataclass(frozen=True)
 class Held:
-    """What a decomposition holds besides its passes: ``passes`` frozen passes alive at once,
-    the ``sources``, ``results`` and the final ``table`` (bytes), ``per_head`` (head
-    loadings' gradients split over heads), the backward rows it computes (``calls``)."""
+    """What a decomposition (``what``: ``"heads"`` or ``"qk"``) holds besides its passes: the
+    ``sources``, ``results`` and the final ``table`` (bytes); the backward rows it computes
+    (``calls``)."""
 
-    passes: int
+    what: str
     sources: int
     results: int
     table: int
-    per_head: bool
     calls: int
 
 
@@ -96,7 +96,7 @@ def heads_bytes(src, loads, residual, n_edges: int) -> Held:
     ``n_edges x layer x head`` weights; a backward pass per (target, layer, head)."""
     _, n_layers, n_heads, _ = loads.shape
     table = n_edges * n_layers * n_heads * _HEAD_ENTRY
-    return Held(2, _source_bytes(src), _nbytes(loads, residual), table, True,
+    return Held("heads", _source_bytes(src), _nbytes(loads, residual), table,
                 len(loads) * (1 + n_layers * n_heads))  # fmt: skip
 
 
@@ -105,7 +105,7 @@ def qk_bytes(src, values, n_query: int, n_key: int) -> Held:
     of at most ``n_query x n_key`` pairs (the items that can have a part on either side);
     ``2 x d_head`` backward rows."""
     table = n_query * n_key * _PAIR_ENTRY
-    return Held(1, _source_bytes(src), 2 * _nbytes(values), table, False, len(values))
+    return Held("qk", _source_bytes(src), 2 * _nbytes(values), table, len(values))
 
 
 def decomposition_bytes(model, tc, n_pos: int, rows: int, held: Held) -> int:
@@ -113,19 +113,14 @@ def decomposition_bytes(model, tc, n_pos: int, rows: int, held: Held) -> int:
     cfg = model.cfg
     d, n_heads, n_layers = int(cfg.d_model), int(cfg.n_heads), int(tc.n_layers)
     item = torch.empty((), dtype=cfg.dtype).element_size()
-    work = 8 if cfg.dtype == torch.float64 else 4
-    token = rows * n_pos * d
     clean = (2 * n_layers + 1) * n_pos * d * item + n_pos * int(cfg.d_vocab) * item
-    frozen = held.passes * token * item * _FROZEN * n_layers
-    attention = _ATTENTION * rows * n_heads * n_pos * n_pos * item
-    backward = token * work * _BACKWARD * n_layers
-    if held.per_head:
-        backward += _PER_HEAD * token * n_heads * work
+    per_layer, attention = _PER_ROW[held.what]
+    per_row = (per_layer * n_layers * n_pos * d + attention * n_heads * n_pos * n_pos) * item
     kernels = 0.0
     if item < 4 and str(cfg.device).startswith("cpu"):
         kernels = _KERNELS * min(-(-held.calls // rows), 1024) ** 0.5
-    during = frozen + max(attention, backward)
-    return int(_FIXED + kernels + held.sources + held.results + max(clean, during, held.table))
+    peak = max(clean, rows * per_row, held.table)
+    return int(_FIXED + kernels + held.sources + held.results + peak)
 
 
 def fit_rows(model, tc, n_pos: int, rows: int, held: Held, max_bytes, what: str) -> RowPlan:
@@ -145,9 +140,9 @@ def fit_rows(model, tc, n_pos: int, rows: int, held: Held, max_bytes, what: str)
         budget = parse_size(max_bytes)
         if least > budget:
             raise MemoryBudgetError(
-                f"{what} needs at least {least} bytes ({format_size(least)}: {held.passes} "
-                f"frozen pass(es) over {n_pos} positions, {format_size(held.sources)} of "
-                f"sources, {format_size(held.results)} of results); raise max_bytes to {least}"
+                f"{what} needs at least {least} bytes ({format_size(least)}: its frozen "
+                f"pass(es) over {n_pos} positions, {format_size(held.sources)} of sources, "
+                f"{format_size(held.results)} of results); raise max_bytes to {least}"
             )
         return_freed_memory()
         rows = next(b for b, size in sizes.items() if size <= budget)  # the largest that fits
