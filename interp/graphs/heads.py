@@ -36,8 +36,15 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.graphs.attention_budget import fit_rows, heads_bytes
-from interp.graphs.attention_pass import attention_pass, contract, graph_columns, sources_of
+from interp.graphs.attention_pass import (
+    AttentionPass,
+    attention_pass,
+    contract,
+    graph_columns,
+    sources_of,
+)
 from interp.graphs.frozen import no_param_grads
+from interp.graphs.nodes import Sources
 from interp.graphs.value_path import ValuePath
 
 __all__ = ["HEAD_LOADING_COLUMNS", "head_loadings", "head_transpose"]
@@ -130,14 +137,14 @@ class _Work:
     t_layers: list[int]
     t_pos: list[int]
     t_vecs: Tensor
-    src: object
+    src: Sources
     needed: Tensor
     loads: Tensor
     residual: Tensor
     rows: int
     by: str
-    closed: object = None
-    opened: object = None
+    closed: AttentionPass | None = None  # every attention layer closed
+    opened: AttentionPass | None = None
 
 
 def head_loadings(
