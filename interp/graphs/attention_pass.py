@@ -22,6 +22,7 @@ source; :func:`graph_columns` maps a graph's nodes onto those columns.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,24 +31,19 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.engine import run_cached
-from interp.engine.plan import MemoryBudgetError
-from interp.foundation.sizes import parse_size
 from interp.graphs.frozen import FINAL_HOOK, frozen_hooks, run_frozen
 from interp.graphs.nodes import Sources, read_sources
 from interp.graphs.norm_path import norm_paths
+from interp.graphs.rotary import QK_SITES, queries_keys
 from interp.graphs.value_path import Scope, ValuePath, value_path_weights
 
 __all__ = [
     "AttentionPass",
     "attention_pass",
     "contract",
-    "fit_rows",
     "graph_columns",
     "sources_of",
 ]
-
-# recorded at the QK layer: the queries and keys before and after rotary, rotary's cos and sin
-QK_SITES = ("hook_q", "hook_k", "hook_rot_q", "hook_rot_k", "hook_cos", "hook_sin")
 
 
 @dataclass
@@ -64,34 +60,6 @@ class AttentionPass:
     patterns: list[Tensor]
     paths: list[ValuePath]
     qk: dict = field(default_factory=dict)  # "q", "k": [rows pos head d_head] graph tensors
-
-
-def pass_bytes(model, n_pos: int, rows: int) -> int:
-    """Bytes one frozen pass of ``rows`` rows retains (float32), counted as
-    :func:`interp.graphs.attribute.estimate_graph_bytes` counts the graph's."""
-    cfg = model.cfg
-    per_row_layer = 10 * n_pos * cfg.d_model + 2 * cfg.n_heads * n_pos * n_pos
-    return rows * 4 * (cfg.n_layers * per_row_layer + n_pos * cfg.d_vocab)
-
-
-def fit_rows(
-    model, n_pos: int, rows: int, *, passes: int, held: int, max_bytes: int | str | None, what: str
-) -> int:
-    """``rows`` halved until ``passes`` frozen passes and ``held`` bytes fit ``max_bytes``
-    (None: no budget); a budget that one row per pass does not fit is refused, saying what
-    it needs."""
-    if max_bytes is None:
-        return rows
-    budget = parse_size(max_bytes)
-    need = passes * pass_bytes(model, n_pos, 1) + held
-    if need > budget:
-        raise MemoryBudgetError(
-            f"{what} needs at least {need} bytes ({passes} frozen pass(es) of one row over "
-            f"{n_pos} positions and {held} bytes of results); raise max_bytes to {need}"
-        )
-    while rows > 1 and passes * pass_bytes(model, n_pos, rows) + held > budget:
-        rows //= 2
-    return rows
 
 
 def _paths(model, n_layers: int) -> list[ValuePath]:
@@ -125,6 +93,7 @@ def attention_pass(
         fp = _attention_pass(model, tokens, tc, rows, open_attention, qk_layer, norms)
         if all(path.check() for path in norms.values()):
             return fp
+        del fp  # not held while the pass runs again
     return _attention_pass(model, tokens, tc, rows, open_attention, qk_layer, None)
 
 
@@ -132,72 +101,33 @@ def _attention_pass(model, tokens, tc, rows, open_attention, qk_layer, norms) ->
     n_layers = tc.n_layers
     paths = _paths(model, n_layers)
     keep: dict = {}
-    # q, k and patterns detached: frozen
-    hooks = frozen_hooks(model, tc, keep, None, Scope(), norms)
+    hooks = frozen_hooks(model, tc, keep, None, Scope(), norms)  # q, k, patterns detached
     if qk_layer is not None:
         attn = f"blocks.{qk_layer}.attn"
         # the bridge's own projections (and rotary) from the layer's input to its q and k
         hooks = [h for h in hooks if h[0] not in (f"{attn}.hook_q", f"{attn}.hook_k")]
     dtype = next(model.parameters()).dtype
-    n_pos = len(tokens)
     xs: list = [None] * n_layers
     # filled by hook_pattern, which some bridges fire after hook_out (OPT, GPT-J): the value
     # path's backward reads it from here, after the pass
     recorded: list[dict] = [{} for _ in range(n_layers)]
+    shape = (rows, len(tokens), model.cfg.d_model)
     deltas = [
-        torch.zeros(
-            rows, n_pos, model.cfg.d_model, dtype=dtype, device=tokens.device
-        ).requires_grad_(True)
+        torch.zeros(shape, dtype=dtype, device=tokens.device).requires_grad_(True)
         for _ in range(n_layers)
     ]
     qk: dict = {}
-
-    def enter(layer: int):
-        def hook(act: Tensor, hook) -> Tensor:
-            xs[layer] = act
-            return act if layer == qk_layer else act.detach()
-
-        return hook
-
-    def pattern(layer: int):
-        def hook(act: Tensor, hook) -> Tensor:
-            recorded[layer]["pattern"] = act[:1].detach()  # every row is the same prompt
-            return act.detach()
-
-        return hook
-
-    def leave(layer: int):
-        def hook(act: Tensor, hook) -> Tensor:
-            recorded[layer]["x"], recorded[layer]["out"] = xs[layer][:1].detach(), act[:1].detach()
-            out = act.detach()
-            if open_attention:
-                out = paths[layer].apply(act, xs[layer], recorded[layer], Scope())
-            return out + deltas[layer].to(act.dtype)
-
-        return hook
-
-    def record(key: str):
-        def hook(act: Tensor, hook) -> None:
-            qk[key] = act
-
-        return hook
-
     for layer in range(n_layers):
-        attn = f"blocks.{layer}.attn"
-        hooks += [
-            (f"{attn}.hook_in", enter(layer)),
-            (f"{attn}.hook_pattern", pattern(layer)),
-            (f"{attn}.hook_out", leave(layer)),
-        ]
+        hooks += _layer_hooks(layer, xs, recorded[layer], deltas[layer], paths[layer],
+                              open_attention, layer == qk_layer)  # fmt: skip
     if qk_layer is not None:
         for site in QK_SITES:
             name = f"blocks.{qk_layer}.attn.{site}"
             if name in model.hook_dict:
-                hooks.append((name, record(site)))
-    batch = tokens[None].expand(rows, -1)
-    run_frozen(model, batch, hooks)  # stops at the final norm's output (no logits)
+                hooks.append((name, functools.partial(_record, qk, site)))
+    run_frozen(model, tokens[None].expand(rows, -1), hooks)  # to the final norm's output
     if qk_layer is not None:
-        qk = _queries_keys(model, qk_layer, qk)
+        qk = queries_keys(model, qk_layer, qk)
     wrong = [
         layer
         for layer, seen in enumerate(recorded)
@@ -215,64 +145,33 @@ def _attention_pass(model, tokens, tc, rows, open_attention, qk_layer, norms) ->
     )  # fmt: skip
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def _record(qk: dict, key: str, act: Tensor, hook) -> None:
+    qk[key] = act
 
 
-def _queries_keys(model, layer: int, seen: dict) -> dict:
-    """``{"q", "k"}``: layer ``layer``'s queries and keys as the score multiplies them, after
-    rotary where the model has it. Where the bridge runs no ``hook_rot_q`` (GPT-NeoX), rotary
-    is applied here from its ``hook_cos`` and ``hook_sin`` (the first ``cos.shape[-1]``
-    dimensions of each head, halves rotated: GPT-NeoX's layout); the pattern check in
-    :mod:`interp.graphs.qk` refuses a model laid out otherwise."""
-    rotary = getattr(model.cfg, "positional_embedding_type", "") == "rotary"
-    if not rotary and {"hook_q", "hook_k"} <= seen.keys():
-        return {"q": seen["hook_q"], "k": seen["hook_k"]}
-    if {"hook_rot_q", "hook_rot_k"} <= seen.keys():
-        return {"q": seen["hook_rot_q"], "k": seen["hook_rot_k"]}
-    if rotary and {"hook_q", "hook_k", "hook_cos", "hook_sin"} <= seen.keys():
-        cos, sin = seen["hook_cos"].detach(), seen["hook_sin"].detach()  # [1 pos rot]
-        cos, sin = cos[:, :, None], sin[:, :, None]  # over heads
-        n_rot = cos.shape[-1]
-        out = {}
-        for key in ("q", "k"):
-            x = seen[f"hook_{key}"]  # [rows pos head d_head]
-            turned = x[..., :n_rot] * cos.to(x.dtype) + _rotate_half(x[..., :n_rot]) * sin.to(
-                x.dtype
-            )
-            out[key] = torch.cat([turned, x[..., n_rot:]], dim=-1)
-        return out
-    if (
-        rotary
-        and "GPTJ" in str(getattr(model.cfg, "architecture", ""))
-        and {
-            "hook_q",
-            "hook_k",
-        }
-        <= seen.keys()
-    ):
-        return {key: _gptj_rotary(model, seen[f"hook_{key}"]) for key in ("q", "k")}
-    raise NotImplementedError(
-        f"{type(model).__name__}: its bridge ran none of {sorted(QK_SITES)} that give layer "
-        f"{layer}'s queries and keys after rotary (it ran {sorted(seen)}); QK attribution is "
-        "not implemented for this model"
-    )
+def _layer_hooks(
+    layer: int, xs: list, seen: dict, delta: Tensor, path: ValuePath, open_: bool, qk: bool
+) -> list:
+    """Layer ``layer``'s attention: its input kept in ``xs`` (attached at the QK layer), its
+    pattern, input and output's first row in ``seen`` (for :meth:`ValuePath.check`), ``delta``
+    added to its output and the value path open there when ``open_``."""
 
+    def enter(act: Tensor, hook) -> Tensor:
+        xs[layer] = act
+        return act if qk else act.detach()
 
-def _gptj_rotary(model, x: Tensor) -> Tensor:
-    """GPT-J's rotary on ``x`` ``[rows pos head d_head]`` (TransformerLens 4.3's bridge runs no
-    rotary hook there): the first ``rotary_dim`` dimensions turned in adjacent pairs by the
-    angles ``pos / rotary_base ** (2i / rotary_dim)``, as transformers' GPT-J does."""
-    n_rot, base = int(model.cfg.rotary_dim), float(getattr(model.cfg, "rotary_base", 10000))
-    n_pos = x.shape[1]
-    inv = 1.0 / base ** (torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot)
-    angle = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv  # [pos rot/2]
-    sin = angle.sin().repeat_interleave(2, -1)[None, :, None].to(x.dtype).to(x.device)
-    cos = angle.cos().repeat_interleave(2, -1)[None, :, None].to(x.dtype).to(x.device)
-    turn = x[..., :n_rot]
-    pairs = torch.stack((-turn[..., 1::2], turn[..., ::2]), dim=-1).flatten(-2)
-    return torch.cat([turn * cos + pairs * sin, x[..., n_rot:]], dim=-1)
+    def pattern(act: Tensor, hook) -> Tensor:
+        seen["pattern"] = act[:1].detach().clone()  # every row is the same prompt
+        return act.detach()
+
+    def leave(act: Tensor, hook) -> Tensor:
+        seen["x"], seen["out"] = xs[layer][:1].detach().clone(), act[:1].detach().clone()
+        out = path.apply(act, xs[layer], seen, Scope()) if open_ else act.detach()
+        return out + delta.to(act.dtype)
+
+    attn = f"blocks.{layer}.attn"
+    return [(f"{attn}.hook_in", enter), (f"{attn}.hook_pattern", pattern),
+            (f"{attn}.hook_out", leave)]  # fmt: skip
 
 
 def sources_of(model, tc, tokens: Int[Tensor, " pos"], dtype: torch.dtype) -> Sources:

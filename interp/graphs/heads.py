@@ -28,19 +28,23 @@ the attention open (``by="first"``: the other way round).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.graphs.attention_budget import fit_rows, heads_bytes
 from interp.graphs.attention_pass import (
+    AttentionPass,
     attention_pass,
     contract,
-    fit_rows,
     graph_columns,
     sources_of,
 )
 from interp.graphs.frozen import no_param_grads
+from interp.graphs.nodes import Sources
 from interp.graphs.value_path import ValuePath
 
 __all__ = ["HEAD_LOADING_COLUMNS", "head_loadings", "head_transpose"]
@@ -111,13 +115,36 @@ def _edge_list(g, edges) -> Int[Tensor, "edge 2"]:
             if kinds[s] == "logit":
                 raise ValueError(f"node {s} is a logit node, which is no edge's source")
         return pairs
-    mask = g.kept_edges if g.kept_edges is not None else g.adjacency != 0
-    pairs = torch.nonzero(mask)
+    if g.kept_edges is not None:
+        pairs = torch.nonzero(g.kept_edges)
+    else:  # from the rows, never the dense [n n] adjacency
+        row, source = torch.nonzero(g.rows, as_tuple=True)
+        pairs = torch.stack([g.row_nodes[row], source], dim=1)
+        pairs = pairs[torch.argsort(pairs[:, 0] * len(kinds) + pairs[:, 1])]
     keep = [kinds[int(s)] in ("feature", "error", "token") for s in pairs[:, 1]]
     return pairs[torch.tensor(keep, dtype=torch.bool)] if len(pairs) else pairs
 
 
 BY = ("last", "first")  # which head of a path that crosses several gets it
+
+
+@dataclass
+class _Work:
+    """What every chunk of targets reads and fills: the targets' layers, positions and input
+    vectors, the sources, the columns needed, the passes, and the loadings and residual parts
+    (``[target layer head needed]``, ``[target needed]``)."""
+
+    t_layers: list[int]
+    t_pos: list[int]
+    t_vecs: Tensor
+    src: Sources
+    needed: Tensor
+    loads: Tensor
+    residual: Tensor
+    rows: int
+    by: str
+    closed: AttentionPass | None = None  # every attention layer closed
+    opened: AttentionPass | None = None
 
 
 def head_loadings(
@@ -139,15 +166,18 @@ def head_loadings(
             or token.
         by: ``"last"`` (a path's loading on the last head it crosses) or ``"first"``.
         batch_size: rows per backward pass.
-        max_bytes: a budget for the two frozen passes and the loadings; the batch is halved
-            until they fit, and a budget one row per pass does not fit is refused
-            (``MemoryBudgetError``) with what it needs.
+        max_bytes: a budget for what the call holds (the sources, the two frozen passes, the
+            backward passes, the loadings and the table; not the model or the graph): the
+            batch is halved until the estimate (:mod:`interp.graphs.attention_budget`) fits,
+            and a budget the smallest batch does not fit is refused (``MemoryBudgetError``)
+            with what it needs.
 
     Returns a DataFrame ``target, source, layer, head, weight`` (node indices, the head's
     loading), with one more row ``layer == head == -1`` for the residual part of an edge
     whose ends share a position; rows of weight exactly zero (a head below the source, at
     or above the target) are left out. Per edge the weights sum to ``g.adjacency[target,
-    source]``.
+    source]``. ``attrs``: ``batch_size`` (the rows per pass used), ``estimated_bytes`` and
+    ``least_bytes`` (the estimate at that batch and at the smallest).
     """
     if by not in BY:
         raise ValueError(f"by must be one of {BY}, got {by!r}")
@@ -155,13 +185,11 @@ def head_loadings(
     empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in HEAD_LOADING_COLUMNS[:-1]})
     if len(pairs) == 0:
         return empty.assign(weight=pd.Series(dtype="float64"))
-    dtype = g.adjacency.dtype
-    device = model.cfg.device
+    dtype, device = g.rows.dtype, model.cfg.device
     tokens = g.tokens.to(device)
     tc = tc.to(device=device, dtype=dtype)
     n_layers, n_heads, n_pos = tc.n_layers, int(model.cfg.n_heads), len(tokens)
     targets = pairs[:, 0].unique()
-    t_layers, t_pos, t_vecs = _targets(g, tc, model, targets)
     src = sources_of(model, tc, tokens, dtype)
     cols = graph_columns(src, g.nodes, n_pos)
     # per target: [layer head needed column] loadings and [needed column] residual part, for
@@ -169,52 +197,70 @@ def head_loadings(
     needed, where = cols[pairs[:, 1]].unique(return_inverse=True)
     loads = torch.zeros(len(targets), n_layers, n_heads, len(needed), dtype=dtype)
     residual = torch.zeros(len(targets), len(needed), dtype=dtype)
-    rows = max(1, min(int(batch_size), len(targets) * n_heads))
-    held = loads.element_size() * (loads.numel() + residual.numel())
-    rows = fit_rows(
-        model, n_pos, rows, passes=2, held=held, max_bytes=max_bytes, what="head loadings"
-    )
+    plan = fit_rows(
+        model, tc, n_pos, max(1, min(int(batch_size), len(targets) * n_heads)),
+        heads_bytes(src, loads, residual, len(pairs)), max_bytes, "head loadings",
+    )  # fmt: skip
+    work = _Work(*_targets(g, tc, model, targets), src, needed, loads, residual, plan.rows, by)
     with no_param_grads(model):
-        closed = attention_pass(model, tokens, tc, rows, open_attention=False)
-        opened = attention_pass(model, tokens, tc, rows)
-        for start in range(0, len(targets), rows):
-            part = slice(start, min(start + rows, len(targets)))
-            b = part.stop - part.start
-            outs, grads = _inject(closed, t_layers[part], t_pos[part], t_vecs[part], dtype)
-            wrt = [*closed.deltas, *closed.outputs, closed.embed]
-            got = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
-            residual[part] = _values(src, got[n_layers:-1], got[-1], b)[:, needed]
-            # the gradient at each attention output: along the paths that cross no further
-            # head (last), or along every path (first: from the open pass)
-            after, before = closed, opened
-            if by == "first":
-                after, before = opened, closed
-                outs, grads = _inject(opened, t_layers[part], t_pos[part], t_vecs[part], dtype)
-                got = torch.autograd.grad(
-                    outs, opened.deltas, grads, retain_graph=True, allow_unused=True
-                )
-            for layer, grad in enumerate(got[:n_layers]):
-                if grad is None or not grad[:b].any():
-                    continue  # no path from this layer's attention (at or above the target)
-                # [b head pos d_model]: each head's part of the target's gradient, at x_layer
-                per_head = head_transpose(after.paths[layer], after.patterns[layer], grad[:b])
-                jobs = [(i, h) for i in range(b) for h in range(n_heads)]
-                for first in range(0, len(jobs), rows):
-                    batch = jobs[first : first + rows]
-                    inject = torch.zeros_like(before.xs[layer])
-                    for row, (i, h) in enumerate(batch):
-                        inject[row] = per_head[i, h]
-                    back = torch.autograd.grad(
-                        before.xs[layer], [*before.outputs, before.embed], inject,
-                        retain_graph=True, allow_unused=True,
-                    )  # fmt: skip
-                    values = _values(src, back[:-1], back[-1], len(batch))[:, needed]
-                    for row, (i, h) in enumerate(batch):
-                        loads[start + i, layer, h] = values[row]
-        del closed, opened
+        work.closed = attention_pass(model, tokens, tc, plan.rows, open_attention=False)
+        work.opened = attention_pass(model, tokens, tc, plan.rows)
+        for start in range(0, len(targets), plan.rows):
+            _chunk(work, slice(start, min(start + plan.rows, len(targets))))
+        work.closed = work.opened = None
     to_needed = torch.full((len(g.nodes),), -1, dtype=torch.long)
     to_needed[pairs[:, 1]] = where  # a source node -> its needed column
-    return _table(g, pairs, targets, to_needed, loads, residual)
+    table = _table(g, pairs, targets, to_needed, loads, residual)
+    table.attrs = plan.attrs()
+    return table
+
+
+def _chunk(work: _Work, part: slice) -> None:
+    """The residual parts and the loadings of the targets in ``part``."""
+    closed, opened, dtype = work.closed, work.opened, work.loads.dtype
+    n_layers, b = len(closed.xs), part.stop - part.start
+    where = (work.t_layers[part], work.t_pos[part], work.t_vecs[part])
+    outs, grads = _inject(closed, *where, dtype)
+    wrt = [*closed.deltas, *closed.outputs, closed.embed]
+    got = torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
+    work.residual[part] = _values(work.src, got[n_layers:-1], got[-1], b)[:, work.needed]
+    # the gradient at each attention output: along the paths that cross no further head
+    # (last), or along every path (first: from the open pass)
+    after, before = closed, opened
+    got = list(got[:n_layers])  # the rest not held through the heads' passes
+    if work.by == "first":
+        after, before = opened, closed
+        outs, grads = _inject(opened, *where, dtype)
+        got = list(torch.autograd.grad(outs, opened.deltas, grads, retain_graph=True,
+                                       allow_unused=True))  # fmt: skip
+    del outs, grads
+    for layer in range(n_layers):
+        grad, got[layer] = got[layer], None
+        if grad is None or not grad[:b].any():
+            continue  # no path from this layer's attention (at or above the target)
+        # [b head pos d_model]: each head's part of the target's gradient, at x_layer
+        per_head = head_transpose(after.paths[layer], after.patterns[layer], grad[:b])
+        del grad
+        _head_rows(work, before, layer, per_head, part.start)
+
+
+def _head_rows(work: _Work, before, layer: int, per_head: Tensor, first_target: int) -> None:
+    """One backward row per (target, head) of ``per_head`` from layer ``layer``'s attention
+    input, contracted with the sources into ``work.loads``."""
+    b, n_heads = per_head.shape[:2]
+    jobs = [(i, h) for i in range(b) for h in range(n_heads)]
+    for first in range(0, len(jobs), work.rows):
+        batch = jobs[first : first + work.rows]
+        inject = torch.zeros_like(before.xs[layer])
+        for row, (i, h) in enumerate(batch):
+            inject[row] = per_head[i, h]
+        back = torch.autograd.grad(before.xs[layer], [*before.outputs, before.embed], inject,
+                                   retain_graph=True, allow_unused=True)  # fmt: skip
+        del inject
+        values = _values(work.src, back[:-1], back[-1], len(batch))[:, work.needed]
+        del back
+        for row, (i, h) in enumerate(batch):
+            work.loads[first_target + i, layer, h] = values[row]
 
 
 def _values(src, outputs, embed, b: int) -> Tensor:

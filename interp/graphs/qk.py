@@ -31,19 +31,15 @@ query and of the key), in chunks of ``batch_size``.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from interp.engine import run_cached
-from interp.graphs.attention_pass import (
-    attention_pass,
-    contract,
-    fit_rows,
-    graph_columns,
-    sources_of,
-)
+from interp.graphs.attention_budget import fit_rows, qk_bytes
+from interp.graphs.attention_pass import attention_pass, contract, graph_columns, sources_of
 from interp.graphs.frontend import node_ids
 from interp.graphs.frozen import no_param_grads
 
@@ -95,50 +91,43 @@ def qk_parts(
     """The query's and the key's parts ``[item d_head]`` (items: the graph's nodes, then
     ``other``, ``constant``, ``bias``), the scale ``c`` and the item labels; ``c * Q.sum(0) @
     K.sum(0)`` is the score before any cap. Checked against the pattern the model computed."""
+    parts = _qk_parts(model, tc, g, layer, head, query_pos, key_pos, batch_size, max_bytes)
+    return parts[:4]
+
+
+def _qk_parts(model, tc, g, layer, head, query_pos, key_pos, batch_size, max_bytes) -> tuple:
+    """:func:`qk_parts`, and the :class:`interp.graphs.attention_budget.RowPlan` it ran."""
     _check_args(model, g, layer, head, query_pos, key_pos)
-    dtype = g.adjacency.dtype
-    device = model.cfg.device
+    dtype, device = g.rows.dtype, model.cfg.device
     tokens = g.tokens.to(device)
     tc = tc.to(device=device, dtype=dtype)
     src = sources_of(model, tc, tokens, dtype)
     cols = graph_columns(src, g.nodes, len(tokens))
     d_head, n_heads = int(model.cfg.d_head), int(model.cfg.n_heads)
-    rows = max(1, min(int(batch_size), 2 * d_head))
+    # per backward row (a component of the query, then of the key): each source's part, and
+    # the part that goes through the attention's input (the rest is the bias)
     values = torch.zeros(2 * d_head, src.n_cols, dtype=dtype)
-    held = values.element_size() * values.numel() * 2  # the parts and the pair matrix's rows
-    rows = fit_rows(
-        model, len(tokens), rows, passes=1, held=held, max_bytes=max_bytes, what="QK attribution"
-    )
-    through_x = torch.zeros(2 * d_head, dtype=dtype)  # each component's x-dependent part
+    through_x = torch.zeros(2 * d_head, dtype=dtype)
+    plan = fit_rows(
+        model, tc, len(tokens), max(1, min(int(batch_size), 2 * d_head)),
+        qk_bytes(src, values, *_reaching(g, layer, query_pos, key_pos)), max_bytes,
+        "QK attribution",
+    )  # fmt: skip
     with no_param_grads(model):
-        fp = attention_pass(model, tokens, tc, rows, qk_layer=layer)
+        fp = attention_pass(model, tokens, tc, plan.rows, qk_layer=layer)
         q_all, k_all = fp.qk["q"], fp.qk["k"]
         kv = head // (n_heads // k_all.shape[2])  # the key/value head of a query head
-        x = fp.xs[layer][0].detach().to(dtype)
-        for start in range(0, 2 * d_head, rows):
-            part = range(start, min(start + rows, 2 * d_head))
-            gq, gk = torch.zeros_like(q_all), torch.zeros_like(k_all)
-            for row, i in enumerate(part):
-                if i < d_head:
-                    gq[row, query_pos, head, i] = 1
-                else:
-                    gk[row, key_pos, kv, i - d_head] = 1
-            wrt = [*fp.outputs, fp.embed, fp.xs[layer]]
-            got = torch.autograd.grad(
-                [q_all, k_all], wrt, [gq, gk], retain_graph=True, allow_unused=True
-            )
-            b = len(part)
-            values[start : start + b] = contract(
-                src, [None if t is None else t[:b] for t in got[:-2]],
-                None if got[-2] is None else got[-2][:b],
-            ).cpu()  # fmt: skip
-            through_x[start : start + b] = torch.einsum("bpd,pd->b", got[-1][:b].to(dtype), x).cpu()
+        for start in range(0, 2 * d_head, plan.rows):
+            part = range(start, min(start + plan.rows, 2 * d_head))
+            at = [(0, query_pos, head, i) if i < d_head else (1, key_pos, kv, i - d_head)
+                  for i in part]  # fmt: skip
+            _backward_rows(fp, src, layer, at, values[start:], through_x[start:])
         q_val = q_all[0, query_pos, head].detach().to(dtype).cpu()
         k_val = k_all[0, key_pos, kv].detach().to(dtype).cpu()
         scale = _scale(model, layer)
         _check_scale(model, fp.patterns[layer][head], q_all[0, :, head], k_all[0, :, kv], scale,
                      query_pos)  # fmt: skip
-        del fp
+        del fp, q_all, k_all
     items = []
     halves = (slice(0, d_head), slice(d_head, 2 * d_head))
     for half, total in zip(halves, (q_val, k_val), strict=True):
@@ -151,7 +140,39 @@ def qk_parts(
         bias = total - x_part
         items.append(torch.cat([nodes, other[None], constant[None], bias[None]]))
     labels = [*node_ids(g.nodes, int(model.cfg.n_layers)), *CONSTANTS]
-    return items[0], items[1], scale, labels
+    return items[0], items[1], scale, labels, plan
+
+
+def _reaching(g, layer: int, query_pos: int, key_pos: int) -> tuple[int, int]:
+    """How many items can have a part in the query, and in the key: sources below ``layer``
+    (features and errors write after their layer's attention) at or before the position,
+    and the constants."""
+    nodes = g.nodes
+    source = nodes["kind"].isin(["token"]) | (
+        nodes["kind"].isin(["feature", "error"]) & (nodes["layer"] < layer)
+    )
+    pos = nodes["pos"].to_numpy()
+    return tuple(int((source & (pos <= at)).sum()) + len(CONSTANTS) for at in (query_pos, key_pos))
+
+
+def _backward_rows(fp, src, layer: int, at: list, values: Tensor, through_x: Tensor) -> None:
+    """One backward row per ``(side, pos, head, component)`` of ``at`` (side 0: the query, 1:
+    the key): each source's part into ``values``, the part through layer ``layer``'s attention
+    input into ``through_x``."""
+    sides = (fp.qk["q"], fp.qk["k"])
+    inject = [torch.zeros_like(t) for t in sides]
+    for row, (side, pos, h, i) in enumerate(at):
+        inject[side][row, pos, h, i] = 1
+    wrt = [*fp.outputs, fp.embed, fp.xs[layer]]
+    got = torch.autograd.grad(sides, wrt, inject, retain_graph=True, allow_unused=True)
+    del inject
+    b = len(at)
+    values[:b] = contract(
+        src, [None if t is None else t[:b] for t in got[:-2]],
+        None if got[-2] is None else got[-2][:b],
+    ).cpu()  # fmt: skip
+    x = fp.xs[layer][0].detach().to(values.dtype)
+    through_x[:b] = torch.einsum("bpd,pd->b", got[-1][:b].to(values.dtype), x).cpu()
 
 
 def _check_scale(model, pattern, q, k, scale: float, query_pos: int) -> None:
@@ -193,26 +214,34 @@ def qk_attribution(
     or those names) and ``contribution``; pairs whose contribution is exactly zero are left out,
     and ``top`` keeps only the largest. Without ``top`` the contributions sum to the score
     before any soft cap, which ``attrs["score"]`` holds (``attrs["capped"]``: after the cap).
-    ``max_bytes`` bounds the frozen pass and the parts (the batch halved until they fit; a
-    budget one row does not fit is refused with what it needs).
+    ``max_bytes`` bounds what the call holds (the sources, the frozen pass, the backward rows,
+    the parts and the table; not the model or the graph): the batch is halved until the
+    estimate (:mod:`interp.graphs.attention_budget`) fits, and a budget the smallest batch
+    does not fit is refused (``MemoryBudgetError``) with what it needs. ``attrs`` also holds
+    ``batch_size``, ``estimated_bytes`` and ``least_bytes`` (the estimate at the batch used
+    and at the smallest).
     """
-    Q, K, scale, labels = qk_parts(
-        model, tc, g, layer, head, query_pos, key_pos, batch_size=batch_size, max_bytes=max_bytes
+    Q, K, scale, labels, plan = _qk_parts(
+        model, tc, g, layer, head, query_pos, key_pos, batch_size, max_bytes
     )
-    pairs: Float[Tensor, "item item"] = scale * Q @ K.T
+    # the products of the items with a part on both sides only (the rest are zero)
+    q_items = torch.nonzero(Q.abs().amax(1) > 0).flatten()
+    k_items = torch.nonzero(K.abs().amax(1) > 0).flatten()
+    pairs: Float[Tensor, "item item"] = scale * Q[q_items] @ K[k_items].T
     qi, ki = torch.nonzero(pairs, as_tuple=True)
     value = pairs[qi, ki]
+    del pairs
     order = torch.argsort(value.abs(), descending=True)
     if top is not None:
         order = order[: int(top)]
-    qi, ki, value = qi[order], ki[order], value[order]
-    n_nodes = len(g.nodes)
+    qi, ki, value = q_items[qi[order]], k_items[ki[order]], value[order]
+    n_nodes, names = len(g.nodes), np.asarray(labels, dtype=object)
     table = pd.DataFrame(
         {
             "query_node": torch.where(qi < n_nodes, qi, -1).numpy(),
             "key_node": torch.where(ki < n_nodes, ki, -1).numpy(),
-            "query_id": [labels[i] for i in qi.tolist()],
-            "key_id": [labels[i] for i in ki.tolist()],
+            "query_id": names[qi.numpy()],
+            "key_id": names[ki.numpy()],
             "contribution": value.numpy(),
         }
     )
@@ -225,6 +254,7 @@ def qk_attribution(
         "head": head,
         "query_pos": query_pos,
         "key_pos": key_pos,
+        **plan.attrs(),
     }
     return table
 

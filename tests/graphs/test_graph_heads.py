@@ -151,23 +151,28 @@ def test_qk_top_pairs_and_attention_pairs(zoo):
 
 
 def test_budgets_shrink_the_batch_or_refuse(zoo):
+    """Under max_bytes the batch is the largest whose estimate fits; a budget under the least
+    estimate is refused up front. (The measured peak against max_bytes: test_graph_rows.py.)"""
     from interp.engine.plan import MemoryBudgetError
-    from interp.graphs.attention_pass import pass_bytes
 
     model, tc, g = _graph(zoo, "gpt2")
     pruned = g.prune()
-    n_pos = len(TOKENS)
-    with pytest.raises(MemoryBudgetError, match="head loadings needs at least"):
-        pruned.head_loadings(max_bytes=pass_bytes(model, n_pos, 1))
-    with pytest.raises(MemoryBudgetError, match="QK attribution needs at least"):
-        g.qk_attribution(1, 0, 6, 3, max_bytes=1000)
-    # two rows per pass: the same numbers in more, smaller backward passes
-    small = pruned.head_loadings(max_bytes=2 * pass_bytes(model, n_pos, 2) + 10**6)
     big = pruned.head_loadings()
-    assert small.equals(big) or (small.weight - big.weight).abs().max() < 1e-12
-    qk_small = g.qk_attribution(1, 0, 6, 3, max_bytes=pass_bytes(model, n_pos, 3) + 10**6)
     qk = g.qk_attribution(1, 0, 6, 3)
-    assert (qk_small.contribution - qk.contribution).abs().max() < 1e-12
+    for table, run, what in [
+        (big, pruned.head_loadings, "head loadings"),
+        (qk, lambda **kw: g.qk_attribution(1, 0, 6, 3, **kw), "QK attribution"),
+    ]:
+        least = table.attrs["least_bytes"]
+        assert least < table.attrs["estimated_bytes"]
+        with pytest.raises(MemoryBudgetError, match=f"{what} needs at least {least} bytes"):
+            run(max_bytes=least - 1)
+        # the smallest batch: the same numbers in more, smaller backward passes
+        small = run(max_bytes=least)
+        assert small.attrs["batch_size"] < table.attrs["batch_size"]
+        assert small.attrs["estimated_bytes"] <= least
+        column = "weight" if what == "head loadings" else "contribution"
+        assert (small[column] - table[column]).abs().max() < 1e-12
 
 
 def test_first_and_last_head_split_the_same_edges_differently(zoo):
