@@ -147,112 +147,138 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
     how = _sites(model, tc)
     if isinstance(how, str):
         return how
-    site, parallel, shared = how
     # read through frozen's names: a list of prompts shares them (interp.graphs.many)
     paths = frozen.value_path_weights(model, int(tc.n_layers))
     norms = frozen.norm_paths(model, set())
     if paths is None or norms is None:
         return "its attention or norm weights cannot be read as frozen maps"
-    n, misses = int(tc.n_layers), []
-    seen: list[dict] = [{} for _ in range(n)]
-    kept = {"patterns": [None] * n, "ln1": [None] * n, "ln2": [None] * n}
-    embed: dict = {}
-
-    def keep(layer: int, key: str):
-        def hook(act: Tensor, hook) -> Tensor | None:
-            # the row of batch 1; OPT's bridge hands its ln2 [pos ...], rows and positions flat
-            seen[layer][key] = (act[0] if act.dim() >= 3 else act).detach()
-            return _held(act, key)
-
-        return hook
-
-    def close(layer: int):
-        def hook(act: Tensor, hook) -> None:
-            s = seen[layer]
-            s["post"] = act[0].detach()
-            lost = sorted(_NEEDED[parallel, shared] - s.keys())
-            if lost:  # a hook the block never ran: nothing to check it by
-                misses.append(f"layer {layer}: hooks that did not run ({', '.join(lost)})")
-                embed["resid"], seen[layer] = s["post"], {}
-                return
-            ln2 = None if shared else norms[f"blocks.{layer}.ln2"]
-            misses.extend(
-                f"layer {layer}: {what}"
-                for what in _check_block(s, paths[layer], norms[f"blocks.{layer}.ln1"], ln2, how)
-            )
-            prev = embed["resid"]
-            if s["pre"].shape != prev.shape or rows_miss(s["pre"], prev, _rtol(prev)) > 1:
-                misses.append(f"layer {layer}: the residual it reads")
-            kept["patterns"][layer] = s["pattern"]
-            kept["ln1"][layer] = s["ln1_scale"]
-            kept["ln2"][layer] = s.get("ln2_scale")
-            embed["resid"] = s["post"]
-            seen[layer] = {}  # one block's activations at a time
-
-        return hook
-
-    def at_embed(act: Tensor, hook) -> None:  # hook_embed, then hook_pos_embed where there is one
-        embed["resid"] = act[0].detach() + embed.get("resid", 0)
-
-    def final(act: Tensor, hook) -> None:
-        embed["final_out"] = act[0].detach()
-        raise _Stop
-
-    hooks = [("hook_embed", at_embed)]
-    if "hook_pos_embed" in model.hook_dict:
-        hooks.append(("hook_pos_embed", at_embed))
-    names = {"hook_resid_pre": "pre", "hook_resid_mid": "mid", "attn.hook_in": "attn_in",
-             "attn.hook_pattern": "pattern", "attn.hook_out": "attn_out"}  # fmt: skip
-    for ln in ("ln1", "ln2"):
-        names |= {f"{ln}.hook_in": f"{ln}_in", f"{ln}.hook_scale": f"{ln}_scale"}
-        names[f"{ln}.hook_out"] = f"{ln}_out"
-    for layer in range(n):
-        block = f"blocks.{layer}"
-        hooks += [(f"{block}.{k}", keep(layer, v)) for k, v in names.items()
-                  if f"{block}.{k}" in model.hook_dict]  # fmt: skip
-        hooks += [(tc.input_hook(layer), keep(layer, "tc_in"))]
-        hooks += [(tc.output_hook(layer), keep(layer, "mlp_out"))]
-        hooks += [(f"{block}.hook_resid_post", close(layer))]
-    hooks += [(f"ln_final.hook_{s}", keep_final(embed, s)) for s in ("in", "scale", "out")]
-    hooks.append((FINAL_HOOK, final))
+    rec = _Recording(model, tc, how, paths, norms)
     try:
-        forward(model, tokens[None], hooks)
+        forward(model, tokens[None], rec.hooks())
     except _Stop:
         pass
     else:
         return f"the pass did not reach {FINAL_HOOK}"
-    if lost := sorted({"in", "scale", "out", "final_out"} - embed.keys()):
-        misses.append(f"ln_final: hooks that did not run ({', '.join(lost)})")
-    if misses:
-        return "its pass does not satisfy " + "; ".join(misses[:4])
-    ln_f = norms["ln_final"]
-    ln_f.recorded.update(x=_checked(embed["in"]), scale=_checked(embed["scale"]),
-                         out=_checked(embed["out"]))  # fmt: skip
-    if not ln_f.check():
-        misses.append("ln_final's frozen map")
-    resid = embed["resid"]
-    for key, want in (("in", resid), ("final_out", embed["out"])):
-        if rows_miss(embed[key].float(), want.float(), _rtol(resid)) > 1:
-            misses.append(f"ln_final: {key}")
-    if misses:
-        return "its pass does not satisfy " + "; ".join(misses[:4])
+    rec.check_final()
+    if rec.misses:
+        return "its pass does not satisfy " + "; ".join(rec.misses[:4])
+    return rec.one_copy()
 
-    def norm_of(prefix: str, scale: Tensor) -> FrozenNorm:
-        norm = norms[prefix]
+
+class _Recording:
+    """What :func:`record`'s pass keeps, block by block, and the misses its checks found."""
+
+    def __init__(self, model, tc, how, paths, norms) -> None:
+        self.model, self.tc, self.how, self.paths, self.norms = model, tc, how, paths, norms
+        n = int(tc.n_layers)
+        self.n, self.misses = n, []
+        self.seen: list[dict] = [{} for _ in range(n)]
+        self.kept = {"patterns": [None] * n, "ln1": [None] * n, "ln2": [None] * n}
+        self.embed: dict = {}
+
+    def keep(self, layer: int, key: str):
+        def hook(act: Tensor, hook) -> Tensor | None:
+            # the row of batch 1; OPT's bridge hands its ln2 [pos ...], rows and positions flat
+            self.seen[layer][key] = (act[0] if act.dim() >= 3 else act).detach()
+            return _held(act, key)
+
+        return hook
+
+    def close(self, layer: int):
+        _, parallel, shared = self.how
+
+        def hook(act: Tensor, hook) -> None:
+            s, embed = self.seen[layer], self.embed
+            s["post"] = act[0].detach()
+            lost = sorted(_NEEDED[parallel, shared] - s.keys())
+            if lost:  # a hook the block never ran: nothing to check it by
+                self.misses.append(f"layer {layer}: hooks that did not run ({', '.join(lost)})")
+                embed["resid"], self.seen[layer] = s["post"], {}
+                return
+            ln1 = self.norms[f"blocks.{layer}.ln1"]
+            ln2 = None if shared else self.norms[f"blocks.{layer}.ln2"]
+            self.misses.extend(
+                f"layer {layer}: {what}"
+                for what in _check_block(s, self.paths[layer], ln1, ln2, self.how)
+            )
+            prev = embed["resid"]
+            if s["pre"].shape != prev.shape or rows_miss(s["pre"], prev, _rtol(prev)) > 1:
+                self.misses.append(f"layer {layer}: the residual it reads")
+            self.kept["patterns"][layer] = s["pattern"]
+            self.kept["ln1"][layer] = s["ln1_scale"]
+            self.kept["ln2"][layer] = s.get("ln2_scale")
+            embed["resid"] = s["post"]
+            self.seen[layer] = {}  # one block's activations at a time
+
+        return hook
+
+    def at_embed(self, act: Tensor, hook) -> None:  # hook_embed, then hook_pos_embed if any
+        self.embed["resid"] = act[0].detach() + self.embed.get("resid", 0)
+
+    def final(self, act: Tensor, hook) -> None:
+        self.embed["final_out"] = act[0].detach()
+        raise _Stop
+
+    def hooks(self) -> list:
+        model, tc = self.model, self.tc
+        hooks = [("hook_embed", self.at_embed)]
+        if "hook_pos_embed" in model.hook_dict:
+            hooks.append(("hook_pos_embed", self.at_embed))
+        names = {"hook_resid_pre": "pre", "hook_resid_mid": "mid", "attn.hook_in": "attn_in",
+                 "attn.hook_pattern": "pattern", "attn.hook_out": "attn_out"}  # fmt: skip
+        for ln in ("ln1", "ln2"):
+            names |= {f"{ln}.hook_in": f"{ln}_in", f"{ln}.hook_scale": f"{ln}_scale"}
+            names[f"{ln}.hook_out"] = f"{ln}_out"
+        for layer in range(self.n):
+            block = f"blocks.{layer}"
+            hooks += [(f"{block}.{k}", self.keep(layer, v)) for k, v in names.items()
+                      if f"{block}.{k}" in model.hook_dict]  # fmt: skip
+            hooks += [(tc.input_hook(layer), self.keep(layer, "tc_in"))]
+            hooks += [(tc.output_hook(layer), self.keep(layer, "mlp_out"))]
+            hooks += [(f"{block}.hook_resid_post", self.close(layer))]
+        hooks += [(f"ln_final.hook_{s}", keep_final(self.embed, s)) for s in ("in", "scale", "out")]
+        hooks.append((FINAL_HOOK, self.final))
+        return hooks
+
+    def check_final(self) -> None:
+        """The final norm's hooks ran, its frozen map holds, and it reads the residual."""
+        embed = self.embed
+        if lost := sorted({"in", "scale", "out", "final_out"} - embed.keys()):
+            self.misses.append(f"ln_final: hooks that did not run ({', '.join(lost)})")
+        if self.misses:
+            return
+        ln_f = self.norms["ln_final"]
+        ln_f.recorded.update(x=_checked(embed["in"]), scale=_checked(embed["scale"]),
+                             out=_checked(embed["out"]))  # fmt: skip
+        if not ln_f.check():
+            self.misses.append("ln_final's frozen map")
+        resid = embed["resid"]
+        for key, want in (("in", resid), ("final_out", embed["out"])):
+            if rows_miss(embed[key].float(), want.float(), _rtol(resid)) > 1:
+                self.misses.append(f"ln_final: {key}")
+
+    def norm_of(self, prefix: str, scale: Tensor) -> FrozenNorm:
+        norm = self.norms[prefix]
         norm.recorded.clear()
         return FrozenNorm(norm.weight, scale, norm.centre)
 
-    ln1 = [norm_of(f"blocks.{i}.ln1", kept["ln1"][i]) for i in range(n)]
-    ln2 = [None if shared else norm_of(f"blocks.{i}.ln2", kept["ln2"][i]) for i in range(n)]
-    mlp_norm = [None if site == "resid" else ln1[i] if shared else ln2[i] for i in range(n)]
-    skips = None
-    if tc.has_skip:  # skip(x) = x M: M read off the skip itself (skip(I) = M)
-        eye = torch.eye(tc.d_model, dtype=tc.dtype, device=tc.device)
-        skips = [tc.skip(eye, i) for i in range(n)]
-    return OneCopy(
-        paths, kept["patterns"], ln1, mlp_norm, norm_of("ln_final", embed["scale"]), skips,
-        site, parallel, shared,
-    )  # fmt: skip
+    def one_copy(self) -> OneCopy:
+        """The recorded pass as the one-copy backward's maps."""
+        n, tc, kept = self.n, self.tc, self.kept
+        site, parallel, shared = self.how
+        ln1 = [self.norm_of(f"blocks.{i}.ln1", kept["ln1"][i]) for i in range(n)]
+        ln2 = [
+            None if shared else self.norm_of(f"blocks.{i}.ln2", kept["ln2"][i]) for i in range(n)
+        ]
+        mlp_norm = [None if site == "resid" else ln1[i] if shared else ln2[i] for i in range(n)]
+        skips = None
+        if tc.has_skip:  # skip(x) = x M: M read off the skip itself (skip(I) = M)
+            eye = torch.eye(tc.d_model, dtype=tc.dtype, device=tc.device)
+            skips = [tc.skip(eye, i) for i in range(n)]
+        final = self.norm_of("ln_final", self.embed["scale"])
+        return OneCopy(
+            self.paths, kept["patterns"], ln1, mlp_norm, final, skips, site, parallel, shared
+        )
 
 
 def _checked(t: Tensor) -> Tensor:
