@@ -6,9 +6,9 @@ vocabulary) with a 3,072-wide ReLU transcoder per layer (~1% of features active)
 circuit-tracer needs TransformerLens < 4, so the benchmark runs in two environments:
 
     python benchmarks/bench_graph.py interp DIR [--positions 16,64,256] [--cap 7500] [--device cuda]
-        [--layers 12] [--max-bytes 3GB] [--threads 1]
+        [--layers 12] [--max-bytes 3GB] [--threads 1] [--batch 64]
     /path/to/circuit-tracer-venv/bin/python benchmarks/bench_graph.py circuit-tracer DIR
-        [--threads 1]
+        [--threads 1] [--batch 64]
 
 ``interp`` writes the checkpoint (an HF GPT-2 folder with its tokenizer), the transcoders (a
 circuit-tracer folder) and each case's tokens into DIR, times ``interp.attribution_graph`` and
@@ -168,7 +168,8 @@ def run_circuit_tracer(out: Path) -> None:
         print(
             f"{n_pos} positions (cap {case['cap']}): interp {case['seconds']:.1f} s "
             f"({case['cpu_seconds']:.1f} s CPU), circuit-tracer {seconds:.1f} s ({cpu:.1f} s "
-            f"CPU); CPU ratio {cpu / case['cpu_seconds']:.2f}; "
+            f"CPU); CPU ratio {cpu / case['cpu_seconds']:.2f} (interp / circuit-tracer "
+            f"{case['cpu_seconds'] / cpu:.2f}); "
             f"{n_f} features, same features {same}, same logits "
             f"{torch.equal(g.logit_token_ids.cpu(), case['logit_ids'])}, max |entry difference| "
             f"{diff:.3g} (max |entry| {A.abs().max().item():.3g}); scores circuit-tracer "
@@ -181,6 +182,7 @@ if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
     opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=False))
     THREADS = int(opts.get("--threads", 0))  # one thread: CPU seconds that load inflates less
+    BATCH = int(opts.get("--batch", BATCH))  # smaller where a library's batch does not fit
     if mode == "interp":
         where.mkdir(parents=True, exist_ok=True)
         positions = [int(p) for p in opts.get("--positions", "16,64,256").split(",")]
