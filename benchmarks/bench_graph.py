@@ -97,6 +97,7 @@ def run_interp(
                 "n_pos": n_pos,
                 "tokens": tokens,
                 "cap": limit,
+                "batch": BATCH,  # asked: interp ranks features in rounds of 4 x this
                 "seconds": seconds,
                 "cpu_seconds": cpu,
                 "active": g.info["active_features"],
@@ -151,7 +152,12 @@ def run_circuit_tracer(out: Path) -> None:
     for case in ours:
         tokens, n_pos = case["tokens"], case["n_pos"]
         start, cpu = time.perf_counter(), time.process_time()
-        g = attribute(tokens, model, batch_size=BATCH, max_feature_nodes=case["cap"])
+        # circuit-tracer's rounds are update_interval x its batch: the same rounds as interp's
+        # (4 x the batch interp was asked for), so a smaller batch here keeps the same features
+        rounds = max(1, 4 * case.get("batch", 64) // BATCH)
+        g = attribute(
+            tokens, model, batch_size=BATCH, max_feature_nodes=case["cap"], update_interval=rounds
+        )
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         n_f = len(g.selected_features)
         keep = list(range(n_f))
