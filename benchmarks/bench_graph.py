@@ -6,9 +6,9 @@ vocabulary) with a 3,072-wide ReLU transcoder per layer (~1% of features active)
 circuit-tracer needs TransformerLens < 4, so the benchmark runs in two environments:
 
     python benchmarks/bench_graph.py interp DIR [--positions 16,64,256] [--cap 7500] [--device cuda]
-        [--layers 12] [--max-bytes 3GB] [--threads 1]
+        [--layers 12] [--max-bytes 3GB] [--threads 1] [--batch 64]
     /path/to/circuit-tracer-venv/bin/python benchmarks/bench_graph.py circuit-tracer DIR
-        [--threads 1]
+        [--threads 1] [--batch 64]
 
 ``interp`` writes the checkpoint (an HF GPT-2 folder with its tokenizer), the transcoders (a
 circuit-tracer folder) and each case's tokens into DIR, times ``interp.attribution_graph`` and
@@ -97,6 +97,7 @@ def run_interp(
                 "n_pos": n_pos,
                 "tokens": tokens,
                 "cap": limit,
+                "batch": BATCH,  # asked: interp ranks features in rounds of 4 x this
                 "seconds": seconds,
                 "cpu_seconds": cpu,
                 "active": g.info["active_features"],
@@ -151,7 +152,12 @@ def run_circuit_tracer(out: Path) -> None:
     for case in ours:
         tokens, n_pos = case["tokens"], case["n_pos"]
         start, cpu = time.perf_counter(), time.process_time()
-        g = attribute(tokens, model, batch_size=BATCH, max_feature_nodes=case["cap"])
+        # circuit-tracer's rounds are update_interval x its batch: the same rounds as interp's
+        # (4 x the batch interp was asked for), so a smaller batch here keeps the same features
+        rounds = max(1, 4 * case.get("batch", 64) // BATCH)
+        g = attribute(
+            tokens, model, batch_size=BATCH, max_feature_nodes=case["cap"], update_interval=rounds
+        )
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         n_f = len(g.selected_features)
         keep = list(range(n_f))
@@ -168,7 +174,8 @@ def run_circuit_tracer(out: Path) -> None:
         print(
             f"{n_pos} positions (cap {case['cap']}): interp {case['seconds']:.1f} s "
             f"({case['cpu_seconds']:.1f} s CPU), circuit-tracer {seconds:.1f} s ({cpu:.1f} s "
-            f"CPU); CPU ratio {cpu / case['cpu_seconds']:.2f}; "
+            f"CPU); CPU ratio {cpu / case['cpu_seconds']:.2f} (interp / circuit-tracer "
+            f"{case['cpu_seconds'] / cpu:.2f}); "
             f"{n_f} features, same features {same}, same logits "
             f"{torch.equal(g.logit_token_ids.cpu(), case['logit_ids'])}, max |entry difference| "
             f"{diff:.3g} (max |entry| {A.abs().max().item():.3g}); scores circuit-tracer "
@@ -181,6 +188,7 @@ if __name__ == "__main__":
     mode, where = sys.argv[1], Path(sys.argv[2])
     opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=False))
     THREADS = int(opts.get("--threads", 0))  # one thread: CPU seconds that load inflates less
+    BATCH = int(opts.get("--batch", BATCH))  # smaller where a library's batch does not fit
     if mode == "interp":
         where.mkdir(parents=True, exist_ok=True)
         positions = [int(p) for p in opts.get("--positions", "16,64,256").split(",")]

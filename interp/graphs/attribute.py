@@ -10,34 +10,33 @@ layer's transcoder input (so its row sums to its pre-activation less ``b_enc`` a
 constants), for a logit the unembedding column minus the mean column, read at the final norm's
 output at the last position (before any soft-capping: a logit node is the raw, demeaned logit).
 
-The frozen model is linear, so one pass of ``batch_size`` copies of the prompt serves every
-backward pass: each row of a batch carries its own target's vector (circuit-tracer's phases:
-logits first, then features, ranked by influence in rounds under ``max_feature_nodes``).
+The frozen model is linear, so one pass of the prompt serves every backward pass: recorded
+once (:mod:`interp.graphs.vjp`, the one-copy backward, where the model is covered) or run as
+``batch_size`` copies (:mod:`interp.graphs.frozen`); each row of a batch carries its own
+target's vector (circuit-tracer's phases: logits first, then features, ranked by influence in
+rounds under ``max_feature_nodes``).
+
+The build reads as three steps: the plan (:func:`interp.graphs.budget.plan_graph`: features
+kept, batch, rounds, under the memory budget), the rows (:func:`_graph_rows`: logits, then
+features in rounds, each batch of targets turned into rows by one call of the row step:
+:func:`_rows` over the batched frozen pass, or :meth:`interp.graphs.one_copy.OneCopy.rows`) and
+the assembly (:func:`_assemble`: the kept columns, the node table, the graph).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import time
+from dataclasses import dataclass
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from interp.engine import run_cached, to_tokens
 from interp.engine.allocator import return_freed_memory
-from interp.engine.estimates import parse_size
-from interp.engine.plan import MemoryBudgetError
-from interp.foundation.sizes import format_size
-from interp.graphs.budget import (
-    choose_batch,
-    estimate_graph_bytes,
-    free_bytes,
-    graph_bytes,
-    least_bytes,
-)
+from interp.graphs.budget import GraphPlan, estimate_graph_bytes, free_bytes, plan_graph
 from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
 from interp.graphs.graph import AttributionGraph
 from interp.graphs.influence import partial_influences
@@ -47,8 +46,6 @@ from interp.graphs.vjp import one_copy_backward
 from interp.transcoders.loading import check_transcoders_fit
 
 __all__ = ["attribution_graph", "estimate_graph_bytes"]
-
-logger = logging.getLogger(__name__)
 
 
 def _source_bytes(src: Sources) -> int:
@@ -105,6 +102,128 @@ def _kept_columns(
     return out, moved[row_nodes]
 
 
+@dataclass
+class _RowTable:
+    """The rows computed so far (logits first, then features in the order visited), every
+    source's column; under a cap they rank the features still to visit."""
+
+    values: Float[Tensor, "row col"]  # on the host, whatever the device
+    nodes: Int[Tensor, " row"]  # each row's node as a column (a logit's after the sources')
+    filled: int = 0
+
+    def add(self, rows: Float[Tensor, "batch col"], nodes: Int[Tensor, " batch"]) -> None:
+        end = self.filled + len(nodes)
+        self.values[self.filled : end, : rows.shape[1]] = rows.cpu()
+        self.nodes[self.filled : end] = nodes
+        self.filled = end
+
+
+def _next_round(table: _RowTable, visited: Tensor, plan: GraphPlan, logit_p: Tensor) -> Tensor:
+    """The features to visit next: every one at once uncapped; under a cap the ``round_size``
+    most influential not visited yet (through the rows so far), in (layer, pos) order."""
+    if not plan.capped:
+        return torch.arange(plan.n_active)
+    influence = partial_influences(
+        table.values[: table.filled], logit_p, table.nodes[: table.filled]
+    )
+    rank = torch.argsort(influence[: plan.n_active], descending=True)
+    pending = rank[~visited[rank]][: min(plan.round_size, plan.n_rows - table.filled)]
+    return pending.sort().values  # (layer, pos) order: each batch then reaches fewer positions
+
+
+def _graph_rows(
+    model, tokens: Int[Tensor, " pos"], tc, src: Sources, plan: GraphPlan, logits: tuple,
+    progress: bool, one_copy,
+) -> tuple[_RowTable, Tensor]:  # fmt: skip
+    """Every logit's and kept feature's row (through ``one_copy``'s recording, or one frozen
+    pass of ``plan.batch`` rows where it is None), and which features were visited."""
+    _, logit_p, logit_vecs = logits
+    n_pos, dtype = len(tokens), src.embed.dtype
+    table = _RowTable(
+        torch.zeros(plan.n_rows, src.n_cols + plan.n_logits, dtype=dtype),
+        torch.zeros(plan.n_rows, dtype=torch.long),
+    )
+    visited = torch.zeros(plan.n_active, dtype=torch.bool)
+    bar = tqdm(total=plan.keep, desc="attribution graph: features", disable=not progress)
+    with no_param_grads(model):
+        if one_copy is None:
+            rows_of = functools.partial(_rows, frozen_pass(model, tokens, tc, plan.batch))
+        else:
+            rows_of = one_copy
+        device = src.embed.device
+        for i in range(0, plan.n_logits, plan.batch):
+            chunk = torch.arange(i, min(i + plan.batch, plan.n_logits))
+            at = torch.full((len(chunk),), tc.n_layers, device=device)  # the final norm's output
+            end = torch.full((len(chunk),), n_pos - 1, device=device)
+            table.add(rows_of(src, at, end, logit_vecs[chunk]), chunk + src.n_cols)
+        while table.filled < plan.n_rows:
+            for batch in torch.split(_next_round(table, visited, plan, logit_p), plan.batch):
+                layers, positions = src.feat_layer[batch], src.feat_pos[batch]
+                vectors = src.encoders[batch.to(device)]
+                table.add(rows_of(src, layers.to(device), positions.to(device), vectors), batch)
+                visited[batch] = True
+                bar.update(len(batch))
+        del rows_of
+    bar.close()
+    return table, visited
+
+
+def _assemble(
+    model, tokens: Int[Tensor, " pos"], tc, src: Sources, plan: GraphPlan, logits: tuple,
+    table: _RowTable, visited: Tensor, start: float,
+) -> AttributionGraph:  # fmt: skip
+    """The graph of the rows computed: under a cap the unvisited features' columns dropped."""
+    logit_ids, logit_p, _ = logits
+    selected = torch.nonzero(visited).flatten()
+    rows, row_nodes = table.values, table.nodes
+    if plan.capped:  # the unvisited features' columns go: the rows in place, chunk by chunk
+        rows, row_nodes = _kept_columns(rows, row_nodes, selected, plan.n_active)
+    return AttributionGraph(
+        nodes=node_table(src, selected, tc.n_layers, tokens, logit_ids, logit_p),
+        rows=rows,
+        row_nodes=row_nodes,
+        tokens=tokens.cpu(),
+        logit_token_ids=logit_ids.cpu(),
+        logit_probabilities=logit_p.cpu(),
+        model_name=str(getattr(model.cfg, "model_name", "")),
+        transcoder_name=tc.name,
+        info={
+            "active_features": plan.n_active,
+            "seconds": time.perf_counter() - start,
+            "batch_size": plan.batch,
+            "estimated_bytes": plan.estimated_bytes,
+            "hook": FINAL_HOOK,
+            "backward": "one-copy" if plan.one_copy else "batched",
+        },
+        context={"model": model, "tc": tc},  # for head loadings and QK attribution
+    )
+
+
+def _prompt(model, tokens_or_text) -> Int[Tensor, " pos"]:
+    """The prompt's token ids on the model's device, checked."""
+    tokens = to_tokens(model, tokens_or_text)
+    if tokens.shape[0] != 1:
+        raise ValueError(f"an attribution graph is of one prompt, got {tokens.shape[0]} rows")
+    tokens = tokens[0].to(model.cfg.device)
+    if len(tokens) < 2:
+        raise ValueError("the prompt needs at least 2 tokens (position 0 has no feature nodes)")
+    return tokens
+
+
+def _read_prompt(
+    model, tc, tokens: Int[Tensor, " pos"], dtype: torch.dtype, max_n_logits: int,
+    desired_logit_prob: float,
+) -> tuple[Sources, tuple]:  # fmt: skip
+    """The sources and the salient logits (ids, probabilities, vectors) of one clean pass,
+    whose activations and logits are not held through the build."""
+    names = [tc.input_hook(lay) for lay in range(tc.n_layers)]
+    names += [tc.output_hook(lay) for lay in range(tc.n_layers)] + ["hook_embed"]
+    clean = run_cached(model, tokens[None], hooks=names)
+    src = read_sources(model, tc, clean, dtype)
+    logits = salient_logits(model, clean.logits[0, -1], max_n_logits, desired_logit_prob, dtype)
+    return src, logits
+
+
 def attribution_graph(
     model,
     tokens_or_text,
@@ -154,139 +273,21 @@ def attribution_graph(
     if is_task(tokens_or_text):  # a Task: its rows' graphs aligned and averaged
         return task_graph_of(attribution_graph, locals())
     start = time.perf_counter()
-    tokens = to_tokens(model, tokens_or_text)
-    if tokens.shape[0] != 1:
-        raise ValueError(f"an attribution graph is of one prompt, got {tokens.shape[0]} rows")
-    tokens: Int[Tensor, " pos"] = tokens[0].to(model.cfg.device)
-    if len(tokens) < 2:
-        raise ValueError("the prompt needs at least 2 tokens (position 0 has no feature nodes)")
+    tokens = _prompt(model, tokens_or_text)
     check_transcoders_fit(model, tc)
     # float32 at least (a half-precision model's graph is computed in float32), float64 kept
     dtype = torch.float64 if model.cfg.dtype == torch.float64 else torch.float32
     tc = tc.to(device=model.cfg.device, dtype=dtype)
-    names = [tc.input_hook(lay) for lay in range(tc.n_layers)]
-    names += [tc.output_hook(lay) for lay in range(tc.n_layers)] + ["hook_embed"]
-    clean = run_cached(model, tokens[None], hooks=names)
-    src = read_sources(model, tc, clean, dtype)
-    logit_ids, logit_p, logit_vecs = salient_logits(
-        model, clean.logits[0, -1], max_n_logits, desired_logit_prob, dtype
-    )
-    n_feat = src.n_features
-    keep = n_feat if max_feature_nodes is None else min(int(max_feature_nodes), n_feat)
-    n_logits, n_pos = len(logit_ids), len(tokens)
-    n_nodes = keep + src.n_cols - n_feat + n_logits
-    del clean  # read: its activations and logits are not held through the build
+    src, logits = _read_prompt(model, tc, tokens, dtype, max_n_logits, desired_logit_prob)
     one_copy = one_copy_backward(model, tokens, tc, backward)  # None: the batched pass
-    sized = functools.partial(
-        graph_bytes, model, tc, n_pos, n_active=n_feat, keep=keep, n_logits=n_logits,
-        source_bytes=_source_bytes(src), one_copy=one_copy is not None,
+    plan = plan_graph(
+        model, tc, len(tokens), n_active=src.n_features, n_logits=len(logits[0]),
+        source_bytes=_source_bytes(src), max_feature_nodes=max_feature_nodes,
+        batch_size=batch_size, max_bytes=max_bytes,
+        free=free_bytes(model.cfg.device) if max_bytes is None else None,
+        one_copy=one_copy is not None,
     )  # fmt: skip
-    chosen = 64 if batch_size is None else int(batch_size)
-    # a round visits 4 x the batch asked for (circuit-tracer's rounds), whatever batch the
-    # memory allows: the same features are kept under any budget
-    round_size = 4 * chosen
-    chosen = max(1, min(chosen, keep + n_logits))
     if max_bytes is not None:
-        budget = parse_size(max_bytes)
-        need = least_bytes(lambda b: sized(batch=b), chosen)
-        if need > budget:
-            raise MemoryBudgetError(
-                f"this graph ({n_nodes} nodes, {n_pos} positions) needs at least {need} bytes "
-                f"({format_size(need)}) at its smallest batch; raise max_bytes to {need} or "
-                "lower max_feature_nodes"
-            )
         return_freed_memory()  # freed blocks go back at once: the process's size is its use
-        chosen = choose_batch(lambda b: sized(batch=b), chosen, budget)
-    else:  # the memory free on the device bounds the batch, asked for or not
-        budget = free_bytes(model.cfg.device)
-        if budget is None and batch_size is None:
-            raise RuntimeError(
-                "the host's available memory cannot be read here; pass max_bytes or batch_size"
-            )
-        budget = budget if budget is not None else sized(batch=chosen)
-        asked, chosen = chosen, choose_batch(lambda b: sized(batch=b), chosen, budget)
-        if batch_size is not None and chosen < asked:
-            logger.warning(
-                "batch_size %d needs about %s, more than the %s free on %s: batch %d instead",
-                asked, format_size(sized(batch=asked)), format_size(budget), model.cfg.device,
-                chosen,
-            )  # fmt: skip
-        if sized(batch=chosen) > budget:
-            logger.warning(
-                "this graph needs about %s with one row per pass, more than the %s free on %s",
-                format_size(sized(batch=chosen)), format_size(budget), model.cfg.device,
-            )  # fmt: skip
-    batch_size = chosen
-
-    total_cols = src.n_cols + n_logits
-    # the rows computed (logits first, then features in the order visited), every source's
-    # column; under a cap they rank the features still to visit
-    computed = torch.zeros(keep + n_logits, total_cols, dtype=dtype)
-    row_nodes = torch.zeros(keep + n_logits, dtype=torch.long)  # each row's column
-    with no_param_grads(model):
-        if one_copy is None:
-            rows_of = functools.partial(_rows, frozen_pass(model, tokens, tc, batch_size))
-        else:
-            rows_of = one_copy
-        device = src.embed.device
-        for i in range(0, n_logits, batch_size):
-            chunk = slice(i, min(i + batch_size, n_logits))
-            b = chunk.stop - chunk.start
-            rows = rows_of(
-                src,
-                torch.full((b,), tc.n_layers, device=device),
-                torch.full((b,), n_pos - 1, device=device),
-                logit_vecs[chunk],
-            )
-            row_nodes[chunk] = torch.arange(chunk.start, chunk.stop) + src.n_cols
-            computed[chunk, : src.n_cols] = rows.cpu()
-        visited = torch.zeros(n_feat, dtype=torch.bool)
-        filled = n_logits
-        bar = tqdm(total=keep, desc="attribution graph: features", disable=not progress)
-        while filled < n_logits + keep:
-            if keep == n_feat:
-                pending = torch.arange(n_feat)
-            else:
-                influence = partial_influences(computed[:filled], logit_p, row_nodes[:filled])
-                rank = torch.argsort(influence[:n_feat], descending=True)
-                pending = rank[~visited[rank]][: min(round_size, n_logits + keep - filled)]
-                # a round's rows in (layer, pos) order: each batch then reaches fewer positions
-                pending = pending.sort().values
-            for batch in torch.split(pending, batch_size):
-                rows = rows_of(
-                    src,
-                    src.feat_layer[batch].to(device),
-                    src.feat_pos[batch].to(device),
-                    src.encoders[batch.to(device)],
-                )
-                computed[filled : filled + len(batch), : src.n_cols] = rows.cpu()
-                row_nodes[filled : filled + len(batch)] = batch
-                visited[batch] = True
-                filled += len(batch)
-                bar.update(len(batch))
-        bar.close()
-        del rows_of
-
-    selected = torch.nonzero(visited).flatten()
-    if keep < n_feat:  # the unvisited features' columns go: the rows in place, chunk by chunk
-        computed, row_nodes = _kept_columns(computed, row_nodes, selected, n_feat)
-    nodes = node_table(src, selected, tc.n_layers, tokens, logit_ids, logit_p)
-    return AttributionGraph(
-        nodes=nodes,
-        rows=computed,
-        row_nodes=row_nodes,
-        tokens=tokens.cpu(),
-        logit_token_ids=logit_ids.cpu(),
-        logit_probabilities=logit_p.cpu(),
-        model_name=str(getattr(model.cfg, "model_name", "")),
-        transcoder_name=tc.name,
-        info={
-            "active_features": n_feat,
-            "seconds": time.perf_counter() - start,
-            "batch_size": batch_size,
-            "estimated_bytes": sized(batch=batch_size),
-            "hook": FINAL_HOOK,
-            "backward": "batched" if one_copy is None else "one-copy",
-        },
-        context={"model": model, "tc": tc},  # for head loadings and QK attribution
-    )
+    table, visited = _graph_rows(model, tokens, tc, src, plan, logits, progress, one_copy)
+    return _assemble(model, tokens, tc, src, plan, logits, table, visited, start)

@@ -172,7 +172,9 @@ class _Linear(torch.autograd.Function):
             gx = _dense(path, pattern, grad[:b, :p])
         if b == rows and p == n_pos:
             return None, gx, None, None, None
-        full = grad.new_zeros(grad.shape)
+        full = grad.new_empty(grad.shape)  # zero past the scope: each element written once
+        full[b:].zero_()
+        full[:b, p:].zero_()
         full[:b, :p] = gx
         return None, full, None, None, None
 
@@ -200,7 +202,7 @@ def _one_position(path: ValuePath, pattern: Tensor, grad: Tensor) -> Tensor | No
     attention below a target): per row and head, the value path's vector ``[d_model]`` once,
     spread over the keys by that position's pattern row; None where a row has more."""
     b, p, d_model = grad.shape
-    where = grad.abs().amax(-1) > 0  # [b p]
+    where = grad.ne(0).any(-1)  # [b p]: a bool per element, not a float copy of grad
     if b == 0 or int(where.sum(1).max()) > 1:
         return None
     q = where.to(torch.uint8).argmax(1)  # each row's position (0 where none: its g is 0)
