@@ -9,8 +9,7 @@ The most used names are here, imported on first use, so ``import interp`` stays 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+from interp.foundation.doors import lazy_package
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -67,16 +66,5 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 __version__ = "0.6.0"
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        if not name.startswith("_") and importlib.util.find_spec(f"interp.{name}") is not None:
-            return importlib.import_module(f"interp.{name}")  # interp.tasks.ioi(...) works
-        raise AttributeError(f"module 'interp' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# submodules: interp.tasks.ioi(...) works after a bare ``import interp``
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS, submodules=True)

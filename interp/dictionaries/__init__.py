@@ -18,7 +18,7 @@ The names are imported on first use, so importing the package costs nothing.
 
 from __future__ import annotations
 
-import importlib
+from interp.foundation.doors import lazy_package
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -34,8 +34,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'interp.dictionaries' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)

@@ -12,7 +12,7 @@ interventions its edges predict; :func:`frontend_json` circuit-tracer's file.
 
 from __future__ import annotations
 
-import importlib
+from interp.foundation.doors import lazy_package
 
 # public name -> its module, imported on first use (importing the package stays cheap)
 _EXPORTS = {
@@ -35,14 +35,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from interp.foundation.doors import lazy_exports
+from interp.foundation.doors import lazy_package
 
 _EXPORTS = {
     "ActivationStore": "interp.stores.activations",
@@ -12,5 +12,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)

@@ -13,7 +13,7 @@ docs/scale.md has the recipes.
 
 from __future__ import annotations
 
-from interp.foundation.doors import lazy_exports
+from interp.foundation.doors import lazy_package
 
 _EXPORTS = {
     "run_shards": "interp.foundation.executors.runner",
@@ -30,5 +30,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)
