@@ -9,9 +9,12 @@ The most used names are here, imported on first use, so ``import interp`` stays 
 
 from __future__ import annotations
 
-from interp.foundation.doors import lazy_package
+import importlib
+import importlib.util
 
-# public name -> module that defines it
+# public name -> module that defines it. The one door that does not use
+# interp.foundation.doors.lazy_package: the package sits on the foundation's floor and imports
+# nothing (docs/architecture.md), so it cannot import the foundation's helper.
 _EXPORTS = {
     "load_model": "interp.models.loading",
     "bundled_models": "interp.models.loading",
@@ -66,5 +69,16 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 __version__ = "0.6.0"
 
-# submodules: interp.tasks.ioi(...) works after a bare ``import interp``
-__getattr__, __dir__ = lazy_package(__name__, _EXPORTS, submodules=True)
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        if not name.startswith("_") and importlib.util.find_spec(f"interp.{name}") is not None:
+            return importlib.import_module(f"interp.{name}")  # interp.tasks.ioi(...) works
+        raise AttributeError(f"module 'interp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

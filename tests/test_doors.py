@@ -16,7 +16,7 @@ import pytest
 from interp.foundation.doors import lazy_package, moved, warn_moved_module
 
 ROOT = Path(__file__).resolve().parents[1]
-DOORS = (  # every package door written with lazy_package
+DOORS = (  # every package door: lazy_package (the root package's own, importing nothing)
     "interp",
     "interp.dictionaries",
     "interp.foundation.executors",

@@ -18,19 +18,19 @@ The names are imported on first use, so importing the package costs nothing.
 
 from __future__ import annotations
 
-from interp.foundation.doors import lazy_package
+from interp.foundation.doors import exports, lazy_package
 
-# public name -> module that defines it
-_EXPORTS = {
-    "ACTIVATIONS": "interp.dictionaries.activations",
-    "activate": "interp.dictionaries.activations",
-    "Dictionary": "interp.dictionaries.core",
-    "decoder_flag": "interp.dictionaries.core",
-    "FeatureEdit": "interp.engine.feature_edit",
-    "TokenRows": "interp.dictionaries.data",
-    "activations_at": "interp.dictionaries.data",
-    "read_tensors": "interp.dictionaries.files",
-}
+# public name -> its module, imported on first use (importing the package stays cheap)
+_EXPORTS = exports(
+    __name__,
+    {
+        ".activations": ("ACTIVATIONS", "activate"),
+        ".core": ("Dictionary", "decoder_flag"),
+        "interp.engine.feature_edit": ("FeatureEdit",),
+        ".data": ("TokenRows", "activations_at"),
+        ".files": ("read_tensors",),
+    },
+)
 
 __all__ = sorted(_EXPORTS)
 

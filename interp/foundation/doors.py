@@ -10,7 +10,7 @@ import sys
 import warnings
 from collections.abc import Callable
 
-__all__ = ["lazy_exports", "lazy_package", "moved", "warn_moved_module"]
+__all__ = ["exports", "lazy_exports", "lazy_package", "moved", "warn_moved_module"]
 
 SINCE = "0.6.0"  # the release that moved the names still served from their old paths
 UNTIL = "0.7.0"  # the release that removes those old paths
@@ -18,6 +18,20 @@ UNTIL = "0.7.0"  # the release that removes those old paths
 
 def _missing(module: str, name: str) -> AttributeError:
     return AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def exports(package: str, modules: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """A door's table, name -> the module that defines it, from each module and the names it
+    gives (a module written ``.x`` is ``package.x``; each module written once, not once a name).
+    A name given by two modules is refused."""
+    table: dict[str, str] = {}
+    for module, names in modules.items():
+        home = package + module if module.startswith(".") else module
+        for name in names:
+            if name in table:
+                raise ValueError(f"{package}: {name!r} is given by {table[name]} and {home}")
+            table[name] = home
+    return table
 
 
 def lazy_exports(

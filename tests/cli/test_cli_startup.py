@@ -23,15 +23,13 @@ HEAVY = ("torch", "transformer_lens", "transformers", "pandas", "plotly", "numpy
 
 # runs each command line in turn; after each, the heavy modules (and interp modules outside
 # the command line, but the torch-free interp.foundation.sizes and interp.models.sources it
-# checks with, and interp.foundation.doors, the standard-library door ``import interp`` is)
-# imported
+# checks with) imported
 PROBE = """
 import contextlib, io, json, sys
 from interp.cli import main
 
 heavy = tuple(json.loads(sys.argv[1]))
-allowed = ("interp.cli", "interp.foundation.sizes", "interp.models.sources",
-           "interp.foundation.doors")  # torch-free
+allowed = ("interp.cli", "interp.foundation.sizes", "interp.models.sources")  # torch-free
 packages = ("interp.foundation", "interp.models")  # their __init__: a docstring, no import
 def loaded():
     return sorted(m for m in sys.modules if m.split(".")[0] in heavy
