@@ -14,7 +14,7 @@ import pandas as pd
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.attribution.residual import AttributionError, ResidualParts
+from interp.attribution.residual import ResidualParts, check_within
 from interp.engine import Prompt, TokenError, to_tokens
 from interp.engine import resolve_token as _resolve_token
 from interp.foundation.doors import moved
@@ -75,15 +75,14 @@ class _Target:
 
 
 def _check_identity(total: float, reference: float, logits: Tensor, against: str) -> float:
-    error = abs(total - reference)
-    bound = IDENTITY_ATOL + IDENTITY_RTOL * float(logits.abs().max())
-    if not error <= bound:
-        raise AttributionError(
-            f"the attributions add up to {total:.6g} but {against} is "
-            f"{reference:.6g} (error {error:.3g} > {bound:.3g}); refusing to "
-            "return numbers that do not add up"
-        )
-    return error
+    return check_within(
+        abs(total - reference),
+        float(logits.abs().max()),
+        IDENTITY_ATOL,
+        IDENTITY_RTOL,
+        f"the attributions add up to {total:.6g} but {against} is {reference:.6g}; refusing to "
+        "return numbers that do not add up",
+    )
 
 
 def _note(model) -> str | None:
