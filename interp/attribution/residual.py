@@ -30,6 +30,7 @@ from interp.models.norms import POST_NORMS, freeze, is_rms, param, post_norm, so
 __all__ = [
     "AttributionError",
     "ResidualParts",
+    "check_within",
     "final_hooks",
     "final_logits",
     "parts_hooks",

@@ -5,7 +5,6 @@ for one release and say where the name went (a ``DeprecationWarning`` at the cal
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 import warnings
 from collections.abc import Callable
@@ -34,19 +33,12 @@ def exports(package: str, modules: dict[str, tuple[str, ...]]) -> dict[str, str]
     return table
 
 
-def lazy_exports(
-    package: str, exports: dict[str, str], *, submodules: bool = False
-) -> Callable[[str], object]:
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], object]:
     """A module ``__getattr__`` for ``package``: each name of ``exports`` (name -> the module
-    that defines it) imported from its module when first asked for, then kept in the package.
-    With ``submodules``, any other public name that is a subpackage of ``package`` is imported
-    (``interp.tasks.ioi(...)`` after a bare ``import interp``)."""
+    that defines it) imported from its module when first asked for, then kept in the package."""
 
     def __getattr__(name: str):
         if name not in exports:
-            spec = f"{package}.{name}"
-            if submodules and not name.startswith("_") and importlib.util.find_spec(spec):
-                return importlib.import_module(spec)
             raise _missing(package, name)
         value = getattr(importlib.import_module(exports[name]), name)
         setattr(sys.modules[package], name, value)
@@ -56,28 +48,33 @@ def lazy_exports(
 
 
 def lazy_package(
-    package: str, exports: dict[str, str], *, submodules: bool = False
+    package: str, exports: dict[str, str]
 ) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """A package's ``__getattr__`` and ``__dir__``: :func:`lazy_exports`, and a listing that
-    shows the names not yet imported::
+    shows the names not yet imported.
 
+    A door (``interp.graphs``, ``interp.saes``, ...) is then::
+
+        _EXPORTS = exports(__name__, {".attribute": ("attribution_graph",), ...})
         __all__ = sorted(_EXPORTS)
         __getattr__, __dir__ = lazy_package(__name__, _EXPORTS)
+
+    (``interp`` itself keeps its own: it sits on the foundation's floor and imports nothing.)
     """
 
     def __dir__() -> list[str]:
         return sorted(set(vars(sys.modules[package])) | set(exports))
 
-    return lazy_exports(package, exports, submodules=submodules), __dir__
+    return lazy_exports(package, exports), __dir__
 
 
 def moved(module: str, names: dict[str, str], *, until: str = UNTIL) -> Callable[[str], object]:
     """A module ``__getattr__`` for ``module`` serving the old paths of moved or renamed names:
     ``names`` maps an old name to its new home, ``"package.module:new_name"``. Asking for an old
     name warns (``DeprecationWarning`` at the caller's line: old path, new path, when the old
-    one goes) and gives the object itself, imported from its new home::
+    one goes) and gives the object itself, imported from its new home.
 
-        __getattr__ = moved(__name__, {"Graph": "interp.discovery.graph:EdgeGraph"})
+    For example ``__getattr__ = moved(__name__, {"Graph": "interp.discovery.graph:EdgeGraph"})``.
     """
     for old, target in names.items():
         if target.count(":") != 1:
