@@ -12,7 +12,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-# public name -> module that defines it
+# public name -> module that defines it. The one door that does not use
+# interp.foundation.doors.lazy_package: the package sits on the foundation's floor and imports
+# nothing (docs/architecture.md), so it cannot import the foundation's helper.
 _EXPORTS = {
     "load_model": "interp.models.loading",
     "bundled_models": "interp.models.loading",

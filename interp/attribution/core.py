@@ -8,16 +8,16 @@ build their frames here, from the residual parts of the folded model
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import pandas as pd
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.attribution.residual import AttributionError, ResidualParts
+from interp.attribution.residual import ResidualParts, check_within
 from interp.engine import Prompt, TokenError, to_tokens
 from interp.engine import resolve_token as _resolve_token
+from interp.foundation.doors import moved
 from interp.models.layernorm import fold_info
 from interp.models.norms import effective_bias, effective_weight, is_rms, normalise, param, soft_cap
 
@@ -75,15 +75,14 @@ class _Target:
 
 
 def _check_identity(total: float, reference: float, logits: Tensor, against: str) -> float:
-    error = abs(total - reference)
-    bound = IDENTITY_ATOL + IDENTITY_RTOL * float(logits.abs().max())
-    if not error <= bound:
-        raise AttributionError(
-            f"the attributions add up to {total:.6g} but {against} is "
-            f"{reference:.6g} (error {error:.3g} > {bound:.3g}); refusing to "
-            "return numbers that do not add up"
-        )
-    return error
+    return check_within(
+        abs(total - reference),
+        float(logits.abs().max()),
+        IDENTITY_ATOL,
+        IDENTITY_RTOL,
+        f"the attributions add up to {total:.6g} but {against} is {reference:.6g}; refusing to "
+        "return numbers that do not add up",
+    )
 
 
 def _note(model) -> str | None:
@@ -190,14 +189,4 @@ def _attribute(
     return frame
 
 
-def __getattr__(name: str):
-    if name == "resolve_token":  # moved down in 0.6.0; this path goes in 0.7.0
-        warnings.warn(
-            "interp.attribution.core.resolve_token moved to interp.engine.tokens.resolve_token "
-            "(also interp.engine.resolve_token, interp.attribution.resolve_token); the old "
-            "path goes in 0.7.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return _resolve_token
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved(__name__, {"resolve_token": "interp.engine.tokens:resolve_token"})

@@ -32,7 +32,7 @@ from interp.attribution.core import (
     _target,
     logit_direction,
 )
-from interp.attribution.residual import AttributionError, residual_parts
+from interp.attribution.residual import check_within, residual_parts
 from interp.dictionaries.core import decoder_flag
 from interp.engine import Prompt, run_cached
 from interp.models.layernorm import fold_layernorm, is_folded
@@ -76,23 +76,29 @@ def feature_attribution(
     upstream = _before(frame, layer)
     replaced = float(frame.loc[upstream, "contribution"].sum())
     by_features = float(features["contribution"].sum() + rest["contribution"].sum())
-    bound = IDENTITY_ATOL + IDENTITY_RTOL * abs(replaced)
-    if not abs(replaced - by_features) <= bound:
-        raise AttributionError(
-            f"the SAE's rows add up to {by_features:.6g} but the components before layer "
-            f"{layer} add up to {replaced:.6g} (error {abs(replaced - by_features):.3g}); "
-            "refusing to return numbers that do not add up"
-        )
+    error = check_within(
+        abs(replaced - by_features),
+        abs(replaced),
+        IDENTITY_ATOL,
+        IDENTITY_RTOL,
+        f"the SAE's rows add up to {by_features:.6g} but the components before layer {layer} "
+        f"add up to {replaced:.6g}; refusing to return numbers that do not add up",
+    )
     out = pd.concat([features, rest, frame[~upstream]], ignore_index=True)
     for column in ("layer", "head", "feature"):
         out[column] = out[column].astype("Int64")
     out = out[["component", "layer", "head", "feature", "activation", "contribution"]]
     total = float(out.loc[out["component"] != "total", "contribution"].sum())
     expected = float(frame.loc[frame["component"] == "total", "contribution"].iloc[0])
-    if not abs(total - expected) <= IDENTITY_ATOL + IDENTITY_RTOL * abs(expected):
-        raise AttributionError(f"the rows add up to {total:.6g}, not the total {expected:.6g}")
+    check_within(
+        abs(total - expected),
+        abs(expected),
+        IDENTITY_ATOL,
+        IDENTITY_RTOL,
+        f"the rows add up to {total:.6g}, not the total {expected:.6g}",
+    )
     out.attrs.update(frame.attrs)
-    out.attrs.update(sae=repr(sae), sae_identity_error=abs(replaced - by_features))
+    out.attrs.update(sae=repr(sae), sae_identity_error=error)
     return out
 
 

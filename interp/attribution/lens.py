@@ -15,7 +15,7 @@ from interp.attribution.core import (
     _position,
     _single_prompt,
 )
-from interp.attribution.residual import AttributionError
+from interp.attribution.residual import check_within
 from interp.engine import Prompt, resolve_token, run_cached
 from interp.models.norms import param, soft_cap
 from interp.models.offload import materialized
@@ -62,14 +62,14 @@ def logit_lens(
     )  # [layer+1 d_model]
     logits, cap = _read_as_final(model, states)
     real = run.logits[0, position].double()
-    error = float((logits[-1] - real).abs().max())
-    bound = IDENTITY_ATOL + IDENTITY_RTOL * float(real.abs().max())
-    if not error <= bound:
-        raise AttributionError(
-            f"the logit lens's last row differs from the model's logits by "
-            f"{error:.3g} (> {bound:.3g}): this model's output is not "
-            "final norm then unembedding, so the lens would mislead"
-        )
+    error = check_within(
+        float((logits[-1] - real).abs().max()),
+        float(real.abs().max()),
+        IDENTITY_ATOL,
+        IDENTITY_RTOL,
+        "the logit lens's last row differs from the model's logits: this model's output is not "
+        "final norm then unembedding, so the lens would mislead",
+    )
     frame = _lens_frame(model, logits, answer_id, wrong_id, k)
     frame.attrs.update(
         pos=position,

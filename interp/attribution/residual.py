@@ -30,6 +30,7 @@ from interp.models.norms import POST_NORMS, freeze, is_rms, param, post_norm, so
 __all__ = [
     "AttributionError",
     "ResidualParts",
+    "check_within",
     "final_hooks",
     "final_logits",
     "parts_hooks",
@@ -52,15 +53,25 @@ def has_pos_embed(model) -> bool:
     return getattr(model.cfg, "positional_embedding_type", None) == "standard"
 
 
-def check_sum(total: Tensor, reference: Tensor, what: str, against: str) -> None:
-    error = float((total - reference).abs().max())
-    bound = RESID_ATOL + RESID_RTOL * float(reference.abs().max())
+def check_within(error: float, scale: float, atol: float, rtol: float, refusal: str) -> float:
+    """``error`` when it is within ``atol + rtol * scale`` (a NaN never is); else an
+    :class:`AttributionError` saying ``refusal``, the error and the bound. Every identity of
+    attribution (parts add up to a whole) is checked here, one way."""
+    bound = atol + rtol * scale
     if not error <= bound:
-        raise AttributionError(
-            f"{what} add up to {against} only within {error:.3g} (allowed "
-            f"{bound:.3g}); this architecture's residual stream is not the sum "
-            "interp decomposes, so no attribution is given"
-        )
+        raise AttributionError(f"{refusal} (error {error:.3g} > allowed {bound:.3g})")
+    return error
+
+
+def check_sum(total: Tensor, reference: Tensor, what: str, against: str) -> None:
+    check_within(
+        float((total - reference).abs().max()),
+        float(reference.abs().max()),
+        RESID_ATOL,
+        RESID_RTOL,
+        f"{what} do not add up to {against}: this architecture's residual stream is not the "
+        "sum interp decomposes, so no attribution is given",
+    )
 
 
 @dataclass(frozen=True)

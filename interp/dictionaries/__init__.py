@@ -18,24 +18,20 @@ The names are imported on first use, so importing the package costs nothing.
 
 from __future__ import annotations
 
-import importlib
+from interp.foundation.doors import exports, lazy_package
 
-# public name -> module that defines it
-_EXPORTS = {
-    "ACTIVATIONS": "interp.dictionaries.activations",
-    "activate": "interp.dictionaries.activations",
-    "Dictionary": "interp.dictionaries.core",
-    "decoder_flag": "interp.dictionaries.core",
-    "FeatureEdit": "interp.engine.feature_edit",
-    "TokenRows": "interp.dictionaries.data",
-    "activations_at": "interp.dictionaries.data",
-    "read_tensors": "interp.dictionaries.files",
-}
+# public name -> its module, imported on first use (importing the package stays cheap)
+_EXPORTS = exports(
+    __name__,
+    {
+        ".activations": ("ACTIVATIONS", "activate"),
+        ".core": ("Dictionary", "decoder_flag"),
+        "interp.engine.feature_edit": ("FeatureEdit",),
+        ".data": ("TokenRows", "activations_at"),
+        ".files": ("read_tensors",),
+    },
+)
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'interp.dictionaries' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)

@@ -5,8 +5,6 @@ features as writers (``feature_edge_scores``)."""
 
 from __future__ import annotations
 
-import warnings
-
 from interp.discovery.circuit import CIRCUIT_METHODS, Circuit, discover_circuit
 from interp.discovery.evaluate import (
     ABLATIONS,
@@ -17,6 +15,7 @@ from interp.discovery.evaluate import (
 from interp.discovery.features import FEATURE_METHODS, feature_edge_scores
 from interp.discovery.graph import EdgeGraph, Reader, edge_count, edge_name, split_edge
 from interp.discovery.scores import METHODS, SCORE_COLUMNS, edge_scores
+from interp.foundation.doors import moved
 
 __all__ = [
     "EdgeGraph",
@@ -39,12 +38,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name == "Graph":  # renamed in 0.6.0 (graphs.AttributionGraph is the other graph)
-        warnings.warn(
-            "interp.discovery.Graph is now interp.discovery.EdgeGraph; the old name goes in 0.7.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return EdgeGraph
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# renamed in 0.6.0 (graphs.AttributionGraph is the other graph)
+__getattr__ = moved(__name__, {"Graph": "interp.discovery:EdgeGraph"})

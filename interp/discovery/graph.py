@@ -16,12 +16,13 @@ anything equal in the clean and corrupted runs, are not nodes. GPT-2 small has 3
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import pandas as pd
+
+from interp.foundation.doors import moved
 
 __all__ = ["EdgeGraph", "Reader", "edge_count", "edge_name", "split_edge", "edge_frame"]
 
@@ -184,12 +185,4 @@ def edge_count(model_or_config) -> int:
     return len(EdgeGraph.from_config(model_or_config))
 
 
-def __getattr__(name: str):
-    if name == "Graph":  # renamed in 0.6.0 (graphs.AttributionGraph is the other graph)
-        warnings.warn(
-            "interp.discovery.Graph is now interp.discovery.EdgeGraph; the old name goes in 0.7.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return EdgeGraph
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved(__name__, {"Graph": "interp.discovery.graph:EdgeGraph"})

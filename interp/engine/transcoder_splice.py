@@ -16,7 +16,6 @@ edit moves the output by exactly the change of the reconstruction.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.engine.passes import HookFn, hook_shape
+from interp.foundation.doors import moved
 
 if TYPE_CHECKING:
     from interp.engine.feature_edit import FeatureEdit
@@ -38,18 +38,7 @@ __all__ = [
 TRANSCODER_ACTS = "hook_transcoder_acts"  # the suffix feature activations are cached under
 
 
-def __getattr__(name: str):
-    if name != "FeatureEdit":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        "interp.engine.transcoder_splice.FeatureEdit moved to interp.engine.FeatureEdit "
-        "(interp.dictionaries.FeatureEdit) in 0.6.0; the old path goes in 0.7",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    from interp.engine.feature_edit import FeatureEdit
-
-    return FeatureEdit
+__getattr__ = moved(__name__, {"FeatureEdit": "interp.engine.feature_edit:FeatureEdit"})
 
 
 def transcoder_acts_name(layer: int) -> str:

@@ -12,37 +12,24 @@ interventions its edges predict; :func:`frontend_json` circuit-tracer's file.
 
 from __future__ import annotations
 
-import importlib
+from interp.foundation.doors import exports, lazy_package
 
 # public name -> its module, imported on first use (importing the package stays cheap)
-_EXPORTS = {
-    "attribution_graph": "interp.graphs.attribute",
-    "estimate_graph_bytes": "interp.graphs.attribute",
-    "AttributionGraph": "interp.graphs.graph",
-    "TaskGraph": "interp.graphs.task_graph",
-    "graphs_of_prompts": "interp.graphs.many",
-    "iter_graphs": "interp.graphs.many",
-    "graph_scores": "interp.graphs.influence",
-    "head_loadings": "interp.graphs.heads",
-    "qk_attribution": "interp.graphs.qk",
-    "attention_pairs": "interp.graphs.qk",
-    "feature_intervention": "interp.graphs.interventions",
-    "frozen_feature_run": "interp.graphs.interventions",
-    "FeatureRun": "interp.graphs.interventions",
-    "FrozenRun": "interp.graphs.interventions",
-    "frontend_json": "interp.graphs.frontend",
-}
+_EXPORTS = exports(
+    __name__,
+    {
+        ".attribute": ("attribution_graph", "estimate_graph_bytes"),
+        ".graph": ("AttributionGraph",),
+        ".task_graph": ("TaskGraph",),
+        ".many": ("graphs_of_prompts", "iter_graphs"),
+        ".influence": ("graph_scores",),
+        ".heads": ("head_loadings",),
+        ".qk": ("qk_attribution", "attention_pairs"),
+        ".interventions": ("feature_intervention", "frozen_feature_run", "FeatureRun", "FrozenRun"),
+        ".frontend": ("frontend_json",),
+    },
+)
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)

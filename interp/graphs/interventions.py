@@ -30,7 +30,6 @@ interp edits them as they are, as ``run_cached`` does.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +38,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.engine import FeatureEdit, forward, run_cached, to_tokens
+from interp.foundation.doors import moved
 from interp.graphs.frozen import FINAL_HOOK
 
 __all__ = ["FeatureRun", "FrozenRun", "feature_intervention", "frozen_feature_run"]
@@ -219,13 +219,4 @@ def frozen_feature_run(
     return FrozenRun(pre_activations=pre, logits=final[-1] @ W_U)
 
 
-def __getattr__(name: str):
-    if name == "FINAL":  # one constant since 0.6.0: interp.graphs.frozen.FINAL_HOOK
-        warnings.warn(
-            "interp.graphs.interventions.FINAL is interp.graphs.frozen.FINAL_HOOK; the old name "
-            "goes in 0.7.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return FINAL_HOOK
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved(__name__, {"FINAL": "interp.graphs.frozen:FINAL_HOOK"})

@@ -5,8 +5,7 @@ its names still work."""
 
 from __future__ import annotations
 
-import warnings
-
+from interp.foundation.doors import warn_moved_module
 from interp.interventions.attribution_patching import (
     attribution_deltas,
     estimate_attribution_bytes,
@@ -14,11 +13,6 @@ from interp.interventions.attribution_patching import (
 
 __deprecated__ = "use interp.interventions.attribution_patching; this path goes in 0.7.0"
 
-warnings.warn(
-    "interp.interventions.attribution is deprecated and goes in 0.7.0: import "
-    "interp.interventions.attribution_patching",
-    DeprecationWarning,
-    stacklevel=2,
-)
+warn_moved_module(__name__, "import interp.interventions.attribution_patching")
 
 __all__ = ["attribution_deltas", "estimate_attribution_bytes"]

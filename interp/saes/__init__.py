@@ -8,36 +8,21 @@ The door: :func:`load_sae` reads every published format (``sae_format`` tells wh
 
 from __future__ import annotations
 
-import importlib
+from interp.foundation.doors import exports, lazy_package
 
 # public name -> its module, imported on first use (importing the package stays cheap)
-_EXPORTS = {
-    "SAE": "interp.saes.sae",
-    "load_sae": "interp.saes.loading",
-    "check_sae_fits": "interp.saes.loading",
-    "sae_format": "interp.saes.loading",
-    "SAELoadError": "interp.saes.loading",
-    "SAEFitError": "interp.saes.loading",
-    "train_sae": "interp.saes.train",
-    "feature_summary": "interp.saes.features",
-    "logit_effects": "interp.saes.features",
-    "FeatureSummary": "interp.saes.features",
-    "ablate_feature": "interp.saes.interventions",
-    "patch_feature": "interp.saes.interventions",
-    "bundled_saes": "interp.saes.bundled",
-    "bundled_sae_path": "interp.saes.bundled",
-}
+_EXPORTS = exports(
+    __name__,
+    {
+        ".sae": ("SAE",),
+        ".loading": ("load_sae", "check_sae_fits", "sae_format", "SAELoadError", "SAEFitError"),
+        ".train": ("train_sae",),
+        ".features": ("feature_summary", "logit_effects", "FeatureSummary"),
+        ".interventions": ("ablate_feature", "patch_feature"),
+        ".bundled": ("bundled_saes", "bundled_sae_path"),
+    },
+)
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)

@@ -25,7 +25,6 @@ SAELens itself.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.dictionaries.core import Dictionary
+from interp.foundation.doors import moved
 
 __all__ = ["ARCHITECTURES", "NORMALIZATIONS", "SAE"]
 
@@ -252,15 +252,4 @@ def _check(architecture: str, normalize: str, reshape: str) -> None:
         raise ValueError(f"reshape_activations={reshape!r} is not 'none' or 'hook_z'")
 
 
-def __getattr__(name: str):
-    if name != "decoder_flag":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        "interp.saes.sae.decoder_flag moved to interp.dictionaries.decoder_flag in 0.6.0; the "
-        "old path goes in 0.7",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    from interp.dictionaries.core import decoder_flag
-
-    return decoder_flag
+__getattr__ = moved(__name__, {"decoder_flag": "interp.dictionaries.core:decoder_flag"})

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from interp.foundation.doors import lazy_exports
+from interp.foundation.doors import exports, lazy_package
 
-_EXPORTS = {
-    "ActivationStore": "interp.stores.activations",
-    "fill_store": "interp.stores.activations",
-    "model_fingerprint": "interp.models.fingerprint",
-}
+_EXPORTS = exports(
+    __name__,
+    {
+        ".activations": ("ActivationStore", "fill_store"),
+        "interp.models.fingerprint": ("model_fingerprint",),
+    },
+)
 
 __all__ = sorted(_EXPORTS)
 
-
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)

@@ -13,10 +13,9 @@ Importing this module warns (``DeprecationWarning``); its names still work.
 
 from __future__ import annotations
 
-import warnings
-
 from interp.attribution.shards import attribution_partial_sums
 from interp.discovery.shards import discovery_partial_sums, sharded_edge_scores
+from interp.foundation.doors import warn_moved_module
 from interp.interventions.shards import sharded_patch, task_partial_sums
 from interp.models.workers import model_source
 from interp.tasks import shard_jobs
@@ -24,12 +23,11 @@ from interp.tasks.shard_jobs import TaskShard, run_task_shards
 
 __deprecated__ = "see the module docstring; this path goes in 0.7.0"
 
-warnings.warn(
-    "interp.tasks.sharded is deprecated and goes in 0.7.0: TaskShard and run_task_shards are "
-    "in interp.tasks.shard_jobs, sharded_patch in interp.interventions.shards, "
-    "sharded_edge_scores in interp.discovery.shards, model_source in interp.models.workers",
-    DeprecationWarning,
-    stacklevel=2,
+warn_moved_module(
+    __name__,
+    "TaskShard and run_task_shards are in interp.tasks.shard_jobs, sharded_patch in "
+    "interp.interventions.shards, sharded_edge_scores in interp.discovery.shards, model_source "
+    "in interp.models.workers",
 )
 
 SHARD_FUNCTIONS = {  # kind -> f(model, task, *, shard=(i, n), **settings) -> partial dict

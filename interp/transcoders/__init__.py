@@ -8,29 +8,24 @@ The door: :func:`load_transcoders` reads a folder (circuit-tracer's or SAELens's
 
 from __future__ import annotations
 
-import importlib
+from interp.foundation.doors import exports, lazy_package
 
 # public name -> its module, imported on first use (importing the package stays cheap)
-_EXPORTS = {
-    "TranscoderSet": "interp.transcoders.transcoder",
-    "load_transcoders": "interp.transcoders.loading",
-    "check_transcoders_fit": "interp.transcoders.loading",
-    "TranscoderLoadError": "interp.transcoders.loading",
-    "TranscoderFitError": "interp.transcoders.loading",
-    "write_folder": "interp.transcoders.files",
-    "train_transcoder": "interp.transcoders.train",
-}
+_EXPORTS = exports(
+    __name__,
+    {
+        ".transcoder": ("TranscoderSet",),
+        ".loading": (
+            "load_transcoders",
+            "check_transcoders_fit",
+            "TranscoderLoadError",
+            "TranscoderFitError",
+        ),
+        ".files": ("write_folder",),
+        ".train": ("train_transcoder",),
+    },
+)
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)

@@ -458,3 +458,15 @@ def test_cli_failure_keeps_the_previous_outputs(gpt2_dir, tmp_path, monkeypatch)
     assert sorted(p.name for p in out.iterdir()) == ["attribution.csv", "report.html"]
     assert (out / "attribution.csv").read_text() == "old csv"
     assert (out / "report.html").read_text() == "old report"
+
+
+def test_check_within_refuses_an_error_past_its_bound_and_a_nan():
+    """The one identity check: the error back when within ``atol + rtol * scale``, else a
+    refusal that says what, the error and the bound."""
+    from interp.attribution.residual import check_within
+
+    assert check_within(1.5e-4, 10.0, 1e-4, 1e-5, "parts") == 1.5e-4  # bound 2e-4
+    with pytest.raises(AttributionError, match=r"^parts \(error 0.00025 > allowed 0.0002\)$"):
+        check_within(2.5e-4, 10.0, 1e-4, 1e-5, "parts")
+    with pytest.raises(AttributionError, match="error nan"):
+        check_within(float("nan"), 10.0, 1e-4, 1e-5, "parts")

@@ -13,22 +13,18 @@ docs/scale.md has the recipes.
 
 from __future__ import annotations
 
-from interp.foundation.doors import lazy_exports
+from interp.foundation.doors import exports, lazy_package
 
-_EXPORTS = {
-    "run_shards": "interp.foundation.executors.runner",
-    "ShardError": "interp.foundation.executors.runner",
-    "finished_shards": "interp.foundation.executors.runner",
-    "make_executor": "interp.foundation.executors.backends",
-    "LocalExecutor": "interp.foundation.executors.local",
-    "InlineExecutor": "interp.foundation.executors.local",
-    "RayExecutor": "interp.foundation.executors.backends",
-    "SlurmExecutor": "interp.foundation.executors.backends",
-    "EXECUTORS": "interp.foundation.executors.backends",
-    "Sharding": "interp.foundation.executors.sharding",
-}
+_EXPORTS = exports(
+    __name__,
+    {
+        ".runner": ("run_shards", "ShardError", "finished_shards"),
+        ".backends": ("make_executor", "RayExecutor", "SlurmExecutor", "EXECUTORS"),
+        ".local": ("LocalExecutor", "InlineExecutor"),
+        ".sharding": ("Sharding",),
+    },
+)
 
 __all__ = sorted(_EXPORTS)
 
-
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)
