@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import interp.discovery.acdc as acdc_module  # noqa: E402
-import interp.discovery.removal as removal  # noqa: E402
-import interp.discovery.runs as runs  # noqa: E402
+import interp.engine.batched as batched  # noqa: E402
 from interp.discovery import EdgeGraph, edge_scores  # noqa: E402
 from interp.tasks import Task  # noqa: E402
 
@@ -69,21 +68,22 @@ def _task(model, rows: int, n_pos: int, seed: int = 0) -> Task:
 
 
 def _counted(module, fn, *args, **kwargs):
-    """Run ``fn(*args, **kwargs)``, counting ``module.run_logits`` calls (forward passes)."""
+    """Run ``fn(*args, **kwargs)``, counting ``module.forward`` calls (forward passes: the
+    engine's patched runs, ``interp.engine.batched``, through which discovery removes edges)."""
     count = [0]
-    original = module.run_logits
+    original = module.forward
 
     def counting(*args, **kwargs):
         count[0] += 1
         return original(*args, **kwargs)
 
-    module.run_logits = counting
+    module.forward = counting
     try:
         start = time.perf_counter()
         result = fn(*args, **kwargs)
         return result, time.perf_counter() - start, count[0]
     finally:
-        module.run_logits = original
+        module.forward = original
 
 
 def acdc_timings(
@@ -102,15 +102,15 @@ def acdc_timings(
         model = _model(arch, overrides)
         task = _task(model, rows, n_pos)
         n_edges = len(EdgeGraph.from_model(model))
-        _, exact_s, exact_passes = _counted(runs, edge_scores, model, task, "exact")
+        _, exact_s, exact_passes = _counted(batched, edge_scores, model, task, "exact")
         frame, acdc_s, acdc_passes = _counted(
-            removal, acdc_module.acdc, model, task, threshold=threshold
+            batched, acdc_module.acdc, model, task, threshold=threshold
         )
         window = acdc_module.WINDOW
         acdc_module.WINDOW = 1
         try:
             plain, plain_s, plain_passes = _counted(
-                removal, acdc_module.acdc, model, task, threshold=threshold
+                batched, acdc_module.acdc, model, task, threshold=threshold
             )
         finally:
             acdc_module.WINDOW = window

@@ -177,10 +177,11 @@ def eap(args) -> None:
 
 
 def _count_passes():
-    """Wrap the patched passes' ``run_logits`` to count them; returns (counter, undo)."""
-    import interp.discovery.runs as runs
+    """Wrap the engine's pass in patched runs (``engine.batched.forward``, through which
+    discovery's removals run) to count them; returns (counter, undo)."""
+    import interp.engine.batched as batched
 
-    original = runs.run_logits
+    original = batched.forward
     counter = {"passes": 0, "rows": 0}
 
     def counting(model, tokens, *a, **k):
@@ -188,8 +189,8 @@ def _count_passes():
         counter["rows"] += int(tokens.shape[0])
         return original(model, tokens, *a, **k)
 
-    runs.run_logits = counting
-    return counter, lambda: setattr(runs, "run_logits", original)
+    batched.forward = counting
+    return counter, lambda: setattr(batched, "forward", original)
 
 
 def exact(args) -> None:
