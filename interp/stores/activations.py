@@ -14,7 +14,7 @@ it runs :data:`ROWS_PER_PASS` rows at a time, one forward pass for every hook, a
 each pass's activations to its part on disk as they come (:class:`interp.stores.parts.PartWriter`:
 a shard holds one pass, whatever its size); its part appears whole or not at all, and the
 driver writes ``store.json`` last, so a store that has one is complete. A BOS token at
-position 0 is left out (as :func:`interp.dictionaries.data.activations_at`, which computes them).
+position 0 is left out (:func:`interp.dictionaries.data.hook_activations` computes them).
 
 :meth:`ActivationStore.batches` reads it back shuffled without loading it, holding at most
 ``max_bytes`` (:mod:`interp.stores.reading` says what is counted).
@@ -34,20 +34,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from interp.dictionaries.data import hook_activations, kept
 from interp.foundation.executors.local import InlineExecutor
 from interp.foundation.executors.runner import run_shards
 from interp.foundation.files import write_text_atomic
 from interp.models.fingerprint import model_fingerprint
 from interp.models.workers import model_spec, worker_model
-from interp.stores.parts import (
-    PartWriter,
-    file_name,
-    kept,
-    npy_layout,
-    pass_activations,
-    read_rows,
-    write_part,
-)
+from interp.stores.parts import PartWriter, file_name, npy_layout, read_rows, write_part
 from interp.stores.reading import BLOCK, reading_plan, shuffled_batches
 from interp.stores.sae_source import sae_source
 
@@ -91,7 +84,7 @@ class _FillShard:
         d = {}
         try:
             for batch in tokens.split(ROWS_PER_PASS):
-                acts = pass_activations(model, self.hooks, batch)
+                acts = hook_activations(model, self.hooks, batch)
                 writer.write(acts, batch[kept(batch, bos)])
                 d = {h: int(v.shape[1]) for h, v in acts.items()}
             return {**writer.close(), "d": d}

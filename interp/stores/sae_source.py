@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
+from interp.dictionaries.data import kept
 from interp.dictionaries.training import BUFFER_BATCHES
 from interp.foundation.sizes import parse_size
 from interp.stores.budget import (
@@ -33,7 +34,6 @@ from interp.stores.budget import (
     step_bytes,
     token_bytes,
 )
-from interp.stores.parts import kept
 from interp.stores.reading import least_reading_bytes
 
 __all__ = ["kept_tokens", "replay_bytes", "sae_budget", "sae_source"]

@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from interp.dictionaries.data import TokenRows, activations_at
+from interp.dictionaries.data import TokenRows, activations_at, hook_activations, kept
 from interp.dictionaries.training import BUFFER_BATCHES
 from interp.foundation.executors.local import InlineExecutor
 from interp.foundation.executors.runner import run_shards
 from interp.models.workers import model_spec, worker_model
 from interp.stores.activations import ActivationStore, write_meta
-from interp.stores.parts import PartWriter, kept, pass_activations
+from interp.stores.parts import PartWriter
 from interp.stores.sae_source import kept_tokens, replay_bytes, sae_budget
 
 __all__ = [
@@ -97,7 +97,7 @@ class _TrainingShard:
             writer = PartWriter(Path(self.path) / f"part-{k:05d}", len(kept_tokens(draws[k], bos)))
             try:
                 for tokens in draws[k]:
-                    acts = pass_activations(model, [self.hook], tokens)
+                    acts = hook_activations(model, [self.hook], tokens)
                     writer.write(acts, tokens[kept(tokens, bos)])
                 parts.append({**writer.close(), "k": k})
             except BaseException:

@@ -148,36 +148,36 @@ def _need(tensors: dict, key: str, where: Path) -> torch.Tensor:
     return tensors[key]
 
 
-def _activation(config: dict, has_threshold: bool, folder: Path) -> str:
+def _activation(config: dict, thresholds: list, folder: Path, saved_k=None) -> dict:
+    """The set's activation (named, or as circuit-tracer reads the files: JumpReLU where they
+    hold thresholds), with its thresholds or ``k``."""
     name = config.get("activation")
-    if name is None:
-        return "jumprelu" if has_threshold else "relu"
-    if ALIASES.get(str(name), str(name)) not in ACTIVATIONS:
+    name = ("jumprelu" if thresholds[0] is not None else "relu") if name is None else name
+    activation = ALIASES.get(str(name), str(name))
+    if activation not in ACTIVATIONS:
         raise TranscoderLoadError(
             f"{folder / CONFIG}: unknown activation {name!r}; interp reads relu, jump_relu, topk"
         )
-    return ALIASES.get(str(name), str(name))
+    out = {"activation": activation, "threshold": thresholds if activation == "jumprelu" else None}
+    if activation == "topk":
+        if config.get("k", saved_k) is None:
+            raise TranscoderLoadError(f"{folder / CONFIG}: a topk transcoder needs k")
+        out["k"] = int(config.get("k", saved_k))
+    return out
 
 
 def _per_layer(folder: Path, config: dict) -> dict:
     layers = [(p, _read_layer(p)) for p in _per_layer_files(folder, config)]
-    out = {key: [] for key in ("W_enc", "b_enc", "W_dec", "b_dec")}
-    for path, tensors in layers:
-        for key in out:
-            out[key].append(_need(tensors, key, path))
-    thresholds = [t.get("activation_function.threshold") for _, t in layers]
+    out = {
+        key: [_need(t, key, p) for p, t in layers] for key in ("W_enc", "b_enc", "W_dec", "b_dec")
+    }
     skips = [t.get("W_skip") for _, t in layers]
     if any(s is None for s in skips) and any(s is not None for s in skips):
         raise TranscoderLoadError(f"{folder}: some layers have W_skip and others not")
     out["W_skip"] = None if skips[0] is None else skips
-    activation = _activation(config, thresholds[0] is not None, folder)
-    out["threshold"] = thresholds if activation == "jumprelu" else None
-    if activation == "topk":
-        k = config.get("k", layers[0][1].get("k"))
-        if k is None:
-            raise TranscoderLoadError(f"{folder / CONFIG}: a topk transcoder needs k")
-        out["k"] = int(k)
-    return out | {"activation": activation, "kind": "per-layer"}
+    thresholds = [t.get("activation_function.threshold") for _, t in layers]
+    saved_k = layers[0][1].get("k")
+    return out | _activation(config, thresholds, folder, saved_k) | {"kind": "per-layer"}
 
 
 def _cross_layer(folder: Path, config: dict) -> dict:
@@ -193,12 +193,8 @@ def _cross_layer(folder: Path, config: dict) -> dict:
             out[key].append(_need(enc, f"{key}_{layer}", enc_path))
         out["W_dec"].append(_need(dec, f"W_dec_{layer}", dec_path))
         out["threshold"].append(enc.get(f"threshold_{layer}"))
-    activation = _activation(config, out["threshold"][0] is not None, folder)
-    if activation != "jumprelu":
-        out["threshold"] = None
-    if activation == "topk":
-        out["k"] = int(config["k"])
-    return out | {"activation": activation, "kind": "cross-layer"}
+    thresholds = out.pop("threshold")
+    return out | _activation(config, thresholds, folder) | {"kind": "cross-layer"}
 
 
 def _from_saelens(paths: Sequence[Path], name: str) -> TranscoderSet:

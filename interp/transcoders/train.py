@@ -30,9 +30,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp.dictionaries.data import TokenRows
+from interp.dictionaries.data import TokenRows, hook_activations
 from interp.dictionaries.training import BUFFER_BATCHES
-from interp.engine import run_cached, trim_freed_memory
+from interp.engine import trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.stores.budget import split_rows, token_bytes
 from interp.stores.pairs import pairs_budget, store_pairs
@@ -94,28 +94,15 @@ def _check(model, layers, kind, activation, d_tc, k, steps, batch_tokens) -> lis
     return layers
 
 
-def _pairs(model, batches: Sequence[Tensor], layers: list[int]) -> tuple[Tensor, Tensor]:
-    """Every token's MLP inputs and outputs ``[n layer d_model]`` (BOS at position 0 out)."""
-    hooks_in = [f"blocks.{layer}.{INPUT_HOOK}" for layer in layers]
-    hooks_out = [f"blocks.{layer}.{OUTPUT_HOOK}" for layer in layers]
-    bos = getattr(model.tokenizer, "bos_token_id", None)
+def _pairs(model, batches: Sequence[Tensor], layers: list[int], device=None):
+    """Every kept token's MLP inputs and outputs ``[n layer d_model]`` (on ``device``)."""
+    hooks = [[f"blocks.{layer}.{hook}" for layer in layers] for hook in (INPUT_HOOK, OUTPUT_HOOK)]
     xs, ys = [], []
     for tokens in batches:
-        run = run_cached(
-            model, tokens, hooks=hooks_in + hooks_out, keep_logits=False, prepend_bos=False
-        )
-        keep = torch.ones(tokens.shape, dtype=torch.bool)
-        if bos is not None:
-            keep[:, 0] = tokens[:, 0] != bos
-        keep = keep.to(run.activations[hooks_in[0]].device)
-        xs.append(torch.stack([run.activations[h][keep] for h in hooks_in], 1).float())
-        ys.append(torch.stack([run.activations[h][keep] for h in hooks_out], 1).float())
-    return torch.cat(xs), torch.cat(ys)
-
-
-def _pairs_on(model, layers: list[int], device, batches) -> tuple[Tensor, Tensor]:
-    """:func:`_pairs` on ``device``."""
-    return tuple(t.to(device) for t in _pairs(model, batches, layers))
+        acts = hook_activations(model, hooks[0] + hooks[1], tokens)
+        xs.append(torch.stack([acts[h] for h in hooks[0]], 1))
+        ys.append(torch.stack([acts[h] for h in hooks[1]], 1))
+    return torch.cat(xs).to(device), torch.cat(ys).to(device)
 
 
 def _transcoder_set(w: dict[str, Tensor], kind: str, activation: str, k, name: str):
@@ -136,11 +123,6 @@ def _transcoder_set(w: dict[str, Tensor], kind: str, activation: str, k, name: s
         output_hook=OUTPUT_HOOK,
         name=name,
     )
-
-
-def _figures(tc: TranscoderSet, x: Tensor, y: Tensor) -> pd.DataFrame:
-    """FVU, L0 and dead features per layer, with the saved set's own encode and decode."""
-    return held_out.figures(tc, x, y, EVAL_CHUNK)
 
 
 def _budget(model, store, layers, max_bytes, rows, held_out_rows, *, kind, activation, d_tc,
@@ -242,7 +224,7 @@ def train_transcoder(
     gen = torch.Generator().manual_seed(seed)
     rows = TokenRows(model, texts, gen)
     d_model = int(model.cfg.d_model)
-    pairs = partial(_pairs_on, model, layers, device)
+    pairs = partial(_pairs, model, layers=layers, device=device)
     fresh, held_out_rows, budgeted = _source(
         model, layers, rows, gen, pairs, rows.held_out(EVAL_TOKENS, EVAL_SEED), store, max_bytes,
         device, kind=kind, activation=activation, d_tc=d_tc, batch_tokens=batch_tokens,
@@ -260,7 +242,7 @@ def train_transcoder(
     if budgeted:  # pass by pass: never every held-out pair at once
         figures = held_out.streamed_figures(tc, (pairs([r]) for r in held_out_rows), EVAL_CHUNK)
     else:
-        figures = _figures(tc, *pairs(held_out_rows))
+        figures = held_out.figures(tc, *pairs(held_out_rows), EVAL_CHUNK)
     seconds, history = time.perf_counter() - start, pd.DataFrame(history)
     report = TranscoderTrainingReport(
         kind, activation, steps, steps * batch_tokens, figures, history, seconds
