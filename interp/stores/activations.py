@@ -11,7 +11,7 @@ A store is a folder::
 :func:`fill_store` runs a token stream (rows of token ids) through the model in shards on any
 executor (:mod:`interp.foundation.executors`). Each shard's job carries only its own rows;
 it runs :data:`ROWS_PER_PASS` rows at a time, one forward pass for every hook, and appends
-each pass's activations to its part on disk as they come (:class:`interp.stores.parts.PartWriter`:
+each pass's activations to its part on disk as they come (:func:`interp.stores.parts.fill_part`:
 a shard holds one pass, whatever its size); its part appears whole or not at all, and the
 driver writes ``store.json`` last, so a store that has one is complete. A BOS token at
 position 0 is left out (:func:`interp.dictionaries.data.hook_activations` computes them).
@@ -34,13 +34,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.dictionaries.data import hook_activations, kept
 from interp.foundation.executors.local import InlineExecutor
 from interp.foundation.executors.runner import run_shards
 from interp.foundation.files import write_text_atomic
 from interp.models.fingerprint import model_fingerprint
 from interp.models.workers import model_spec, worker_model
-from interp.stores.parts import PartWriter, file_name, npy_layout, read_rows, write_part
+from interp.stores.parts import file_name, fill_part, npy_layout, read_rows, write_part
 from interp.stores.reading import BLOCK, reading_plan, shuffled_batches
 from interp.stores.sae_source import sae_source
 
@@ -78,19 +77,8 @@ class _FillShard:
     def __call__(self, index: int, count: int) -> dict:
         mine = self if self.shard == (index, count) else self.for_shard(index, count)
         model = worker_model(**self.spec)
-        tokens = torch.as_tensor(mine.rows)
-        bos = getattr(model.tokenizer, "bos_token_id", None)
-        writer = PartWriter(Path(self.path) / f"part-{index:05d}", int(kept(tokens, bos).sum()))
-        d = {}
-        try:
-            for batch in tokens.split(ROWS_PER_PASS):
-                acts = hook_activations(model, self.hooks, batch)
-                writer.write(acts, batch[kept(batch, bos)])
-                d = {h: int(v.shape[1]) for h, v in acts.items()}
-            return {**writer.close(), "d": d}
-        except BaseException:
-            writer.abort()
-            raise
+        batches = torch.as_tensor(mine.rows).split(ROWS_PER_PASS)
+        return fill_part(Path(self.path) / f"part-{index:05d}", model, self.hooks, batches)
 
 
 def write_meta(path: Path, model, hooks: Sequence[str], parts: list[dict], filled: dict) -> None:

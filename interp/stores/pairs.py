@@ -15,10 +15,9 @@ from torch import Tensor
 
 from interp.stores.activations import ActivationStore
 from interp.stores.budget import (
-    TrainingBudget,
     evaluation_plan,
-    evaluation_room,
     split_budget,
+    split_rows,
     step_bytes,
 )
 from interp.stores.reading import least_reading_bytes
@@ -51,8 +50,9 @@ def _opened(model, store, layers: Sequence[int], hooks: tuple[str, str]):
 def pairs_budget(
     model, store, layers: Sequence[int], hooks: tuple[str, str], max_bytes, *,
     batch_tokens: int, d_tc: int, params: int, w_dec: int, held_out, tokens: int, chunk: int,
-) -> tuple[ActivationStore, TrainingBudget]:  # fmt: skip
-    """``store`` checked (:func:`store_pairs`) and ``max_bytes`` shared between
+) -> tuple[ActivationStore, int, list[Tensor]]:  # fmt: skip
+    """``(store, the reading's bytes, held_out split into the passes the budget allows)``:
+    ``store`` checked (:func:`store_pairs`) and ``max_bytes`` shared between
     ``train_transcoder``'s ``params`` parameters (``w_dec`` of them its decoder, whose masked
     and normed copies each step makes) and ``tokens`` bytes of token ids, its steps, its
     evaluation (the ``held_out`` rows, ``chunk`` tokens at a time) and the reading
@@ -60,16 +60,14 @@ def pairs_budget(
     store, names_in, names_out = _opened(model, store, layers, hooks)
     n, d = len(layers), int(store.meta["d"][names_in[0]])
     row_bytes = 2 * n * d * 4
-    room = evaluation_room(max_bytes, params, tokens)
-    evaluation = evaluation_plan(
-        model, held_out, names_in + names_out, row_bytes, params, chunk, n * (d_tc + 2 * d), room
-    )
+    evaluation = evaluation_plan(model, held_out, names_in + names_out, row_bytes, params, chunk,
+                                 n * (d_tc + 2 * d), max_bytes, tokens)  # fmt: skip
     budget = split_budget(
         max_bytes, params=params, steps=step_bytes(batch_tokens, n * (2 * d + d_tc), w_dec),
         evaluation=evaluation, tokens=tokens, what="transcoders",
         least_reading=least_reading_bytes(len(store), row_bytes, batch_tokens),
     )  # fmt: skip
-    return store, budget
+    return store, budget.reading, split_rows(held_out, budget.eval_rows)
 
 
 def store_pairs(

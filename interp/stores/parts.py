@@ -5,7 +5,8 @@ int64). :class:`PartWriter` fills one from a stream of passes: each file's heade
 first (the part's token count is known before any pass: every position but a BOS at position
 0), then each pass's rows are appended and dropped, so the writer holds one pass at a time
 whatever the part's size. It writes into a temporary folder beside the part and renames it
-whole at the end: a part is there complete or not at all.
+whole at the end: a part is there complete or not at all. :func:`fill_part` fills one from
+the model's forward passes over rows of token ids.
 
 :func:`read_rows` reads rows of a part's file straight into a caller's buffer (a plain read
 at the rows' offset: pages of the file are not mapped into the process, so reading a store
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-__all__ = ["PartWriter", "npy_layout", "read_rows", "write_part"]
+from interp.dictionaries.data import hook_activations, kept
+
+__all__ = ["PartWriter", "fill_part", "npy_layout", "read_rows", "write_part"]
 
 FLOAT = np.dtype("<f4")  # every activation is stored as little-endian float32
 TOKEN = np.dtype("<i8")
@@ -80,6 +84,22 @@ class PartWriter:
         for f in self.files.values():
             f.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def fill_part(folder: Path, model, hooks: Sequence[str], batches: Sequence[Tensor]) -> dict:
+    """Write one part of the activations at ``hooks`` of every kept token of ``batches`` (rows
+    of token ids), one forward pass per batch, each written as it comes; the part's record
+    with each hook's width ``d``."""
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    writer = PartWriter(folder, sum(int(kept(tokens, bos).sum()) for tokens in batches))
+    try:
+        for tokens in batches:
+            acts = hook_activations(model, hooks, tokens)
+            writer.write(acts, tokens[kept(tokens, bos)])
+        return {**writer.close(), "d": {h: int(v.shape[1]) for h, v in acts.items()}}
+    except BaseException:
+        writer.abort()
+        raise
 
 
 def write_part(folder: Path, acts: dict[str, Tensor], tokens: Tensor) -> dict:

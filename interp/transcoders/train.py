@@ -34,7 +34,7 @@ from interp.dictionaries.data import TokenRows, hook_activations
 from interp.dictionaries.training import BUFFER_BATCHES
 from interp.engine import trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
-from interp.stores.budget import split_rows, token_bytes
+from interp.stores.budget import token_bytes
 from interp.stores.pairs import pairs_budget, store_pairs
 from interp.transcoders import fit as fitting
 from interp.transcoders import held_out
@@ -125,21 +125,13 @@ def _transcoder_set(w: dict[str, Tensor], kind: str, activation: str, k, name: s
     )
 
 
-def _budget(model, store, layers, max_bytes, rows, held_out_rows, *, kind, activation, d_tc,
-            batch_tokens):  # fmt: skip
-    """``store`` checked and ``max_bytes`` shared out (:mod:`interp.stores.budget`): the store,
-    the reading's share and the held-out rows split into the passes the budget allows."""
-    n_layers, d_model = len(layers), int(model.cfg.d_model)
-    cross, skip = kind == "cross-layer", kind == "skip"
+def _sizes(model, n_layers: int, *, kind, activation, d_tc, batch_tokens) -> dict:
+    """The set's parameters (``w_dec`` of them its decoder's) and step, for its budget."""
+    d_model, cross = int(model.cfg.d_model), kind == "cross-layer"
     w_dec = n_layers * d_tc * (n_layers if cross else 1) * d_model
     params = w_dec + n_layers * (d_model * d_tc + d_tc + d_model)  # W_enc, b_enc, b_dec
-    params += n_layers * (d_model**2 * skip + d_tc * (activation == "jumprelu"))
-    store, budget = pairs_budget(
-        model, store, layers, (INPUT_HOOK, OUTPUT_HOOK), max_bytes, batch_tokens=batch_tokens,
-        d_tc=d_tc, params=params, w_dec=w_dec, held_out=held_out_rows, tokens=token_bytes(rows),
-        chunk=EVAL_CHUNK,
-    )  # fmt: skip
-    return store, budget.reading, split_rows(held_out_rows, budget.eval_rows)
+    params += n_layers * (d_model**2 * (kind == "skip") + d_tc * (activation == "jumprelu"))
+    return {"params": params, "w_dec": w_dec, "d_tc": d_tc, "batch_tokens": batch_tokens}
 
 
 def _source(model, layers, rows, gen, pairs, held_out_rows, store, max_bytes, device, **settings):
@@ -153,9 +145,10 @@ def _source(model, layers, rows, gen, pairs, held_out_rows, store, max_bytes, de
         return (pairs(rows.draw(size)) for _ in iter(int, 1)), held_out_rows, False
     budgeted = max_bytes is not None
     if budgeted:  # the whole call within max_bytes (interp.stores.budget)
-        store, max_bytes, held_out_rows = _budget(
-            model, store, layers, max_bytes, rows, held_out_rows, **settings
-        )
+        store, max_bytes, held_out_rows = pairs_budget(
+            model, store, layers, (INPUT_HOOK, OUTPUT_HOOK), max_bytes, held_out=held_out_rows,
+            tokens=token_bytes(rows), chunk=EVAL_CHUNK, **_sizes(model, len(layers), **settings),
+        )  # fmt: skip
     stored = store_pairs(model, store, layers, (INPUT_HOOK, OUTPUT_HOOK),
                          settings["batch_tokens"], gen, max_bytes)  # fmt: skip
     return ((x.to(device), y.to(device)) for x, y in stored), held_out_rows, budgeted
