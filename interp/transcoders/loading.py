@@ -9,10 +9,8 @@ A folder holds ``config.yaml`` (:mod:`interp.transcoders.files` has the format) 
 
 The activation is ``config["activation"]`` (``relu``, ``topk`` with ``k``, ``jump_relu``) or,
 as circuit-tracer does without one, JumpReLU where the files hold thresholds and ReLU otherwise.
-The hooks are circuit-tracer's names inside a block (``mlp.hook_in``, ``hook_resid_mid``,
-``ln2.hook_normalized``; ``mlp.hook_out``, ``hook_mlp_out``), which the bridge has under the same
-names (``ln2.hook_normalized``: the norm before its weight and bias, what a HookedTransformer with
-``fold_ln`` hands its MLP).
+The hooks are circuit-tracer's names inside a block, which the bridge has under the same names
+(:data:`INPUT_HOOKS`, :data:`OUTPUT_HOOKS`).
 
 SAELens transcoders (one ``cfg.json`` + ``sae_weights.safetensors`` folder per layer: a folder
 of such folders, or a list of them) are read by :mod:`interp.transcoders.saelens`.
@@ -33,12 +31,7 @@ from interp.dictionaries.files import read_tensors
 from interp.engine.passes import hook_shape
 from interp.models.sources import BUNDLED_DIR
 from interp.transcoders.files import CONFIG
-from interp.transcoders.saelens import (
-    SAELensTranscoderError,
-    is_saelens_set,
-    saelens_folders,
-    saelens_parts,
-)
+from interp.transcoders.saelens import saelens_folders, saelens_parts
 from interp.transcoders.transcoder import ACTIVATIONS, INPUT_HOOKS, OUTPUT_HOOKS, TranscoderSet
 
 __all__ = [
@@ -200,7 +193,7 @@ def _cross_layer(folder: Path, config: dict) -> dict:
 def _from_saelens(paths: Sequence[Path], name: str) -> TranscoderSet:
     try:
         return TranscoderSet(**saelens_parts(paths), name=name)
-    except (SAELensTranscoderError, ValueError) as err:
+    except ValueError as err:  # SAELensTranscoderError among them
         raise TranscoderLoadError(str(err)) from None
 
 
@@ -224,12 +217,11 @@ def load_transcoders(
         missing = [p for p in paths if not p.is_dir()]
         if missing:
             raise TranscoderLoadError(f"{missing[0]} is not a folder (a SAELens transcoder)")
-        tc = _from_saelens(paths, "saelens-transcoders")
-        return tc.to(device=device, dtype=dtype)
+        return _from_saelens(paths, "saelens-transcoders").to(device=device, dtype=dtype)
     folder = _folder(path_or_name)
     config_path = folder / CONFIG
-    if not config_path.is_file() and is_saelens_set(folder):
-        return _from_saelens(saelens_folders(folder), folder.name).to(device=device, dtype=dtype)
+    if not config_path.is_file() and (folders := saelens_folders(folder)):
+        return _from_saelens(folders, folder.name).to(device=device, dtype=dtype)
     if not config_path.is_file():
         raise TranscoderLoadError(
             f"{folder} has no {CONFIG} (circuit-tracer's) and no SAELens transcoder folders "

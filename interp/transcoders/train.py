@@ -188,25 +188,18 @@ def train_transcoder(
 
     Args:
         layers: the layers to train (None: all; a set covers every layer).
-        texts: documents to draw windows of up to 128 tokens from; None: the bundled model's
-            training mix (standard-library source and ``a + a`` repeats).
+        texts, steps, batch_tokens, lr, seed, progress, device, max_bytes: as
+            :func:`interp.train_sae`'s.
         d_tc: features per layer.
         kind: ``"per-layer"``, ``"skip"`` (per-layer with a linear skip ``W_skip``) or
             ``"cross-layer"`` (layer l's features write into every later MLP output too).
         activation: ``"relu"`` (L1 penalty on activation x decoder norm), ``"jumprelu"`` (L0
             penalty, learned thresholds) or ``"topk"`` (needs ``k``).
         sparsity: λ, the weight of the sparsity penalty (:mod:`interp.transcoders.fit`).
-        steps, batch_tokens, lr: Adam's steps, tokens per step and learning rate.
-        seed: seeds the data, the initialisation and the shuffles: the same seed gives the
-            same weights.
         out: a folder to save the set into, in circuit-tracer's format.
         store: an :class:`interp.ActivationStore` (or its folder) holding every layer's
             ``blocks.L.mlp.hook_in`` and ``blocks.L.mlp.hook_out``, to train on instead of
             running the model.
-        max_bytes: with a store: the most the whole call holds at once (bytes or ``"1GB"``):
-            the weights, their gradients and Adam's moments, each step, the held-out
-            evaluation, and the reading in what is left (:mod:`interp.stores.budget`); a
-            budget too small is refused before anything is read, naming the least that would do.
 
     Returns:
         ``(transcoders, report)``: the set in the model's units, and its figures per layer.
