@@ -35,7 +35,7 @@ from interp.dictionaries.training import BUFFER_BATCHES
 from interp.engine import trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.stores.budget import token_bytes
-from interp.stores.pairs import pairs_budget, store_pairs
+from interp.stores.pairs import store_pairs
 from interp.transcoders import fit as fitting
 from interp.transcoders import held_out
 from interp.transcoders.transcoder import ACTIVATIONS, TranscoderSet
@@ -143,15 +143,12 @@ def _source(model, layers, rows, gen, pairs, held_out_rows, store, max_bytes, de
             raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
         size = BUFFER_BATCHES * settings["batch_tokens"]
         return (pairs(rows.draw(size)) for _ in iter(int, 1)), held_out_rows, False
-    budgeted = max_bytes is not None
-    if budgeted:  # the whole call within max_bytes (interp.stores.budget)
-        store, max_bytes, held_out_rows = pairs_budget(
-            model, store, layers, (INPUT_HOOK, OUTPUT_HOOK), max_bytes, held_out=held_out_rows,
-            tokens=token_bytes(rows), chunk=EVAL_CHUNK, **_sizes(model, len(layers), **settings),
-        )  # fmt: skip
-    stored = store_pairs(model, store, layers, (INPUT_HOOK, OUTPUT_HOOK),
-                         settings["batch_tokens"], gen, max_bytes)  # fmt: skip
-    return ((x.to(device), y.to(device)) for x, y in stored), held_out_rows, budgeted
+    stored, held_out_rows = store_pairs(  # with max_bytes, the whole call within it
+        model, store, layers, (INPUT_HOOK, OUTPUT_HOOK), gen, max_bytes=max_bytes,
+        held_out=held_out_rows, chunk=EVAL_CHUNK, tokens=token_bytes(rows),
+        **_sizes(model, len(layers), **settings),
+    )  # fmt: skip
+    return ((x.to(device), y.to(device)) for x, y in stored), held_out_rows, max_bytes is not None
 
 
 def _scaled(buffers, c_in: Tensor, c_out: Tensor, gen: torch.Generator | None):
