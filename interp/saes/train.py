@@ -159,8 +159,7 @@ def train_sae(
         d_sae: number of features.
         architecture: ``"standard"`` (ReLU, L1 penalty) or ``"topk"`` (needs ``k``).
         l1_coefficient: λ of the standard loss (see the module docstring).
-        steps, batch_tokens: optimiser steps, and activation vectors per step.
-        lr: Adam's learning rate.
+        steps, batch_tokens, lr: Adam's steps, activation vectors per step, learning rate.
         seed: seeds the data, the initialisation and the shuffles: the same seed gives the
             same weights.
         device: where to train (default: the model's device).
@@ -203,9 +202,8 @@ def train_sae(
         passes = (activations_at(model, hook, [rows_]).to(device) for rows_ in held_out_rows)
         figures = held_out.streamed_figures(sae, passes, EVAL_CHUNK)
     else:
-        figures = held_out.figures(
-            sae, activations_at(model, hook, held_out_rows).to(device), EVAL_CHUNK
-        )
+        x = activations_at(model, hook, held_out_rows).to(device)
+        figures = held_out.figures(sae, x, EVAL_CHUNK)
     report = TrainingReport(
         steps=steps,
         tokens=steps * batch_tokens,

@@ -49,12 +49,12 @@ def _opened(model, store, layers: Sequence[int], hooks: tuple[str, str]):
 
 def store_pairs(
     model, store, layers: Sequence[int], hooks: tuple[str, str], generator: torch.Generator, *,
-    batch_tokens: int, max_bytes: int | str | None, held_out: list[Tensor], **sizes,
+    batch_tokens: int, max_bytes: int | str | None, held_out: list[Tensor], sizes: dict,
 ) -> tuple[Iterator[tuple[Tensor, Tensor]], list[Tensor]]:  # fmt: skip
     """``(shuffled (x, y) batches of store, held_out)`` (module docstring), checked before any
     read: the store is of ``model``, holds every layer's ``hooks`` (input, output) and was not
-    filled for an SAE's replay. With ``max_bytes``, shared first (:func:`_budget`) and
-    ``held_out`` split into the passes it allows."""
+    filled for an SAE's replay. With ``max_bytes``, shared first (:func:`_budget`, by the
+    training's ``sizes``) and ``held_out`` split into the passes it allows."""
     store, names_in, names_out = _opened(model, store, layers, hooks)
     if max_bytes is not None:
         max_bytes, held_out = _budget(

@@ -125,13 +125,13 @@ def _transcoder_set(w: dict[str, Tensor], kind: str, activation: str, k, name: s
     )
 
 
-def _sizes(model, n_layers: int, *, kind, activation, d_tc, batch_tokens) -> dict:
-    """The set's parameters (``w_dec`` of them its decoder's) and step, for its budget."""
+def _sizes(model, n_layers: int, *, kind, activation, d_tc, **_) -> dict:
+    """The set's parameters (``w_dec`` of them its decoder's), for its budget."""
     d_model, cross = int(model.cfg.d_model), kind == "cross-layer"
     w_dec = n_layers * d_tc * (n_layers if cross else 1) * d_model
     params = w_dec + n_layers * (d_model * d_tc + d_tc + d_model)  # W_enc, b_enc, b_dec
     params += n_layers * (d_model**2 * (kind == "skip") + d_tc * (activation == "jumprelu"))
-    return {"params": params, "w_dec": w_dec, "d_tc": d_tc, "batch_tokens": batch_tokens}
+    return {"params": params, "w_dec": w_dec, "d_tc": d_tc, "chunk": EVAL_CHUNK}
 
 
 def _source(model, layers, rows, gen, pairs, held_out_rows, store, max_bytes, device, **settings):
@@ -145,8 +145,8 @@ def _source(model, layers, rows, gen, pairs, held_out_rows, store, max_bytes, de
         return (pairs(rows.draw(size)) for _ in iter(int, 1)), held_out_rows, False
     stored, held_out_rows = store_pairs(  # with max_bytes, the whole call within it
         model, store, layers, (INPUT_HOOK, OUTPUT_HOOK), gen, max_bytes=max_bytes,
-        held_out=held_out_rows, chunk=EVAL_CHUNK, tokens=token_bytes(rows),
-        **_sizes(model, len(layers), **settings),
+        held_out=held_out_rows, batch_tokens=settings["batch_tokens"],
+        sizes=_sizes(model, len(layers), **settings) | {"tokens": token_bytes(rows)},
     )  # fmt: skip
     return ((x.to(device), y.to(device)) for x, y in stored), held_out_rows, max_bytes is not None
 

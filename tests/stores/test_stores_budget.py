@@ -14,7 +14,7 @@ import interp.engine.cache
 import interp.saes.train as sae_train
 import interp.transcoders.train as tc_train
 from interp import train_sae, train_transcoder
-from interp.saes.data import TokenRows, activations_at
+from interp.dictionaries.data import TokenRows, activations_at
 from interp.saes.held_out import figures as sae_figures
 from interp.saes.held_out import streamed_figures as sae_streamed
 from interp.stores import fill_store
