@@ -142,8 +142,7 @@ def _need(tensors: dict, key: str, where: Path) -> torch.Tensor:
 
 
 def _activation(config: dict, thresholds: list, folder: Path, saved_k=None) -> dict:
-    """The set's activation (named, or as circuit-tracer reads the files: JumpReLU where they
-    hold thresholds), with its thresholds or ``k``."""
+    """The set's activation (module docstring), with its thresholds or ``k``."""
     name = config.get("activation")
     name = ("jumprelu" if thresholds[0] is not None else "relu") if name is None else name
     activation = ALIASES.get(str(name), str(name))
@@ -161,9 +160,8 @@ def _activation(config: dict, thresholds: list, folder: Path, saved_k=None) -> d
 
 def _per_layer(folder: Path, config: dict) -> dict:
     layers = [(p, _read_layer(p)) for p in _per_layer_files(folder, config)]
-    out = {
-        key: [_need(t, key, p) for p, t in layers] for key in ("W_enc", "b_enc", "W_dec", "b_dec")
-    }
+    keys = ("W_enc", "b_enc", "W_dec", "b_dec")
+    out = {key: [_need(t, key, p) for p, t in layers] for key in keys}
     skips = [t.get("W_skip") for _, t in layers]
     if any(s is None for s in skips) and any(s is not None for s in skips):
         raise TranscoderLoadError(f"{folder}: some layers have W_skip and others not")
@@ -214,8 +212,7 @@ def load_transcoders(
     """
     if not isinstance(path_or_name, str | os.PathLike):  # a list of SAELens folders
         paths = [Path(p) for p in path_or_name]
-        missing = [p for p in paths if not p.is_dir()]
-        if missing:
+        if missing := [p for p in paths if not p.is_dir()]:
             raise TranscoderLoadError(f"{missing[0]} is not a folder (a SAELens transcoder)")
         return _from_saelens(paths, "saelens-transcoders").to(device=device, dtype=dtype)
     folder = _folder(path_or_name)
@@ -228,16 +225,13 @@ def load_transcoders(
             "(cfg.json + sae_weights.safetensors)"
         )
     config = _read_config(config_path)
-    kind = config.get("model_kind")
-    if kind == "transcoder_set":
-        parts = _per_layer(folder, config)
-    elif kind == "cross_layer_transcoder":
-        parts = _cross_layer(folder, config)
-    else:
+    kind, readers = config.get("model_kind"), {"transcoder_set": _per_layer,
+                                               "cross_layer_transcoder": _cross_layer}  # fmt: skip
+    if kind not in readers:
         raise TranscoderLoadError(
-            f"{config_path}: model_kind must be transcoder_set or cross_layer_transcoder, "
-            f"got {kind!r}"
+            f"{config_path}: model_kind must be {' or '.join(readers)}, got {kind!r}"
         )
+    parts = readers[kind](folder, config)
     try:
         tc = TranscoderSet(
             **parts,
