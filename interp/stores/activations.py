@@ -81,8 +81,10 @@ class _FillShard:
         return fill_part(Path(self.path) / f"part-{index:05d}", model, self.hooks, batches)
 
 
-def write_meta(path: Path, model, hooks: Sequence[str], parts: list[dict], filled: dict) -> None:
-    """``store.json``, written last: the parts in order and what they hold."""
+def write_meta(
+    path: Path, model, hooks: Sequence[str], parts: list[dict], filled: dict
+) -> ActivationStore:
+    """``store.json``, written last: the parts in order and what they hold; the store, opened."""
     meta = {
         "format": FORMAT,
         "model": {"source": model["source"], "fingerprint": model["fingerprint"]},
@@ -94,6 +96,7 @@ def write_meta(path: Path, model, hooks: Sequence[str], parts: list[dict], fille
         "filled": filled,
     }
     write_text_atomic(Path(path) / "store.json", json.dumps(meta, indent=1) + "\n")
+    return ActivationStore(path)
 
 
 def fill_store(
@@ -126,8 +129,7 @@ def fill_store(
         job, shards, executor or InlineExecutor(), path, key=key, progress=progress,
         desc="activation shards",
     )  # fmt: skip
-    write_meta(Path(path), spec, hooks, parts, {"kind": "tokens", "tokens_sha": digest})
-    return ActivationStore(path)
+    return write_meta(Path(path), spec, hooks, parts, {"kind": "tokens", "tokens_sha": digest})
 
 
 def _digest(rows: np.ndarray) -> str:

@@ -128,5 +128,4 @@ def fill_training_store(
     )  # fmt: skip
     parts = sorted((p for r in results for p in r["parts"]), key=lambda p: p["k"])
     parts = [{**p, "d": results[0]["d"]} for p in parts]
-    write_meta(Path(path), spec, [hook], parts, {"kind": "training", **settings})
-    return ActivationStore(path)
+    return write_meta(Path(path), spec, [hook], parts, {"kind": "training", **settings})
