@@ -10,13 +10,13 @@ other features, ``b_dec``, the reconstruction error) unchanged. Both helpers mak
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 from jaxtyping import Float
 from torch import Tensor
 
 from interp.engine import feature_edit
-from interp.foundation.doors import moved_names
 
 if TYPE_CHECKING:
     from interp.engine.feature_edit import FeatureEdit
@@ -37,5 +37,13 @@ def patch_feature(
     return feature_edit.FeatureEdit(sae, feature, pos, source.detach())
 
 
-# an old path kept one release (0.6.0): one FeatureEdit for SAEs and transcoders
-__getattr__ = moved_names(__name__, {"FeatureEdit": "interp.dictionaries.FeatureEdit"})
+def __getattr__(name: str):
+    if name != "FeatureEdit":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        "interp.saes.interventions.FeatureEdit is interp.dictionaries.FeatureEdit (one class for "
+        "SAEs and transcoders) since 0.6.0; the old path goes in 0.7",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return feature_edit.FeatureEdit

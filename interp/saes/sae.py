@@ -25,6 +25,7 @@ SAELens itself.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -32,7 +33,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.dictionaries.core import Dictionary
-from interp.foundation.doors import moved_names
 
 __all__ = ["ARCHITECTURES", "NORMALIZATIONS", "SAE"]
 
@@ -250,5 +250,15 @@ def _check(architecture: str, normalize: str, reshape: str) -> None:
         raise ValueError(f"reshape_activations={reshape!r} is not 'none' or 'hook_z'")
 
 
-# an old path kept one release (0.6.0)
-__getattr__ = moved_names(__name__, {"decoder_flag": "interp.dictionaries.decoder_flag"})
+def __getattr__(name: str):
+    if name != "decoder_flag":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        "interp.saes.sae.decoder_flag moved to interp.dictionaries.decoder_flag in 0.6.0; the "
+        "old path goes in 0.7",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    from interp.dictionaries.core import decoder_flag
+
+    return decoder_flag

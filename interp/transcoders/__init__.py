@@ -8,7 +8,7 @@ The door: :func:`load_transcoders` reads a folder (circuit-tracer's or SAELens's
 
 from __future__ import annotations
 
-from interp.foundation.doors import lazy_exports
+import importlib
 
 # public name -> its module, imported on first use (importing the package stays cheap)
 _EXPORTS = {
@@ -23,4 +23,14 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
