@@ -9,9 +9,10 @@ so ``train_sae(model, hook)`` (and ``train_transcoder``) with no texts sees the 
 model was trained on.
 
 :class:`TokenRows` turns either source into seeded batches of token rows; every random draw
-comes from the one ``torch.Generator`` it is given. :func:`activations_at` reads their
-activations at a hook through the engine (``run_cached``). Moved here from ``interp.saes.data``
-in 0.6.0 (the old path keeps working one release, with a DeprecationWarning).
+comes from the one ``torch.Generator`` it is given. :func:`hook_activations` reads their
+activations at hooks through the engine (``run_cached``), a BOS at position 0 left out (SAEs,
+transcoders and stores read them so). Moved here from ``interp.saes.data`` in 0.6.0 (the old
+path keeps working one release, with a DeprecationWarning).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from interp.engine import run_cached
@@ -32,6 +33,8 @@ __all__ = [
     "SKIP_DIRS",
     "TokenRows",
     "activations_at",
+    "hook_activations",
+    "kept",
     "repeated_random_tokens",
     "stdlib_sources",
 ]
@@ -207,21 +210,35 @@ class TokenRows:
         return batches
 
 
-def activations_at(model, hook: str, batches: Sequence[Tensor]) -> Float[Tensor, "n d_in"]:
-    """The activations at ``hook`` of every token of ``batches`` (rows of token ids), as one
-    ``[n d_in]`` tensor; a BOS token at position 0 is left out."""
-    bos = getattr(model.tokenizer, "bos_token_id", None)
-    out = []
-    for tokens in batches:
-        run = run_cached(model, tokens, hooks=[hook], keep_logits=False, prepend_bos=False)
+def kept(tokens: Int[Tensor, "rows pos"], bos: int | None) -> Bool[Tensor, "rows pos"]:
+    """True where a position's activation is kept: every one but a BOS at position 0 (its
+    activation is a constant outlier)."""
+    keep = torch.ones(tokens.shape, dtype=torch.bool)
+    if bos is not None:
+        keep[:, 0] = tokens[:, 0] != bos
+    return keep
+
+
+def hook_activations(
+    model, hooks: Sequence[str], tokens: Int[Tensor, "rows pos"]
+) -> dict[str, Float[Tensor, "n d"]]:
+    """Every hook's float32 activations at the :func:`kept` positions of ``tokens``, from one
+    forward pass (an SAE's buffers, a transcoder's pairs, a store's parts)."""
+    run = run_cached(model, tokens, hooks=list(hooks), keep_logits=False, prepend_bos=False)
+    keep = kept(tokens, getattr(model.tokenizer, "bos_token_id", None))
+    out = {}
+    for hook in hooks:
         acts = run.activations[hook]
         if acts.dim() != 3:
             raise ValueError(
-                f"hook '{hook}' gives activations of shape {tuple(acts.shape)}; a dictionary "
-                "trains on [batch pos d] hooks such as blocks.L.hook_resid_pre"
+                f"hook '{hook}' gives activations of shape {tuple(acts.shape)}; dictionaries and "
+                "stores read [batch pos d] hooks such as blocks.L.hook_resid_pre"
             )
-        keep = torch.ones(tokens.shape, dtype=torch.bool)
-        if bos is not None:
-            keep[:, 0] = tokens[:, 0] != bos
-        out.append(acts[keep.to(acts.device)].float().clone())
-    return torch.cat(out)
+        out[hook] = acts[keep.to(acts.device)].float()
+    return out
+
+
+def activations_at(model, hook: str, batches: Sequence[Tensor]) -> Float[Tensor, "n d_in"]:
+    """The activations at ``hook`` of every kept token of ``batches`` (rows of token ids), as
+    one ``[n d_in]`` tensor."""
+    return torch.cat([hook_activations(model, [hook], tokens)[hook] for tokens in batches])

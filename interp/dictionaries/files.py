@@ -3,11 +3,13 @@
 ``.safetensors`` files are memory-mapped after their header is checked (torch-free,
 :func:`interp.foundation.safetensors_header.safetensors_problem`: safetensors itself names no
 file, and finds a file cut short only when it reads it); ``.npz`` files (Gemma Scope's) are read
-with numpy. SAE folders and transcoder folders read their weights here alike.
+with numpy. SAE folders and transcoder folders read their weights here alike; the SAE formats
+check the names they hold with :func:`check_names`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -15,7 +17,7 @@ from torch import Tensor
 
 from interp.foundation.safetensors_header import safetensors_problem
 
-__all__ = ["read_tensors"]
+__all__ = ["check_names", "read_tensors"]
 
 
 def read_tensors(path: str | Path) -> dict[str, Tensor]:
@@ -51,3 +53,17 @@ def read_tensors(path: str | Path) -> dict[str, Tensor]:
         f"{path} is not a readable safetensors file: {problem}; save it again, or download it "
         "afresh"
     )
+
+
+def check_names(
+    names: Iterable[str], needed: Iterable[str], what: str, *, known: Iterable[str] = (),
+    unknown: str = "",
+) -> None:  # fmt: skip
+    """A ValueError, ``"{what} lacks A, B; has C{unknown}"``, unless ``names`` holds every one
+    of ``needed`` and nothing beyond them and ``known``."""
+    names, needed = set(names), set(needed)
+    missing, extra = sorted(needed - names), sorted(names - needed - set(known))
+    found = [f"lacks {', '.join(missing)}"] * bool(missing)
+    found += [f"has {', '.join(extra)}{unknown}"] * bool(extra)
+    if found:
+        raise ValueError(f"{what} {'; '.join(found)}")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from interp.dictionaries.files import check_names
 from interp.foundation.fallbacks import warn_fallback
 from interp.saes.sae import SAE
 
@@ -101,12 +102,7 @@ def read_dictionary_learning(folder: Path, config: dict, hook_name: str | None) 
             "knows (resid_post_layer_N, mlp_out_layer_N, attn_out_layer_N); pass hook_name="
         )
     sd = _load(folder / "ae.pt")
-    missing, extra = sorted(KEYS[cls] - set(sd)), sorted(set(sd) - KEYS[cls])
-    if missing or extra:
-        raise ValueError(
-            f"ae.pt does not hold a {cls}: {'lacks ' + ', '.join(missing) if missing else ''}"
-            f"{'; ' if missing and extra else ''}{'has ' + ', '.join(extra) if extra else ''}"
-        )
+    check_names(sd, KEYS[cls], f"ae.pt does not hold a {cls}:")
     if "k" in sd and trainer.get("k") is not None and int(sd["k"]) != int(trainer["k"]):
         raise ValueError(f"config.json says k={trainer['k']} but ae.pt holds k={int(sd['k'])}")
     common = {"hook_name": hook, "cfg": config, "source": "dictionary_learning"}

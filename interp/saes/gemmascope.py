@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from interp.dictionaries.files import read_tensors
+from interp.dictionaries.files import check_names, read_tensors
 from interp.saes.sae import SAE
 
 __all__ = ["gemmascope_hook", "read_gemmascope"]
@@ -51,12 +51,7 @@ def read_gemmascope(folder: Path, hook_name: str | None) -> SAE:
         )
     raw = read_tensors(folder / "params.npz")
     names = {("W_" + k[2:] if k.startswith("w_") else k): k for k in raw}
-    missing = [k for k in KEYS if k not in names]
-    if missing:
-        raise ValueError(f"params.npz lacks {', '.join(missing)}")
-    extra = sorted(set(names) - set(KEYS))
-    if extra:
-        raise ValueError(f"params.npz has {', '.join(extra)}, which interp does not know")
+    check_names(names, KEYS, "params.npz", unknown=", which interp does not know")
     tensors = {k: raw[names[k]] for k in KEYS}
     return SAE(
         tensors["W_enc"], tensors["b_enc"], tensors["W_dec"], tensors["b_dec"],

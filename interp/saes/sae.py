@@ -138,12 +138,10 @@ class SAE(Dictionary, torch.nn.Module):
     def sae_input(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_in"]:
         """What the encoder multiplies: ``norm_in(x) - b_dec`` (module docstring)."""
         x = self._flat(x)
-        if self.normalize_activations == "constant_norm_rescale":
-            x = x * self._stats(x)[0]
-        elif self.normalize_activations == "layer_norm":
-            mean = x.mean(dim=-1, keepdim=True)
-            x = x - mean
-            x = x / (x.std(dim=-1, keepdim=True) + LAYER_NORM_EPS)
+        if self.normalize_activations != "none":
+            scale, mean = self._stats(x)
+            rescale = self.normalize_activations == "constant_norm_rescale"
+            x = x * scale if rescale else (x - mean) / (scale + LAYER_NORM_EPS)
         return x - self.b_dec if self.apply_b_dec_to_input else x
 
     def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:

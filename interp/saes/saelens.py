@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from interp.dictionaries.files import check_names
 from interp.saes.sae import SAE
 from interp.saes.saelens_config import SAELENS_ARCHITECTURES
 
@@ -188,13 +189,7 @@ def _check_tensors(arch: str, kind: str, skip: bool, tensors: dict) -> None:
     needed |= {"b_gate", "r_mag", "b_mag"} if kind == "gated" else {"b_enc"}
     needed |= {"threshold"} if kind == "jumprelu" else set()
     needed |= {"W_skip"} if skip else set()
-    missing = sorted(needed - set(tensors))
-    if missing:
-        raise SAELensConfigError(f"sae_weights.safetensors lacks {', '.join(missing)}")
-    known = needed | ({"topk_threshold"} if arch == "batchtopk" else set())
-    extra = sorted(set(tensors) - known)
-    if extra:
-        raise SAELensConfigError(
-            f"sae_weights.safetensors has {', '.join(extra)}, which a SAELens {arch} SAE "
-            "does not have; interp does not know what it computes"
-        )
+    check_names(tensors, needed, "sae_weights.safetensors",
+                known={"topk_threshold"} if arch == "batchtopk" else (),
+                unknown=f", which a SAELens {arch} SAE does not have; interp does not know what "
+                "it computes")  # fmt: skip

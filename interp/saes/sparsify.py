@@ -53,7 +53,7 @@ def sparsify_hooks(hookpoint: str, *, transcode: bool) -> tuple[str, str | None]
 
 def read_sparsify(folder: Path, cfg: dict, hook_name: str | None) -> SAE:
     """A TopK :class:`SAE` (or transcoder) from a sparsify folder (the module docstring)."""
-    from interp.dictionaries.files import read_tensors
+    from interp.dictionaries.files import check_names, read_tensors
 
     activation = cfg.get("activation", "topk")
     if activation != "topk":
@@ -75,12 +75,7 @@ def read_sparsify(folder: Path, cfg: dict, hook_name: str | None) -> SAE:
     tensors = read_tensors(folder / "sae.safetensors")
     needed = {"encoder.weight", "encoder.bias", "W_dec", "b_dec"}
     needed |= {"W_skip"} if cfg.get("skip_connection", False) else set()
-    missing, extra = sorted(needed - set(tensors)), sorted(set(tensors) - needed)
-    if missing or extra:
-        raise ValueError(
-            f"sae.safetensors {'lacks ' + ', '.join(missing) if missing else ''}"
-            f"{'; ' if missing and extra else ''}{'has ' + ', '.join(extra) if extra else ''}"
-        )
+    check_names(tensors, needed, "sae.safetensors")
     d_sae, d_in = tensors["encoder.weight"].shape
     expected = cfg.get("num_latents") or d_in * cfg.get("expansion_factor", 32)
     if int(cfg.get("d_in", d_in)) != d_in or int(expected) != d_sae:

@@ -33,7 +33,6 @@ from itertools import chain
 
 import pandas as pd
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from interp.dictionaries.data import TokenRows, activations_at
@@ -160,8 +159,7 @@ def train_sae(
         d_sae: number of features.
         architecture: ``"standard"`` (ReLU, L1 penalty) or ``"topk"`` (needs ``k``).
         l1_coefficient: λ of the standard loss (see the module docstring).
-        steps, batch_tokens: optimiser steps, and activation vectors per step.
-        lr: Adam's learning rate.
+        steps, batch_tokens, lr: Adam's steps, activation vectors per step, learning rate.
         seed: seeds the data, the initialisation and the shuffles: the same seed gives the
             same weights.
         device: where to train (default: the model's device).
@@ -204,7 +202,8 @@ def train_sae(
         passes = (activations_at(model, hook, [rows_]).to(device) for rows_ in held_out_rows)
         figures = held_out.streamed_figures(sae, passes, EVAL_CHUNK)
     else:
-        figures = _figures(sae, activations_at(model, hook, held_out_rows).to(device))
+        x = activations_at(model, hook, held_out_rows).to(device)
+        figures = held_out.figures(sae, x, EVAL_CHUNK)
     report = TrainingReport(
         steps=steps,
         tokens=steps * batch_tokens,
@@ -244,9 +243,3 @@ def _fold(p: dict[str, Tensor], scale: float, architecture, k, hook: str, contex
         apply_b_dec_to_input=True,
         cfg=cfg,
     )
-
-
-def _figures(sae: SAE, x: Float[Tensor, "n d_in"]) -> dict:
-    """L0, explained variance, MSE and dead features on held-out activations, in chunks of
-    EVAL_CHUNK tokens (the features of every held-out token at once can be large)."""
-    return held_out.figures(sae, x, EVAL_CHUNK)

@@ -11,10 +11,10 @@ A store is a folder::
 :func:`fill_store` runs a token stream (rows of token ids) through the model in shards on any
 executor (:mod:`interp.foundation.executors`). Each shard's job carries only its own rows;
 it runs :data:`ROWS_PER_PASS` rows at a time, one forward pass for every hook, and appends
-each pass's activations to its part on disk as they come (:class:`interp.stores.parts.PartWriter`:
+each pass's activations to its part on disk as they come (:func:`interp.stores.parts.fill_part`:
 a shard holds one pass, whatever its size); its part appears whole or not at all, and the
 driver writes ``store.json`` last, so a store that has one is complete. A BOS token at
-position 0 is left out (as :func:`interp.dictionaries.data.activations_at`, which computes them).
+position 0 is left out (:func:`interp.dictionaries.data.hook_activations` computes them).
 
 :meth:`ActivationStore.batches` reads it back shuffled without loading it, holding at most
 ``max_bytes`` (:mod:`interp.stores.reading` says what is counted).
@@ -39,15 +39,7 @@ from interp.foundation.executors.runner import run_shards
 from interp.foundation.files import write_text_atomic
 from interp.models.fingerprint import model_fingerprint
 from interp.models.workers import model_spec, worker_model
-from interp.stores.parts import (
-    PartWriter,
-    file_name,
-    kept,
-    npy_layout,
-    pass_activations,
-    read_rows,
-    write_part,
-)
+from interp.stores.parts import file_name, fill_part, npy_layout, read_rows, write_part
 from interp.stores.reading import BLOCK, reading_plan, shuffled_batches
 from interp.stores.sae_source import sae_source
 
@@ -85,23 +77,14 @@ class _FillShard:
     def __call__(self, index: int, count: int) -> dict:
         mine = self if self.shard == (index, count) else self.for_shard(index, count)
         model = worker_model(**self.spec)
-        tokens = torch.as_tensor(mine.rows)
-        bos = getattr(model.tokenizer, "bos_token_id", None)
-        writer = PartWriter(Path(self.path) / f"part-{index:05d}", int(kept(tokens, bos).sum()))
-        d = {}
-        try:
-            for batch in tokens.split(ROWS_PER_PASS):
-                acts = pass_activations(model, self.hooks, batch)
-                writer.write(acts, batch[kept(batch, bos)])
-                d = {h: int(v.shape[1]) for h, v in acts.items()}
-            return {**writer.close(), "d": d}
-        except BaseException:
-            writer.abort()
-            raise
+        batches = torch.as_tensor(mine.rows).split(ROWS_PER_PASS)
+        return fill_part(Path(self.path) / f"part-{index:05d}", model, self.hooks, batches)
 
 
-def write_meta(path: Path, model, hooks: Sequence[str], parts: list[dict], filled: dict) -> None:
-    """``store.json``, written last: the parts in order and what they hold."""
+def write_meta(
+    path: Path, model, hooks: Sequence[str], parts: list[dict], filled: dict
+) -> ActivationStore:
+    """``store.json``, written last: the parts in order and what they hold; the store, opened."""
     meta = {
         "format": FORMAT,
         "model": {"source": model["source"], "fingerprint": model["fingerprint"]},
@@ -113,6 +96,7 @@ def write_meta(path: Path, model, hooks: Sequence[str], parts: list[dict], fille
         "filled": filled,
     }
     write_text_atomic(Path(path) / "store.json", json.dumps(meta, indent=1) + "\n")
+    return ActivationStore(path)
 
 
 def fill_store(
@@ -145,8 +129,7 @@ def fill_store(
         job, shards, executor or InlineExecutor(), path, key=key, progress=progress,
         desc="activation shards",
     )  # fmt: skip
-    write_meta(Path(path), spec, hooks, parts, {"kind": "tokens", "tokens_sha": digest})
-    return ActivationStore(path)
+    return write_meta(Path(path), spec, hooks, parts, {"kind": "tokens", "tokens_sha": digest})
 
 
 def _digest(rows: np.ndarray) -> str:

@@ -38,7 +38,6 @@ __all__ = [
     "MARGIN",
     "TrainingBudget",
     "evaluation_plan",
-    "evaluation_room",
     "split_budget",
     "split_rows",
     "step_bytes",
@@ -85,14 +84,16 @@ def step_bytes(batch_tokens: int, numbers_per_token: int, extra: int = 0) -> int
 
 def evaluation_plan(
     model, batches: Sequence[Tensor], hooks: list[str], row_bytes: int, params: int,
-    chunk: int, chunk_numbers: int, limit: int,
+    chunk: int, chunk_numbers: int, max_bytes: int | str, tokens: int,
 ) -> tuple[int, int]:  # fmt: skip
     """``(rows per pass, bytes)`` of the held-out evaluation, computed pass by pass
-    (:mod:`interp.stores.evaluation`): ``batches`` run through the model with ``hooks``
-    cached, that many rows a pass (the most whose peak fits ``limit``, at least one), each
+    (:mod:`interp.dictionaries.evaluation`): ``batches`` run through the model with ``hooks``
+    cached, that many rows a pass (the most whose peak fits what ``max_bytes`` leaves: all but
+    the state, with ``tokens`` bytes of token ids, and the margin; at least one), each
     pass's ``row_bytes`` per token kept while its figures are taken ``chunk`` tokens at a time
     with ``chunk_numbers`` numbers per token, and ``params`` parameters folded."""
     fixed = FOLD_COPIES * params * FLOAT
+    limit = parse_size(max_bytes) - ADAM_COPIES * params * FLOAT - tokens - MARGIN
 
     def peak(rows: int) -> int:
         return max(
@@ -107,11 +108,6 @@ def evaluation_plan(
     while rows > 1 and fixed + peak(rows) > limit:
         rows //= 2
     return rows, fixed + peak(rows)
-
-
-def evaluation_room(max_bytes: int | str, params: int, tokens: int) -> int:
-    """What ``max_bytes`` leaves the evaluation: all but the state and the margin."""
-    return parse_size(max_bytes) - ADAM_COPIES * params * FLOAT - tokens - MARGIN
 
 
 def token_bytes(rows) -> int:

@@ -15,15 +15,14 @@ from torch import Tensor
 
 from interp.stores.activations import ActivationStore
 from interp.stores.budget import (
-    TrainingBudget,
     evaluation_plan,
-    evaluation_room,
     split_budget,
+    split_rows,
     step_bytes,
 )
 from interp.stores.reading import least_reading_bytes
 
-__all__ = ["pairs_budget", "store_pairs"]
+__all__ = ["store_pairs"]
 
 
 def _opened(model, store, layers: Sequence[int], hooks: tuple[str, str]):
@@ -48,45 +47,40 @@ def _opened(model, store, layers: Sequence[int], hooks: tuple[str, str]):
     return store, names_in, names_out
 
 
-def pairs_budget(
-    model, store, layers: Sequence[int], hooks: tuple[str, str], max_bytes, *,
-    batch_tokens: int, d_tc: int, params: int, w_dec: int, held_out, tokens: int, chunk: int,
-) -> tuple[ActivationStore, TrainingBudget]:  # fmt: skip
-    """``store`` checked (:func:`store_pairs`) and ``max_bytes`` shared between
+def store_pairs(
+    model, store, layers: Sequence[int], hooks: tuple[str, str], generator: torch.Generator, *,
+    batch_tokens: int, max_bytes: int | str | None, held_out: list[Tensor], sizes: dict,
+) -> tuple[Iterator[tuple[Tensor, Tensor]], list[Tensor]]:  # fmt: skip
+    """``(shuffled (x, y) batches of store, held_out)`` (module docstring), checked before any
+    read: the store is of ``model``, holds every layer's ``hooks`` (input, output) and was not
+    filled for an SAE's replay. With ``max_bytes``, shared first (:func:`_budget`, by the
+    training's ``sizes``) and ``held_out`` split into the passes it allows."""
+    store, names_in, names_out = _opened(model, store, layers, hooks)
+    if max_bytes is not None:
+        max_bytes, held_out = _budget(
+            model, store, names_in, names_out, max_bytes, batch_tokens, held_out, **sizes
+        )
+    n = len(layers)
+    batches = store.batches(
+        names_in + names_out, batch_tokens, generator=generator, max_bytes=max_bytes
+    )
+    return ((batch[:, :n], batch[:, n:]) for batch in batches), held_out
+
+
+def _budget(model, store, names_in, names_out, max_bytes, batch_tokens: int, held_out, *,
+            d_tc: int, params: int, w_dec: int, tokens: int, chunk: int):  # fmt: skip
+    """``(the reading's bytes, held_out split)``: ``max_bytes`` shared between
     ``train_transcoder``'s ``params`` parameters (``w_dec`` of them its decoder, whose masked
     and normed copies each step makes) and ``tokens`` bytes of token ids, its steps, its
     evaluation (the ``held_out`` rows, ``chunk`` tokens at a time) and the reading
     (:mod:`interp.stores.budget`)."""
-    store, names_in, names_out = _opened(model, store, layers, hooks)
-    n, d = len(layers), int(store.meta["d"][names_in[0]])
+    n, d = len(names_in), int(store.meta["d"][names_in[0]])
     row_bytes = 2 * n * d * 4
-    room = evaluation_room(max_bytes, params, tokens)
-    evaluation = evaluation_plan(
-        model, held_out, names_in + names_out, row_bytes, params, chunk, n * (d_tc + 2 * d), room
-    )
+    evaluation = evaluation_plan(model, held_out, names_in + names_out, row_bytes, params, chunk,
+                                 n * (d_tc + 2 * d), max_bytes, tokens)  # fmt: skip
     budget = split_budget(
         max_bytes, params=params, steps=step_bytes(batch_tokens, n * (2 * d + d_tc), w_dec),
         evaluation=evaluation, tokens=tokens, what="transcoders",
         least_reading=least_reading_bytes(len(store), row_bytes, batch_tokens),
     )  # fmt: skip
-    return store, budget
-
-
-def store_pairs(
-    model,
-    store,
-    layers: Sequence[int],
-    hooks: tuple[str, str],
-    batch_tokens: int,
-    generator: torch.Generator,
-    max_bytes: int | str | None,
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """Shuffled ``(x, y)`` batches of ``store`` (module docstring), checked before any read:
-    the store is of ``model``, holds every layer's ``hooks`` (input, output) and was not filled
-    for an SAE's replay."""
-    store, names_in, names_out = _opened(model, store, layers, hooks)
-    n = len(layers)
-    batches = store.batches(
-        names_in + names_out, batch_tokens, generator=generator, max_bytes=max_bytes
-    )
-    return ((batch[:, :n], batch[:, n:]) for batch in batches)
+    return budget.reading, split_rows(held_out, budget.eval_rows)

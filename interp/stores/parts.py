@@ -5,12 +5,12 @@ int64). :class:`PartWriter` fills one from a stream of passes: each file's heade
 first (the part's token count is known before any pass: every position but a BOS at position
 0), then each pass's rows are appended and dropped, so the writer holds one pass at a time
 whatever the part's size. It writes into a temporary folder beside the part and renames it
-whole at the end: a part is there complete or not at all.
+whole at the end: a part is there complete or not at all. :func:`fill_part` fills one from
+the model's forward passes over rows of token ids.
 
-:func:`pass_activations` is one forward pass for every hook. :func:`read_rows` reads rows of
-a part's file straight into a caller's buffer (a plain read at the rows' offset: pages of the
-file are not mapped into the process, so reading a store much larger than memory leaves no
-trace in its resident size).
+:func:`read_rows` reads rows of a part's file straight into a caller's buffer (a plain read
+at the rows' offset: pages of the file are not mapped into the process, so reading a store
+much larger than memory leaves no trace in its resident size).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 
-from interp.engine import run_cached
+from interp.dictionaries.data import hook_activations, kept
 
-__all__ = ["PartWriter", "kept", "npy_layout", "pass_activations", "read_rows", "write_part"]
+__all__ = ["PartWriter", "fill_part", "npy_layout", "read_rows", "write_part"]
 
 FLOAT = np.dtype("<f4")  # every activation is stored as little-endian float32
 TOKEN = np.dtype("<i8")
@@ -36,35 +36,6 @@ TOKEN = np.dtype("<i8")
 
 def file_name(hook: str) -> str:
     return f"{hook}.npy"
-
-
-def kept(tokens: Int[Tensor, "rows pos"], bos: int | None) -> Tensor:
-    """``[rows pos]`` True where a position is kept: every one but a BOS at position 0 (its
-    activation is a constant outlier; :func:`interp.dictionaries.data.activations_at` leaves it
-    out)."""
-    keep = torch.ones(tokens.shape, dtype=torch.bool)
-    if bos is not None:
-        keep[:, 0] = tokens[:, 0] != bos
-    return keep
-
-
-def pass_activations(
-    model, hooks: Sequence[str], tokens: Int[Tensor, "rows pos"]
-) -> dict[str, Float[Tensor, "n d"]]:
-    """Every hook's activations of the kept positions of ``tokens`` (:func:`kept`), from one
-    forward pass, as float32 on the CPU."""
-    run = run_cached(model, tokens, hooks=list(hooks), keep_logits=False, prepend_bos=False)
-    keep = kept(tokens, getattr(model.tokenizer, "bos_token_id", None))
-    out = {}
-    for hook in hooks:
-        acts = run.activations[hook]
-        if acts.dim() != 3:
-            raise ValueError(
-                f"hook '{hook}' gives activations of shape {tuple(acts.shape)}; a store holds "
-                "[batch pos d] hooks such as blocks.L.hook_resid_pre"
-            )
-        out[hook] = acts[keep.to(acts.device)].to("cpu", torch.float32)
-    return out
 
 
 class PartWriter:
@@ -113,6 +84,22 @@ class PartWriter:
         for f in self.files.values():
             f.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def fill_part(folder: Path, model, hooks: Sequence[str], batches: Sequence[Tensor]) -> dict:
+    """Write one part of the activations at ``hooks`` of every kept token of ``batches`` (rows
+    of token ids), one forward pass per batch, each written as it comes; the part's record
+    with each hook's width ``d``."""
+    bos = getattr(model.tokenizer, "bos_token_id", None)
+    writer = PartWriter(folder, sum(int(kept(tokens, bos).sum()) for tokens in batches))
+    try:
+        for tokens in batches:
+            acts = hook_activations(model, hooks, tokens)
+            writer.write(acts, tokens[kept(tokens, bos)])
+        return {**writer.close(), "d": {h: int(v.shape[1]) for h, v in acts.items()}}
+    except BaseException:
+        writer.abort()
+        raise
 
 
 def write_part(folder: Path, acts: dict[str, Tensor], tokens: Tensor) -> dict:

@@ -22,18 +22,17 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
+from interp.dictionaries.data import kept
 from interp.dictionaries.training import BUFFER_BATCHES
 from interp.foundation.sizes import parse_size
 from interp.stores.budget import (
     TrainingBudget,
     evaluation_plan,
-    evaluation_room,
     split_budget,
     split_rows,
     step_bytes,
     token_bytes,
 )
-from interp.stores.parts import kept
 from interp.stores.reading import least_reading_bytes
 
 __all__ = ["kept_tokens", "replay_bytes", "sae_budget", "sae_source"]
@@ -68,9 +67,8 @@ def sae_budget(
         least = least_reading_bytes(len(store), 4 * d_in, batch_tokens)
         how = "a buffer of two batches"
     params = 2 * d_sae * d_in + d_sae + d_in
-    room = evaluation_room(max_bytes, params, tokens)
     evaluation = evaluation_plan(
-        model, held_out, [hook], 4 * d_in, params, chunk, d_sae + d_in, room
+        model, held_out, [hook], 4 * d_in, params, chunk, d_sae + d_in, max_bytes, tokens
     )
     budget = split_budget(
         max_bytes, params=params, steps=step_bytes(batch_tokens, d_in + d_sae, d_sae),

@@ -22,7 +22,7 @@ from interp.foundation.executors.local import InlineExecutor
 from interp.foundation.executors.runner import run_shards
 from interp.models.workers import model_spec, worker_model
 from interp.stores.activations import ActivationStore, write_meta
-from interp.stores.parts import PartWriter, kept, pass_activations
+from interp.stores.parts import fill_part
 from interp.stores.sae_source import kept_tokens, replay_bytes, sae_budget
 
 __all__ = [
@@ -91,18 +91,10 @@ class _TrainingShard:
         model = worker_model(**self.spec)
         d_in = activations_at(model, self.hook, [torch.tensor([[1, 2]])]).shape[1]
         draws = training_draws(model, self.texts, d_in=d_in, **self.settings)
-        bos = getattr(model.tokenizer, "bos_token_id", None)
-        parts = []
-        for k in range(index, len(draws), count):  # each batch written as it comes
-            writer = PartWriter(Path(self.path) / f"part-{k:05d}", len(kept_tokens(draws[k], bos)))
-            try:
-                for tokens in draws[k]:
-                    acts = pass_activations(model, [self.hook], tokens)
-                    writer.write(acts, tokens[kept(tokens, bos)])
-                parts.append({**writer.close(), "k": k})
-            except BaseException:
-                writer.abort()
-                raise
+        parts = [
+            {**fill_part(Path(self.path) / f"part-{k:05d}", model, [self.hook], draws[k]), "k": k}
+            for k in range(index, len(draws), count)  # each batch written as it comes
+        ]
         return {"parts": parts, "d": {self.hook: int(d_in)}, "draws": len(draws)}
 
 
@@ -136,5 +128,4 @@ def fill_training_store(
     )  # fmt: skip
     parts = sorted((p for r in results for p in r["parts"]), key=lambda p: p["k"])
     parts = [{**p, "d": results[0]["d"]} for p in parts]
-    write_meta(Path(path), spec, [hook], parts, {"kind": "training", **settings})
-    return ActivationStore(path)
+    return write_meta(Path(path), spec, [hook], parts, {"kind": "training", **settings})

@@ -26,10 +26,6 @@ CONFIG = "config.yaml"  # the file that makes a folder a transcoder set
 MODEL_KINDS = {"per-layer": "transcoder_set", "cross-layer": "cross_layer_transcoder"}
 
 
-def _cpu(t):
-    return t.detach().to("cpu").contiguous()
-
-
 def _config(tc) -> dict:
     config = {
         "model_kind": MODEL_KINDS[tc.kind],
@@ -47,33 +43,23 @@ def _config(tc) -> dict:
 def _write_tensors(tc, folder: Path) -> None:
     import torch
 
+    def save(tensors: dict, name: str) -> None:
+        tensors = {
+            k: v.detach().to("cpu").contiguous() for k, v in tensors.items() if v is not None
+        }
+        save_file(tensors, folder / name)
+
     for layer in range(tc.n_layers):
         if tc.kind == "per-layer":
-            tensors = {
-                "W_enc": tc.W_enc(layer),
-                "W_dec": tc.W_dec(layer),
-                "b_enc": tc.b_enc(layer),
-                "b_dec": tc.b_dec(layer),
-            }
-            if tc.threshold(layer) is not None:
-                tensors["activation_function.threshold"] = tc.threshold(layer)
-            if tc.W_skip(layer) is not None:
-                tensors["W_skip"] = tc.W_skip(layer)
-            if tc.k is not None:
-                tensors["k"] = torch.tensor(int(tc.k))
-            save_file(
-                {k: _cpu(v) for k, v in tensors.items()}, folder / f"layer_{layer}.safetensors"
-            )
+            k = None if tc.k is None else torch.tensor(int(tc.k))
+            save({"W_enc": tc.W_enc(layer), "W_dec": tc.W_dec(layer), "b_enc": tc.b_enc(layer),
+                  "b_dec": tc.b_dec(layer), "activation_function.threshold": tc.threshold(layer),
+                  "W_skip": tc.W_skip(layer), "k": k}, f"layer_{layer}.safetensors")  # fmt: skip
             continue
-        enc = {
-            f"W_enc_{layer}": tc.W_enc(layer),
-            f"b_enc_{layer}": tc.b_enc(layer),
-            f"b_dec_{layer}": tc.b_dec(layer),
-        }
-        if tc.threshold(layer) is not None:
-            enc[f"threshold_{layer}"] = tc.threshold(layer)
-        save_file({k: _cpu(v) for k, v in enc.items()}, folder / f"W_enc_{layer}.safetensors")
-        save_file({f"W_dec_{layer}": _cpu(tc.W_dec(layer))}, folder / f"W_dec_{layer}.safetensors")
+        save({f"W_enc_{layer}": tc.W_enc(layer), f"b_enc_{layer}": tc.b_enc(layer),
+              f"b_dec_{layer}": tc.b_dec(layer), f"threshold_{layer}": tc.threshold(layer)},
+             f"W_enc_{layer}.safetensors")  # fmt: skip
+        save({f"W_dec_{layer}": tc.W_dec(layer)}, f"W_dec_{layer}.safetensors")
 
 
 def write_folder(tc, path: str | Path) -> Path:

@@ -9,10 +9,8 @@ A folder holds ``config.yaml`` (:mod:`interp.transcoders.files` has the format) 
 
 The activation is ``config["activation"]`` (``relu``, ``topk`` with ``k``, ``jump_relu``) or,
 as circuit-tracer does without one, JumpReLU where the files hold thresholds and ReLU otherwise.
-The hooks are circuit-tracer's names inside a block (``mlp.hook_in``, ``hook_resid_mid``,
-``ln2.hook_normalized``; ``mlp.hook_out``, ``hook_mlp_out``), which the bridge has under the same
-names (``ln2.hook_normalized``: the norm before its weight and bias, what a HookedTransformer with
-``fold_ln`` hands its MLP).
+The hooks are circuit-tracer's names inside a block, which the bridge has under the same names
+(:data:`INPUT_HOOKS`, :data:`OUTPUT_HOOKS`).
 
 SAELens transcoders (one ``cfg.json`` + ``sae_weights.safetensors`` folder per layer: a folder
 of such folders, or a list of them) are read by :mod:`interp.transcoders.saelens`.
@@ -33,12 +31,7 @@ from interp.dictionaries.files import read_tensors
 from interp.engine.passes import hook_shape
 from interp.models.sources import BUNDLED_DIR
 from interp.transcoders.files import CONFIG
-from interp.transcoders.saelens import (
-    SAELensTranscoderError,
-    is_saelens_set,
-    saelens_folders,
-    saelens_parts,
-)
+from interp.transcoders.saelens import saelens_folders, saelens_parts
 from interp.transcoders.transcoder import ACTIVATIONS, INPUT_HOOKS, OUTPUT_HOOKS, TranscoderSet
 
 __all__ = [
@@ -148,36 +141,34 @@ def _need(tensors: dict, key: str, where: Path) -> torch.Tensor:
     return tensors[key]
 
 
-def _activation(config: dict, has_threshold: bool, folder: Path) -> str:
+def _activation(config: dict, thresholds: list, folder: Path, saved_k=None) -> dict:
+    """The set's activation (module docstring), with its thresholds or ``k``."""
     name = config.get("activation")
-    if name is None:
-        return "jumprelu" if has_threshold else "relu"
-    if ALIASES.get(str(name), str(name)) not in ACTIVATIONS:
+    name = ("jumprelu" if thresholds[0] is not None else "relu") if name is None else name
+    activation = ALIASES.get(str(name), str(name))
+    if activation not in ACTIVATIONS:
         raise TranscoderLoadError(
             f"{folder / CONFIG}: unknown activation {name!r}; interp reads relu, jump_relu, topk"
         )
-    return ALIASES.get(str(name), str(name))
+    out = {"activation": activation, "threshold": thresholds if activation == "jumprelu" else None}
+    if activation == "topk":
+        if config.get("k", saved_k) is None:
+            raise TranscoderLoadError(f"{folder / CONFIG}: a topk transcoder needs k")
+        out["k"] = int(config.get("k", saved_k))
+    return out
 
 
 def _per_layer(folder: Path, config: dict) -> dict:
     layers = [(p, _read_layer(p)) for p in _per_layer_files(folder, config)]
-    out = {key: [] for key in ("W_enc", "b_enc", "W_dec", "b_dec")}
-    for path, tensors in layers:
-        for key in out:
-            out[key].append(_need(tensors, key, path))
-    thresholds = [t.get("activation_function.threshold") for _, t in layers]
+    keys = ("W_enc", "b_enc", "W_dec", "b_dec")
+    out = {key: [_need(t, key, p) for p, t in layers] for key in keys}
     skips = [t.get("W_skip") for _, t in layers]
     if any(s is None for s in skips) and any(s is not None for s in skips):
         raise TranscoderLoadError(f"{folder}: some layers have W_skip and others not")
     out["W_skip"] = None if skips[0] is None else skips
-    activation = _activation(config, thresholds[0] is not None, folder)
-    out["threshold"] = thresholds if activation == "jumprelu" else None
-    if activation == "topk":
-        k = config.get("k", layers[0][1].get("k"))
-        if k is None:
-            raise TranscoderLoadError(f"{folder / CONFIG}: a topk transcoder needs k")
-        out["k"] = int(k)
-    return out | {"activation": activation, "kind": "per-layer"}
+    thresholds = [t.get("activation_function.threshold") for _, t in layers]
+    saved_k = layers[0][1].get("k")
+    return out | _activation(config, thresholds, folder, saved_k) | {"kind": "per-layer"}
 
 
 def _cross_layer(folder: Path, config: dict) -> dict:
@@ -193,18 +184,14 @@ def _cross_layer(folder: Path, config: dict) -> dict:
             out[key].append(_need(enc, f"{key}_{layer}", enc_path))
         out["W_dec"].append(_need(dec, f"W_dec_{layer}", dec_path))
         out["threshold"].append(enc.get(f"threshold_{layer}"))
-    activation = _activation(config, out["threshold"][0] is not None, folder)
-    if activation != "jumprelu":
-        out["threshold"] = None
-    if activation == "topk":
-        out["k"] = int(config["k"])
-    return out | {"activation": activation, "kind": "cross-layer"}
+    thresholds = out.pop("threshold")
+    return out | _activation(config, thresholds, folder) | {"kind": "cross-layer"}
 
 
 def _from_saelens(paths: Sequence[Path], name: str) -> TranscoderSet:
     try:
         return TranscoderSet(**saelens_parts(paths), name=name)
-    except (SAELensTranscoderError, ValueError) as err:
+    except ValueError as err:  # SAELensTranscoderError among them
         raise TranscoderLoadError(str(err)) from None
 
 
@@ -225,31 +212,26 @@ def load_transcoders(
     """
     if not isinstance(path_or_name, str | os.PathLike):  # a list of SAELens folders
         paths = [Path(p) for p in path_or_name]
-        missing = [p for p in paths if not p.is_dir()]
-        if missing:
+        if missing := [p for p in paths if not p.is_dir()]:
             raise TranscoderLoadError(f"{missing[0]} is not a folder (a SAELens transcoder)")
-        tc = _from_saelens(paths, "saelens-transcoders")
-        return tc.to(device=device, dtype=dtype)
+        return _from_saelens(paths, "saelens-transcoders").to(device=device, dtype=dtype)
     folder = _folder(path_or_name)
     config_path = folder / CONFIG
-    if not config_path.is_file() and is_saelens_set(folder):
-        return _from_saelens(saelens_folders(folder), folder.name).to(device=device, dtype=dtype)
+    if not config_path.is_file() and (folders := saelens_folders(folder)):
+        return _from_saelens(folders, folder.name).to(device=device, dtype=dtype)
     if not config_path.is_file():
         raise TranscoderLoadError(
             f"{folder} has no {CONFIG} (circuit-tracer's) and no SAELens transcoder folders "
             "(cfg.json + sae_weights.safetensors)"
         )
     config = _read_config(config_path)
-    kind = config.get("model_kind")
-    if kind == "transcoder_set":
-        parts = _per_layer(folder, config)
-    elif kind == "cross_layer_transcoder":
-        parts = _cross_layer(folder, config)
-    else:
+    kind, readers = config.get("model_kind"), {"transcoder_set": _per_layer,
+                                               "cross_layer_transcoder": _cross_layer}  # fmt: skip
+    if kind not in readers:
         raise TranscoderLoadError(
-            f"{config_path}: model_kind must be transcoder_set or cross_layer_transcoder, "
-            f"got {kind!r}"
+            f"{config_path}: model_kind must be {' or '.join(readers)}, got {kind!r}"
         )
+    parts = readers[kind](folder, config)
     try:
         tc = TranscoderSet(
             **parts,

@@ -20,11 +20,8 @@ What SAELens would compute that a set cannot hold is refused in one line naming 
 the key: input normalisation (``normalize_activations``: ``constant_norm_rescale``,
 ``layer_norm``), one head's slice (``hook_head_index``) and ``d_in != d_out``.
 
-``ln2.hook_normalized`` (GPT-2's published transcoders) is the MLP's norm before its weight and
-bias: a HookedTransformer with ``fold_ln`` (as SAELens loads it) hands exactly that to its MLP,
-and the bridge has the same hook, unfolded;
-:func:`~interp.transcoders.loading.check_transcoders_fit` refuses it on models without one
-(parallel blocks with one norm: GPT-J, Phi) or that flatten it (OPT).
+``ln2.hook_normalized`` (GPT-2's published transcoders read it: the MLP's norm before its weight
+and bias) is refused by ``check_transcoders_fit`` on models that have none or flatten it.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from pathlib import Path
 from interp.saes.loading import SAELoadError, load_sae, sae_format
 from interp.transcoders.transcoder import INPUT_HOOKS, OUTPUT_HOOKS
 
-__all__ = ["SAELensTranscoderError", "is_saelens_set", "saelens_folders", "saelens_parts"]
+__all__ = ["SAELensTranscoderError", "saelens_folders", "saelens_parts"]
 
 _HOOK = re.compile(r"blocks\.(\d+)\.(.+)")
 
@@ -50,11 +47,6 @@ def saelens_folders(path: Path) -> list[Path]:
     if sae_format(path) == "saelens":
         return [path]
     return sorted(p for p in path.iterdir() if p.is_dir() and sae_format(p) == "saelens")
-
-
-def is_saelens_set(path: Path) -> bool:
-    """Whether ``path`` is a SAELens folder or a folder of them."""
-    return path.is_dir() and bool(saelens_folders(path))
 
 
 def _site(folder: Path, key: str, hook: str, sites: tuple[str, ...]) -> tuple[int, str]:

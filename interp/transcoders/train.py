@@ -30,12 +30,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from interp.dictionaries.data import TokenRows
+from interp.dictionaries.data import TokenRows, hook_activations
 from interp.dictionaries.training import BUFFER_BATCHES
-from interp.engine import run_cached, trim_freed_memory
+from interp.engine import trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
-from interp.stores.budget import split_rows, token_bytes
-from interp.stores.pairs import pairs_budget, store_pairs
+from interp.stores.budget import token_bytes
+from interp.stores.pairs import store_pairs
 from interp.transcoders import fit as fitting
 from interp.transcoders import held_out
 from interp.transcoders.transcoder import ACTIVATIONS, TranscoderSet
@@ -94,28 +94,15 @@ def _check(model, layers, kind, activation, d_tc, k, steps, batch_tokens) -> lis
     return layers
 
 
-def _pairs(model, batches: Sequence[Tensor], layers: list[int]) -> tuple[Tensor, Tensor]:
-    """Every token's MLP inputs and outputs ``[n layer d_model]`` (BOS at position 0 out)."""
-    hooks_in = [f"blocks.{layer}.{INPUT_HOOK}" for layer in layers]
-    hooks_out = [f"blocks.{layer}.{OUTPUT_HOOK}" for layer in layers]
-    bos = getattr(model.tokenizer, "bos_token_id", None)
+def _pairs(model, batches: Sequence[Tensor], layers: list[int], device=None):
+    """Every kept token's MLP inputs and outputs ``[n layer d_model]`` (on ``device``)."""
+    hooks = [[f"blocks.{layer}.{hook}" for layer in layers] for hook in (INPUT_HOOK, OUTPUT_HOOK)]
     xs, ys = [], []
     for tokens in batches:
-        run = run_cached(
-            model, tokens, hooks=hooks_in + hooks_out, keep_logits=False, prepend_bos=False
-        )
-        keep = torch.ones(tokens.shape, dtype=torch.bool)
-        if bos is not None:
-            keep[:, 0] = tokens[:, 0] != bos
-        keep = keep.to(run.activations[hooks_in[0]].device)
-        xs.append(torch.stack([run.activations[h][keep] for h in hooks_in], 1).float())
-        ys.append(torch.stack([run.activations[h][keep] for h in hooks_out], 1).float())
-    return torch.cat(xs), torch.cat(ys)
-
-
-def _pairs_on(model, layers: list[int], device, batches) -> tuple[Tensor, Tensor]:
-    """:func:`_pairs` on ``device``."""
-    return tuple(t.to(device) for t in _pairs(model, batches, layers))
+        acts = hook_activations(model, hooks[0] + hooks[1], tokens)
+        xs.append(torch.stack([acts[h] for h in hooks[0]], 1))
+        ys.append(torch.stack([acts[h] for h in hooks[1]], 1))
+    return torch.cat(xs).to(device), torch.cat(ys).to(device)
 
 
 def _transcoder_set(w: dict[str, Tensor], kind: str, activation: str, k, name: str):
@@ -138,26 +125,13 @@ def _transcoder_set(w: dict[str, Tensor], kind: str, activation: str, k, name: s
     )
 
 
-def _figures(tc: TranscoderSet, x: Tensor, y: Tensor) -> pd.DataFrame:
-    """FVU, L0 and dead features per layer, with the saved set's own encode and decode."""
-    return held_out.figures(tc, x, y, EVAL_CHUNK)
-
-
-def _budget(model, store, layers, max_bytes, rows, held_out_rows, *, kind, activation, d_tc,
-            batch_tokens):  # fmt: skip
-    """``store`` checked and ``max_bytes`` shared out (:mod:`interp.stores.budget`): the store,
-    the reading's share and the held-out rows split into the passes the budget allows."""
-    n_layers, d_model = len(layers), int(model.cfg.d_model)
-    cross, skip = kind == "cross-layer", kind == "skip"
+def _sizes(model, n_layers: int, *, kind, activation, d_tc, **_) -> dict:
+    """The set's parameters (``w_dec`` of them its decoder's), for its budget."""
+    d_model, cross = int(model.cfg.d_model), kind == "cross-layer"
     w_dec = n_layers * d_tc * (n_layers if cross else 1) * d_model
     params = w_dec + n_layers * (d_model * d_tc + d_tc + d_model)  # W_enc, b_enc, b_dec
-    params += n_layers * (d_model**2 * skip + d_tc * (activation == "jumprelu"))
-    store, budget = pairs_budget(
-        model, store, layers, (INPUT_HOOK, OUTPUT_HOOK), max_bytes, batch_tokens=batch_tokens,
-        d_tc=d_tc, params=params, w_dec=w_dec, held_out=held_out_rows, tokens=token_bytes(rows),
-        chunk=EVAL_CHUNK,
-    )  # fmt: skip
-    return store, budget.reading, split_rows(held_out_rows, budget.eval_rows)
+    params += n_layers * (d_model**2 * (kind == "skip") + d_tc * (activation == "jumprelu"))
+    return {"params": params, "w_dec": w_dec, "d_tc": d_tc, "chunk": EVAL_CHUNK}
 
 
 def _source(model, layers, rows, gen, pairs, held_out_rows, store, max_bytes, device, **settings):
@@ -169,14 +143,12 @@ def _source(model, layers, rows, gen, pairs, held_out_rows, store, max_bytes, de
             raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
         size = BUFFER_BATCHES * settings["batch_tokens"]
         return (pairs(rows.draw(size)) for _ in iter(int, 1)), held_out_rows, False
-    budgeted = max_bytes is not None
-    if budgeted:  # the whole call within max_bytes (interp.stores.budget)
-        store, max_bytes, held_out_rows = _budget(
-            model, store, layers, max_bytes, rows, held_out_rows, **settings
-        )
-    stored = store_pairs(model, store, layers, (INPUT_HOOK, OUTPUT_HOOK),
-                         settings["batch_tokens"], gen, max_bytes)  # fmt: skip
-    return ((x.to(device), y.to(device)) for x, y in stored), held_out_rows, budgeted
+    stored, held_out_rows = store_pairs(  # with max_bytes, the whole call within it
+        model, store, layers, (INPUT_HOOK, OUTPUT_HOOK), gen, max_bytes=max_bytes,
+        held_out=held_out_rows, batch_tokens=settings["batch_tokens"],
+        sizes=_sizes(model, len(layers), **settings) | {"tokens": token_bytes(rows)},
+    )  # fmt: skip
+    return ((x.to(device), y.to(device)) for x, y in stored), held_out_rows, max_bytes is not None
 
 
 def _scaled(buffers, c_in: Tensor, c_out: Tensor, gen: torch.Generator | None):
@@ -213,25 +185,18 @@ def train_transcoder(
 
     Args:
         layers: the layers to train (None: all; a set covers every layer).
-        texts: documents to draw windows of up to 128 tokens from; None: the bundled model's
-            training mix (standard-library source and ``a + a`` repeats).
+        texts, steps, batch_tokens, lr, seed, progress, device, max_bytes: as
+            :func:`interp.train_sae`'s.
         d_tc: features per layer.
         kind: ``"per-layer"``, ``"skip"`` (per-layer with a linear skip ``W_skip``) or
             ``"cross-layer"`` (layer l's features write into every later MLP output too).
         activation: ``"relu"`` (L1 penalty on activation x decoder norm), ``"jumprelu"`` (L0
             penalty, learned thresholds) or ``"topk"`` (needs ``k``).
         sparsity: λ, the weight of the sparsity penalty (:mod:`interp.transcoders.fit`).
-        steps, batch_tokens, lr: Adam's steps, tokens per step and learning rate.
-        seed: seeds the data, the initialisation and the shuffles: the same seed gives the
-            same weights.
         out: a folder to save the set into, in circuit-tracer's format.
         store: an :class:`interp.ActivationStore` (or its folder) holding every layer's
             ``blocks.L.mlp.hook_in`` and ``blocks.L.mlp.hook_out``, to train on instead of
             running the model.
-        max_bytes: with a store: the most the whole call holds at once (bytes or ``"1GB"``):
-            the weights, their gradients and Adam's moments, each step, the held-out
-            evaluation, and the reading in what is left (:mod:`interp.stores.budget`); a
-            budget too small is refused before anything is read, naming the least that would do.
 
     Returns:
         ``(transcoders, report)``: the set in the model's units, and its figures per layer.
@@ -242,7 +207,7 @@ def train_transcoder(
     gen = torch.Generator().manual_seed(seed)
     rows = TokenRows(model, texts, gen)
     d_model = int(model.cfg.d_model)
-    pairs = partial(_pairs_on, model, layers, device)
+    pairs = partial(_pairs, model, layers=layers, device=device)
     fresh, held_out_rows, budgeted = _source(
         model, layers, rows, gen, pairs, rows.held_out(EVAL_TOKENS, EVAL_SEED), store, max_bytes,
         device, kind=kind, activation=activation, d_tc=d_tc, batch_tokens=batch_tokens,
@@ -260,7 +225,7 @@ def train_transcoder(
     if budgeted:  # pass by pass: never every held-out pair at once
         figures = held_out.streamed_figures(tc, (pairs([r]) for r in held_out_rows), EVAL_CHUNK)
     else:
-        figures = _figures(tc, *pairs(held_out_rows))
+        figures = held_out.figures(tc, *pairs(held_out_rows), EVAL_CHUNK)
     seconds, history = time.perf_counter() - start, pd.DataFrame(history)
     report = TranscoderTrainingReport(
         kind, activation, steps, steps * batch_tokens, figures, history, seconds

@@ -14,11 +14,13 @@ import interp.engine.cache
 import interp.saes.train as sae_train
 import interp.transcoders.train as tc_train
 from interp import train_sae, train_transcoder
-from interp.saes.data import TokenRows, activations_at
+from interp.dictionaries.data import TokenRows, activations_at
+from interp.saes.held_out import figures as sae_figures
 from interp.saes.held_out import streamed_figures as sae_streamed
 from interp.stores import fill_store
 from interp.stores.budget import MARGIN, split_rows
 from interp.stores.evaluation import CentredSquares
+from interp.transcoders.held_out import figures as tc_figures
 from interp.transcoders.held_out import streamed_figures as tc_streamed
 
 HOOK = "blocks.1.hook_resid_pre"
@@ -50,7 +52,7 @@ def trained(bundled_model):
 
 def test_sae_figures_pass_by_pass_equal_those_at_once(bundled_model, trained):
     sae, _, held_out = trained
-    at_once = sae_train._figures(sae, activations_at(bundled_model, HOOK, held_out))
+    at_once = sae_figures(sae, activations_at(bundled_model, HOOK, held_out), sae_train.EVAL_CHUNK)
     passes = (activations_at(bundled_model, HOOK, [r]) for r in split_rows(held_out, 3))
     streamed = sae_streamed(sae, passes, 100)
     assert streamed["l0"] == pytest.approx(at_once["l0"], rel=RTOL)
@@ -62,7 +64,7 @@ def test_sae_figures_pass_by_pass_equal_those_at_once(bundled_model, trained):
 def test_transcoder_figures_pass_by_pass_equal_those_at_once(bundled_model, trained):
     _, tc, held_out = trained
     layers = [0, 1]
-    at_once = tc_train._figures(tc, *tc_train._pairs(bundled_model, held_out, layers))
+    at_once = tc_figures(tc, *tc_train._pairs(bundled_model, held_out, layers), tc_train.EVAL_CHUNK)
     passes = (tc_train._pairs(bundled_model, [r], layers) for r in split_rows(held_out, 5))
     streamed = tc_streamed(tc, passes, 100)
     assert streamed["dead"].tolist() == at_once["dead"].tolist()
