@@ -26,13 +26,12 @@ from interp.discovery.graph import EdgeGraph
 from interp.discovery.removal import removed_metrics
 from interp.discovery.runs import (
     WriterOutputs,
-    check_arguments,
+    _undefined,
     deltas_bytes,
     task_inputs,
     writer_outputs,
 )
-from interp.discovery.scores import _undefined
-from interp.engine import check_eval, run_logits
+from interp.engine import run_logits
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["CircuitEvaluation", "evaluate_circuit", "CURVE_FRACTIONS", "ABLATIONS", "ranked_edges"]
@@ -45,9 +44,7 @@ ABLATIONS = ("patch", "mean", "zero")  # what a removed edge's reader gets
 class CircuitEvaluation:
     """Faithfulness of a circuit over a task (module docstring)."""
 
-    faithfulness: (
-        float  # (m(C) - m(empty)) / (m(M) - m(empty)) over dataset means; NaN when undefined
-    )
+    faithfulness: float  # (m(C) - m(empty)) / (m(M) - m(empty)), dataset means; NaN: undefined
     per_row: pd.DataFrame  # row, circuit_metric, empty_metric, model_metric, faithfulness
     curve: pd.DataFrame | None  # fraction, n_edges, faithfulness (MIB fractions)
     cpr: float | None  # area under the curve (trapezoid over fraction)
@@ -98,11 +95,9 @@ def _edge_list(edges, graph: EdgeGraph) -> list[str]:
 
 
 def _ablated(model, batch: TaskTokens, graph: EdgeGraph, ablation: str) -> WriterOutputs:
-    device = model.cfg.device
     if ablation == "patch":
-        return writer_outputs(model, batch.corrupted.to(device), graph)[0]
-    clean, _ = writer_outputs(model, batch.clean.to(device), graph)
-    n_rows, n_pos = batch.clean.shape
+        return writer_outputs(model, batch.corrupted, graph)[0]
+    clean, _ = writer_outputs(model, batch.clean, graph)
 
     def fixed(t: torch.Tensor) -> torch.Tensor:  # [rows pos (head) d] -> the same, broadcast
         if ablation == "zero":
@@ -200,11 +195,9 @@ def evaluate_circuit(
 
     Every circuit run, the curve's and the empty circuit's, shares batched passes.
     """
-    check_eval(model)
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
-    check_arguments(metric, max_rows, max_bytes)
-    graph, batch, task_metric = task_inputs(model, task, metric)
+    graph, batch, task_metric = task_inputs(model, task, metric, max_rows, max_bytes)
     chosen = _edge_list(edges, graph)
     scores = getattr(edges, "scores", None) if scores is None else scores
     ranked = None if scores is None else ranked_edges(scores, graph)

@@ -33,8 +33,8 @@ from torch import Tensor
 from interp.dictionaries.core import decoder_flag
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
 from interp.discovery.graph import EdgeGraph, edge_frame
-from interp.discovery.runs import _undefined, check_arguments, dataset_mean, task_inputs
-from interp.engine import check_eval, run_cached
+from interp.discovery.runs import _undefined, dataset_mean, task_inputs
+from interp.engine import run_cached
 from interp.engine.estimates import _itemsize
 from interp.tasks import Task, TaskTokens
 
@@ -186,13 +186,12 @@ def feature_edge_scores(
     ``clean_metric``, ``corrupted_metric``, ``method``, ``n_rows``, ``recovered_undefined``,
     ``sae_layer``, ``active_features`` (how many changed).
     """
-    check_eval(model)
-    check_arguments(
-        metric, max_rows, max_bytes, method=method, methods=FEATURE_METHODS, ig_steps=ig_steps
-    )
+    graph, batch, task_metric = task_inputs(
+        model, task, metric, max_rows, max_bytes, method=method, methods=FEATURE_METHODS,
+        ig_steps=ig_steps,
+    )  # fmt: skip
     if top_features is not None and (not isinstance(top_features, int) or top_features < 0):
         raise ValueError(f"top_features must be a whole number >= 0, got {top_features!r}")
-    graph, batch, task_metric = task_inputs(model, task, metric)
     layer = sae_layer(model, sae)
     if sae.W_dec.device != torch.device(model.cfg.device):
         sae = copy.deepcopy(sae).to(model.cfg.device)
