@@ -156,9 +156,8 @@ def acdc(
         )
     budget = dict(max_rows=max_rows, max_bytes=max_bytes, held=deltas_bytes(model, graph, batch))
 
-    def measure(states: list[list[Edge]]) -> list[float]:
-        with torch.no_grad():
-            values = removed_metrics(model, batch, task_metric, corrupted, states, graph, **budget)
+    def measure(states: list[list[Edge]]) -> list[float]:  # the engine's passes take no grad
+        values = removed_metrics(model, batch, task_metric, corrupted, states, graph, **budget)
         return values.double().mean(dim=1).tolist()
 
     removed, scores, final, calls, runs = prune(

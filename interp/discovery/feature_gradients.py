@@ -130,19 +130,16 @@ def feature_tables(
     feature_sums = torch.zeros(len(readers), len(deltas.active), dtype=torch.float64)
     error_sums = torch.zeros(len(readers), dtype=torch.float64)
     upstream = deltas.writers is not None
-    if upstream:
-        up_sums = torch.zeros(deltas.writers.shape[0], sae.d_sae, dtype=torch.float64)
-        up_total = torch.zeros(deltas.writers.shape[0], dtype=torch.float64)
+    n_up = deltas.writers.shape[0] if upstream else 0
+    up_sums = torch.zeros(n_up, sae.d_sae, dtype=torch.float64)
+    up_total = torch.zeros(n_up, dtype=torch.float64)
     n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
     n_steps = max(1, steps)
     total = n_rows * n_steps
     chunk = _rows_at_once(model, graph, total, n_pos, max_rows, max_bytes, held)
-    streams: list[Tensor] = []
-
-    def record(x: Tensor, hook) -> None:
-        streams.append(x.detach())
-
-    fixed = [(f"blocks.{layer}.ln1.hook_in", record)] if upstream else []
+    streams: list[Tensor] = []  # the SAE's stream at each pass (upstream)
+    record = (f"blocks.{layer}.ln1.hook_in", lambda x, hook: streams.append(x.detach()))
+    fixed = [record] if upstream else []
     points = gradient_points(
         model, batch, metric, graph, deltas.embed, steps=steps, chunk=chunk, fixed=fixed
     )
@@ -167,9 +164,5 @@ def feature_tables(
             table, dot = _upstream(sae, streams.pop(), G, dw)
             up_sums += table
             up_total += dot
-    if not upstream:
-        return FeatureTables(readers, feature_sums / total, error_sums / total, None, None)
-    up_error = up_total - up_sums.sum(1)
-    return FeatureTables(
-        readers, feature_sums / total, error_sums / total, up_sums / total, up_error / total
-    )
+    up = (up_sums / total, (up_total - up_sums.sum(1)) / total) if upstream else (None, None)
+    return FeatureTables(readers, feature_sums / total, error_sums / total, *up)

@@ -37,6 +37,8 @@ from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = ["gradient_scores", "reader_gradients", "gradient_points", "step_sums"]
 
+_FINAL = "ln_final.hook_in"  # the logits reader's input
+
 
 def _rows_at_once(model, graph, n_rows, n_pos, max_rows, max_bytes, held) -> int:
     """Gradient points per pass: each keeps every reader's gradient twice beside its pass."""
@@ -48,17 +50,11 @@ def _rows_at_once(model, graph, n_rows, n_pos, max_rows, max_bytes, held) -> int
     )  # fmt: skip
 
 
-def _site_names(model, graph: EdgeGraph) -> tuple[list[list[str]], str]:
-    """Per layer the hooks whose gradient is taken (q, k, v, then the MLP's input), and the
-    logits reader's hook."""
-    shared = shared_norm(model)
-    layers = []
-    for layer in range(graph.n_layers):
-        names = [f"blocks.{layer}.attn.hook_{kind}" for kind in QKV]
-        if graph.mlps:
-            names.append(f"blocks.{layer}.{'mlp.hook_in' if shared else 'ln2.hook_in'}")
-        layers.append(names)
-    return layers, "ln_final.hook_in"
+def _site_names(model, graph: EdgeGraph) -> list[list[str]]:
+    """Per layer the hooks whose gradient is taken: q, k, v, then the MLP's input."""
+    mlp = ["mlp.hook_in" if shared_norm(model) else "ln2.hook_in"] if graph.mlps else []
+    kinds = [f"attn.hook_{kind}" for kind in QKV] + mlp
+    return [[f"blocks.{layer}.{kind}" for kind in kinds] for layer in range(graph.n_layers)]
 
 
 def _python_layernorm(norm) -> bool:
@@ -142,7 +138,7 @@ def reader_gradients(
     graph order (``layer`` None: the logits). ``embed_shift`` is added to the input embeddings,
     ``fixed`` raw hooks go first; ``weights``: ``W_Q``, ``W_K``, ``W_V`` if already read."""
     weights = weights or {kind: qkv_weights(model, kind)[0].detach() for kind in QKV}
-    layer_names, final = _site_names(model, graph)
+    layer_names = _site_names(model, graph)
     leaves: dict[str, Tensor] = {}
     inputs: dict[int, Tensor] = {}
 
@@ -160,12 +156,11 @@ def reader_gradients(
         return hook
 
     hooks = [(f"blocks.{layer}.ln1.hook_in", keep(layer)) for layer in range(graph.n_layers)]
-    hooks += [(name, site(name)) for names in layer_names for name in names]
-    hooks.append((final, site(final)))
+    order = [*(name for names in layer_names for name in names), _FINAL]
+    hooks += [(name, site(name)) for name in order]
     if embed_shift is not None:
         hooks.insert(0, ("blocks.0.hook_resid_pre", lambda act, hook: act + embed_shift))
     logits = run_logits(model, tokens, before=[*fixed, *hooks], grad=True)
-    order = [*(name for names in layer_names for name in names), final]
     found = torch.autograd.grad(
         metric(logits).sum(), [leaves[n] for n in order], allow_unused=True, materialize_grads=True
     )  # a reader nothing depends on (frozen patterns: q and k) has gradient zero
@@ -180,7 +175,7 @@ def reader_gradients(
         if graph.mlps and not shared:
             found = torch.cat([found, grads.pop(names[3]).unsqueeze(0)])
         yield layer, found.detach()
-    yield None, grads.pop(final).unsqueeze(0)
+    yield None, grads.pop(_FINAL).unsqueeze(0)
 
 
 def gradient_points(

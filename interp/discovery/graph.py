@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import pandas as pd
@@ -113,10 +113,7 @@ class EdgeGraph:
     def from_model(cls, model) -> EdgeGraph:
         """From a loaded model (post-norms stay inside their writers: see runs.py)."""
         graph = cls.from_config(model.cfg)
-        has_mlps = "blocks.0.hook_mlp_out" in model.hook_dict
-        return cls(
-            graph.n_layers, graph.n_heads, graph.n_kv_heads, graph.mlps and has_mlps, graph.parallel
-        )
+        return replace(graph, mlps=graph.mlps and "blocks.0.hook_mlp_out" in model.hook_dict)
 
     @property
     def group(self) -> int:
