@@ -1,23 +1,18 @@
 """SAE features as writers in the discovery graph: ``feature_edge_scores`` scores the edges from
 each feature of a sparse autoencoder (and its reconstruction error) to every reader after it,
-by EAP or EAP-IG, as in sparse feature circuits (Marks et al. 2024); docs/discovery.md.
+by EAP or EAP-IG, as in sparse feature circuits (Marks et al. 2024); docs/discovery.md, "SAE
+features in the graph".
 
-For an SAE at ``blocks.L.hook_resid_pre`` the residual stream there is, on every run,
-``x = sum_j f_j W_dec[j] + b_dec + error`` with ``f = sae.encode(x)`` and
-``error = x - sae(x)``. Its writers are named
-
-- ``SAE{L}.F{j}``: feature ``j`` (its change ``(f_j,clean - f_j,corrupted) W_dec[j]``);
-- ``SAE{L}.error``: the reconstruction error (its change ``error_clean - error_corrupted``);
-
-and each feeds every reader at layer ``L`` or later, and ``logits``. ``b_dec`` is equal in the
-two runs, so it is no node. An edge scores ``sum_pos change . dm/d(reader input)``, averaged
-over rows, divided by ``C - K``: :func:`interp.discovery.scores.edge_scores`' ``eap`` and
-``eap-ig`` with the same gradients (:func:`interp.discovery.gradients.reader_gradients`).
-Since the changes sum to ``x``'s change, which is the sum of the changes of the graph's writers
-before layer ``L``, a reader's feature edges plus its error edge sum to its edges from those
-writers (tested). With ``upstream``, each of those writers also gets an edge into each feature
-(through the encoder's local gradient) and into the error; they sum to the writer's edges into
-every reader at layer ``L`` or later (:mod:`interp.discovery.feature_gradients`).
+For an SAE at ``blocks.L.hook_resid_pre`` the stream there is, on every run,
+``x = sum_j f_j W_dec[j] + b_dec + error`` (``f = sae.encode(x)``, ``error = x - sae(x)``).
+Its writers are ``SAE{L}.F{j}`` (change ``(f_j,clean - f_j,corrupted) W_dec[j]``) and
+``SAE{L}.error`` (change ``error_clean - error_corrupted``), each feeding every reader at layer
+``L`` or later and ``logits`` (``b_dec`` is equal in the two runs: no node). An edge scores
+:func:`interp.discovery.scores.edge_scores`' ``eap`` / ``eap-ig`` with the same gradients
+(:func:`interp.discovery.gradients.reader_gradients`). The changes sum to ``x``'s, the sum of
+the changes of the graph's writers before layer ``L``, so a reader's feature and error edges
+sum to its edges from those writers (tested); ``upstream`` edges into the features:
+:mod:`interp.discovery.feature_gradients`.
 """
 
 from __future__ import annotations
