@@ -5,8 +5,7 @@ features as writers (``feature_edge_scores``)."""
 
 from __future__ import annotations
 
-import warnings
-
+from interp.discovery import graph as _graph
 from interp.discovery.circuit import CIRCUIT_METHODS, Circuit, discover_circuit
 from interp.discovery.evaluate import (
     ABLATIONS,
@@ -40,11 +39,6 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name == "Graph":  # renamed in 0.6.0 (graphs.AttributionGraph is the other graph)
-        warnings.warn(
-            "interp.discovery.Graph is now interp.discovery.EdgeGraph; the old name goes in 0.7.0",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return EdgeGraph
+    if name == "Graph":  # renamed in 0.6.0: interp.discovery.graph warns and gives EdgeGraph
+        return _graph.Graph
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,16 +40,6 @@ __all__ = ["gradient_scores", "reader_gradients", "gradient_points", "step_sums"
 _FINAL = "ln_final.hook_in"  # the logits reader's input
 
 
-def _rows_at_once(model, graph, n_rows, n_pos, max_rows, max_bytes, held) -> int:
-    """Gradient points per pass: each keeps every reader's gradient twice beside its pass."""
-    kept = 2 * len(graph.readers) * n_pos * int(model.cfg.d_model) * _itemsize(model)
-    return backward_rows(
-        model, n_pos, n_rows=n_rows, max_bytes=max_bytes, max_rows=max_rows, held=held,
-        kept_per_row=kept,
-        what="one row's forward and backward pass with every reader's gradient",
-    )  # fmt: skip
-
-
 def _site_names(model, graph: EdgeGraph) -> list[list[str]]:
     """Per layer the hooks whose gradient is taken: q, k, v, then the MLP's input."""
     mlp = ["mlp.hook_in" if shared_norm(model) else "ln2.hook_in"] if graph.mlps else []
@@ -186,16 +176,26 @@ def gradient_points(
     embed_delta: Float[Tensor, "rows pos d_model"],
     *,
     steps: int,
-    chunk: int,
+    max_rows: int | None,
+    max_bytes: int | str | None,
+    held: int,
     fixed: Sequence = (),
     weights: dict[str, Tensor] | None = None,
 ):
-    """The task's gradient points, ``chunk`` at a time (row-major: a row's ``max(1, steps)``
-    points together): yields ``(rows, local, gradients)``, ``rows`` the slice of task rows a
-    chunk covers, ``local`` each point's row in it, ``gradients`` :func:`reader_gradients`' at
-    the points (EAP-IG's point ``k`` of a row: ``k / steps`` of ``embed_delta`` added)."""
+    """The task's gradient points, as many per pass as ``max_rows`` / ``max_bytes`` (less
+    ``held``) allow, each keeping every reader's gradient twice beside its pass (row-major: a
+    row's ``max(1, steps)`` points together): yields ``(rows, local, gradients)``, ``rows`` the
+    slice of task rows a pass covers, ``local`` each point's row in it, ``gradients``
+    :func:`reader_gradients`' at the points (EAP-IG's point ``k`` of a row: ``k / steps`` of
+    ``embed_delta`` added)."""
     n_steps = max(1, steps)
-    total = int(batch.corrupted.shape[0]) * n_steps
+    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
+    total = n_rows * n_steps
+    kept = 2 * len(graph.readers) * n_pos * int(model.cfg.d_model) * _itemsize(model)
+    chunk = backward_rows(
+        model, n_pos, n_rows=total, max_bytes=max_bytes, max_rows=max_rows, held=held,
+        kept_per_row=kept, what="one row's forward and backward pass with every reader's gradient",
+    )  # fmt: skip
     tokens = batch.corrupted.to(model.cfg.device)
     for lo in range(0, total, chunk):
         task_rows = torch.arange(lo, min(lo + chunk, total)) // n_steps
@@ -270,15 +270,13 @@ def gradient_scores(
                 f"an intervention at {name} is not seen by the q/k/v readers' gradients (ln1's "
                 "backward is taken apart from the run); use method='exact' for it"
             )
-    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
     n_steps = max(1, steps)
-    chunk = _rows_at_once(model, graph, n_rows * n_steps, n_pos, max_rows, max_bytes, held)
     groups, n_sources, (src, dst) = _reader_groups(graph)
     table = torch.zeros(len(graph.writers), len(graph.readers), dtype=torch.float64)
     weights = {kind: qkv_weights(model, kind)[0].detach() for kind in QKV}
     points = gradient_points(
-        model, batch, metric, graph, deltas.embed, steps=steps, chunk=chunk, fixed=fixed,
-        weights=weights,
+        model, batch, metric, graph, deltas.embed, steps=steps, max_rows=max_rows,
+        max_bytes=max_bytes, held=held, fixed=fixed, weights=weights,
     )  # fmt: skip
     for rows, local, gradients in points:
         part = deltas.rows(rows.start, rows.stop)
@@ -290,4 +288,4 @@ def gradient_scores(
             n = int(n_sources[readers].max())
             block = stacked[:n] @ grad.flatten(1).T  # [writer reader]
             table[:n, readers] += block.double().cpu()
-    return table[src, dst] / (n_rows * n_steps)
+    return table[src, dst] / (len(batch.corrupted) * n_steps)

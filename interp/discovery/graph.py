@@ -115,11 +115,6 @@ class EdgeGraph:
         graph = cls.from_config(model.cfg)
         return replace(graph, mlps=graph.mlps and "blocks.0.hook_mlp_out" in model.hook_dict)
 
-    @property
-    def group(self) -> int:
-        """Query heads per key/value head."""
-        return self.n_heads // self.n_kv_heads
-
     def layer_writers(self, layer: int) -> tuple[list[str], list[str]]:
         """``(heads, mlps)``: the writers of ``layer``'s attention and of its MLP."""
         heads = [f"L{layer}H{h}" for h in range(self.n_heads)]
