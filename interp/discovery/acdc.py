@@ -108,15 +108,6 @@ def prune(
     return removed, scores, current, calls, states
 
 
-def _check_threshold(threshold) -> float:
-    number = not isinstance(threshold, bool) and isinstance(threshold, (int, float))
-    if not number or math.isnan(threshold) or threshold < 0:
-        raise ValueError(
-            f"threshold must be a number >= 0 (a fraction of clean - corrupted), got {threshold!r}"
-        )
-    return float(threshold)
-
-
 def acdc(
     model,
     task: Task | TaskTokens,
@@ -142,7 +133,12 @@ def acdc(
     ``corrupted_metric``, ``circuit_metric`` (the final state's mean), ``method``,
     ``threshold``, ``n_rows``, ``calls`` (batched calls) and ``runs`` (states measured).
     """
-    threshold = _check_threshold(threshold)
+    number = not isinstance(threshold, bool) and isinstance(threshold, (int, float))
+    if not number or math.isnan(threshold) or threshold < 0:
+        raise ValueError(
+            f"threshold must be a number >= 0 (a fraction of clean - corrupted), got {threshold!r}"
+        )
+    threshold = float(threshold)
     graph, batch, task_metric = task_inputs(model, task, metric, max_rows, max_bytes)
     with torch.no_grad():
         c = dataset_mean(task_metric, run_logits(model, batch.clean.to(model.cfg.device)))

@@ -99,10 +99,8 @@ def _feature_deltas(
 ) -> tuple[float, float, FeatureDeltas]:
     """``(C, K, clean minus corrupted)``: the clean and corrupted dataset means and the
     changes of the features that changed, the error and (``upstream``) the earlier writers."""
-    device = model.cfg.device
     runs = [
-        _decomposed(model, sae, tokens.to(device), graph, layer, upstream)
-        for tokens in (batch.clean, batch.corrupted)
+        _decomposed(model, sae, t, graph, layer, upstream) for t in (batch.clean, batch.corrupted)
     ]
     (embed_c, f_c, err_c, writers_c, logits_c), (embed_k, f_k, err_k, writers_k, logits_k) = runs
     c, k = dataset_mean(metric, logits_c), dataset_mean(metric, logits_k)

@@ -6,8 +6,7 @@ over rows here and averaged by the caller's mean; a reader's input is where
 :mod:`interp.discovery.inputs` delivers a change (exact patching's delivery). For EAP the
 gradient is taken on the corrupted run; for EAP-IG it is averaged over the runs whose input
 embeddings are ``corrupted + (k / steps) (clean - corrupted)``, ``k = 0 .. steps - 1`` (as
-hannamw/EAP-IG's ``eap-ig-inputs``; one step is EAP). The steps of a row are rows of one
-batch, as many as ``max_bytes`` allows.
+hannamw/EAP-IG's ``eap-ig-inputs``; one step is EAP), a row's steps in one batch.
 
 One plain backward pass gives the gradient at each layer's ``hook_q/k/v`` (per head), at the
 MLP's input and at ``ln_final``'s input. Head ``h``'s q input reaches the metric only through
@@ -261,9 +260,8 @@ def gradient_scores(
     fixed: Sequence = (),
 ) -> Float[Tensor, " edge"]:
     """The estimated change of the metric's dataset mean from patching each edge (graph order);
-    ``steps=0``: EAP, else EAP-IG with ``steps`` points. A pass holds ``max_rows`` (or as many
-    as ``max_bytes`` allows) of the task's rows times steps, row by row, each row's steps
-    together; the numbers do not depend on the split."""
+    ``steps=0``: EAP, else EAP-IG with ``steps`` points, in :func:`gradient_points`' passes;
+    the numbers do not depend on the split."""
     for name, _ in fixed:
         if re.fullmatch(r"blocks\.\d+\.ln1\..*", name):
             raise ValueError(
