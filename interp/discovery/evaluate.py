@@ -66,11 +66,8 @@ def ranked_edges(scores: pd.DataFrame, graph: EdgeGraph) -> list[str]:
             "some edge scores are NaN (the clean and corrupted metrics are too close to divide "
             "by): choose a task whose clean and corrupted runs differ"
         )
-    order = {e: i for i, e in enumerate(graph.edge_names)}
-    frame = pd.DataFrame({"edge": scores["edge"], "abs": scores["score"].abs().to_numpy()})
-    frame["order"] = frame["edge"].map(order)
-    frame = frame.sort_values(["abs", "order"], ascending=[False, True], kind="stable")
-    return list(frame["edge"])
+    size = dict(zip(scores["edge"], scores["score"].abs(), strict=True))
+    return sorted(graph.edge_names, key=lambda edge: -size[edge])  # stable: ties in graph order
 
 
 def curve_sizes(n_total: int) -> list[int]:
