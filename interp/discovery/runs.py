@@ -1,5 +1,5 @@
-"""Writers' outputs and batched runs with sets of edges patched: what ``exact`` scoring (and
-later circuit evaluation) is built on.
+"""Writers' outputs and batched runs with sets of edges patched: what ``exact`` scoring is
+built on, and the start every discovery method shares (:func:`task_inputs`).
 
 A *run* is a set of edges ``(writer, reader)``. It is the corrupted run of every task row with
 each edge's reader given ``clean - corrupted`` of the writer's output (the two unpatched runs'
