@@ -239,8 +239,8 @@ def _reader_groups(graph: EdgeGraph) -> tuple[dict, Tensor, Tensor]:
             raise AssertionError(f"{r}'s writers are not a prefix of the graph's writers")
         n_sources[reader_index[r]] += 1
     groups: dict = {}
-    for r in graph.readers:
-        groups.setdefault(r.layer, []).append(reader_index[r])
+    for i, r in enumerate(graph.readers):
+        groups.setdefault(r.layer, []).append(i)
     src = torch.tensor([writer_index[w] for w, _ in graph.edges])
     dst = torch.tensor([reader_index[r] for _, r in graph.edges])
     return groups, torch.tensor(n_sources), torch.stack([src, dst])

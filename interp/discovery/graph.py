@@ -171,9 +171,8 @@ class EdgeGraph:
 
 def edge_count(model_or_config) -> int:
     """The number of edges of a model's (or a config's) graph."""
-    if hasattr(model_or_config, "hook_dict"):
-        return len(EdgeGraph.from_model(model_or_config))
-    return len(EdgeGraph.from_config(model_or_config))
+    loaded = hasattr(model_or_config, "hook_dict")
+    return len((EdgeGraph.from_model if loaded else EdgeGraph.from_config)(model_or_config))
 
 
 def __getattr__(name: str):

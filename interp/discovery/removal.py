@@ -132,9 +132,7 @@ def _pass_hooks(model, ablated, masks, groups, fill, *, n_runs: int, n: int, che
     buffer = torch.zeros(n_runs * n, n_pos, d_model, widest, device=device, dtype=dtype)
     diffs = torch.zeros(n_runs, n, n_pos, d_model, n_writers, device=device, dtype=dtype)
     additions = []
-    for mask, readers in zip(masks, fill, strict=True):
-        if mask is None:
-            continue
+    for mask, readers in zip(masks, fill, strict=True):  # no readers: no mask
         for j, reader in enumerate(readers):
             for p in torch.nonzero(mask[:, :, j].any(dim=1)).flatten().tolist():
                 rows = slice(p * n, (p + 1) * n)
