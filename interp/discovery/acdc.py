@@ -37,13 +37,12 @@ from interp.discovery.graph import EdgeGraph, Reader, edge_frame
 from interp.discovery.removal import removed_metrics
 from interp.discovery.runs import (
     _undefined,
-    check_arguments,
     dataset_mean,
     deltas_bytes,
     task_inputs,
     writer_outputs,
 )
-from interp.engine import check_eval, run_logits
+from interp.engine import run_logits
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["acdc", "acdc_order", "prune", "ACDC_COLUMNS", "WINDOW"]
@@ -76,12 +75,8 @@ def prune(
     metric with nothing removed; ``span``: ``C - K``. Returns ``(removed edges in the order
     removed, {edge: score}, the final state's metric, calls of measure, states measured)``.
     """
-    removed: list = []
-    current = float(start)
-    scores: dict = {}
-    guess: dict = {}  # edge -> guessed "removed"; untried edges are guessed removed
-    calls = states = 0
-    done = 0
+    removed, scores, guess = [], {}, {}  # guess: edge -> "removed"; untried edges guessed so
+    current, calls, states, done = float(start), 0, 0, 0
     bar = tqdm(total=len(order), desc="acdc", unit="edge", disable=not progress)
     while done < len(order):
         todo = list(order[done : done + window])
@@ -113,15 +108,6 @@ def prune(
     return removed, scores, current, calls, states
 
 
-def _check_threshold(threshold) -> float:
-    number = not isinstance(threshold, bool) and isinstance(threshold, (int, float))
-    if not number or math.isnan(threshold) or threshold < 0:
-        raise ValueError(
-            f"threshold must be a number >= 0 (a fraction of clean - corrupted), got {threshold!r}"
-        )
-    return float(threshold)
-
-
 def acdc(
     model,
     task: Task | TaskTokens,
@@ -147,14 +133,16 @@ def acdc(
     ``corrupted_metric``, ``circuit_metric`` (the final state's mean), ``method``,
     ``threshold``, ``n_rows``, ``calls`` (batched calls) and ``runs`` (states measured).
     """
-    check_eval(model)
-    threshold = _check_threshold(threshold)
-    check_arguments(metric, max_rows, max_bytes)
-    graph, batch, task_metric = task_inputs(model, task, metric)
-    device = model.cfg.device
+    number = not isinstance(threshold, bool) and isinstance(threshold, (int, float))
+    if not number or math.isnan(threshold) or threshold < 0:
+        raise ValueError(
+            f"threshold must be a number >= 0 (a fraction of clean - corrupted), got {threshold!r}"
+        )
+    threshold = float(threshold)
+    graph, batch, task_metric = task_inputs(model, task, metric, max_rows, max_bytes)
     with torch.no_grad():
-        c = dataset_mean(task_metric, run_logits(model, batch.clean.to(device)))
-        corrupted, corrupt_logits = writer_outputs(model, batch.corrupted.to(device), graph)
+        c = dataset_mean(task_metric, run_logits(model, batch.clean.to(model.cfg.device)))
+        corrupted, corrupt_logits = writer_outputs(model, batch.corrupted, graph)
         k = dataset_mean(task_metric, corrupt_logits)
     del corrupt_logits
     if _undefined(c, k):
@@ -162,34 +150,20 @@ def acdc(
             f"the clean and corrupted metrics ({c:.6g}, {k:.6g}) are too close to divide by; "
             "ACDC's threshold is a fraction of their difference: use a task whose runs differ"
         )
-    held = deltas_bytes(model, graph, batch)
+    budget = dict(max_rows=max_rows, max_bytes=max_bytes, held=deltas_bytes(model, graph, batch))
 
-    def measure(states: list[list[Edge]]) -> list[float]:
-        with torch.no_grad():
-            values = removed_metrics(
-                model, batch, task_metric, corrupted, states, graph,
-                max_rows=max_rows, max_bytes=max_bytes, held=held,
-            )  # fmt: skip
+    def measure(states: list[list[Edge]]) -> list[float]:  # the engine's passes take no grad
+        values = removed_metrics(model, batch, task_metric, corrupted, states, graph, **budget)
         return values.double().mean(dim=1).tolist()
 
     removed, scores, final, calls, runs = prune(
         acdc_order(graph), measure, c, c - k, threshold, window=WINDOW, progress=progress
     )
-    gone = set(removed)
     frame = edge_frame(
-        graph.edges,
-        [scores[e] for e in graph.edges],
-        dict(
-            clean_metric=c,
-            corrupted_metric=k,
-            circuit_metric=final,
-            method="acdc",
-            threshold=threshold,
-            n_rows=len(batch.clean),
-            calls=calls,
-            runs=runs,
-            recovered_undefined=False,
-        ),
-    )
+        graph.edges, [scores[e] for e in graph.edges], dict(clean_metric=c, corrupted_metric=k,
+        circuit_metric=final, method="acdc", threshold=threshold, n_rows=len(batch.clean),
+        calls=calls, runs=runs, recovered_undefined=False),
+    )  # fmt: skip
+    gone = set(removed)
     frame["in_circuit"] = [e not in gone for e in graph.edges]
     return frame

@@ -63,11 +63,10 @@ def discover_circuit(
         top_n: keep the ``top_n`` edges by ``|score|``.
         threshold: keep the edges with ``|score| >= threshold``.
         metric, ig_steps, max_rows, max_bytes, progress: as :func:`edge_scores`.
-        executor: scored methods over a :class:`interp.Task`: run the scores in shards on an
+        executor: scored methods over a :class:`interp.Task`: the scores in shards on an
             executor (``"local"``, ``"ray"``, ``"slurm"`` or an
-            :class:`interp.foundation.executors.Sharding`;
-            :func:`interp.discovery.shards.sharded_edge_scores`), merged into the same scores
-            (float64 sums of the rows; docs/scale.md).
+            :class:`interp.foundation.executors.Sharding`), merged into the same scores
+            (float64 sums, :func:`interp.discovery.shards.sharded_edge_scores`; docs/scale.md).
 
     Returns a :class:`Circuit`: its edges in graph order, the method, the parameters and the
     score frame with an ``in_circuit`` column.
@@ -114,10 +113,8 @@ def circuit_from_scores(
     params: dict | None = None,
 ) -> Circuit:
     """The circuit a scored method keeps from an :func:`edge_scores` frame (rows in graph
-    order, as edge_scores and a merged ``interp discover --shard`` give them): the top
-    ``top_n`` edges by ``|score|`` (ties in graph order), or every edge with ``|score| >=
-    threshold``. ``params`` (e.g. the metric) are kept in the circuit, with top_n or threshold.
-    """
+    order, as edge_scores and a merged ``interp discover --shard`` give them; module docstring).
+    ``params`` (e.g. the metric) are kept in the circuit, with top_n or threshold."""
     if (top_n is None) == (threshold is None):
         raise ValueError("pass exactly one of top_n (the number of edges) or threshold")
     order = tuple(scores["edge"])

@@ -26,13 +26,12 @@ from interp.discovery.graph import EdgeGraph
 from interp.discovery.removal import removed_metrics
 from interp.discovery.runs import (
     WriterOutputs,
-    check_arguments,
+    _undefined,
     deltas_bytes,
     task_inputs,
     writer_outputs,
 )
-from interp.discovery.scores import _undefined
-from interp.engine import check_eval, run_logits
+from interp.engine import run_logits
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["CircuitEvaluation", "evaluate_circuit", "CURVE_FRACTIONS", "ABLATIONS", "ranked_edges"]
@@ -45,9 +44,7 @@ ABLATIONS = ("patch", "mean", "zero")  # what a removed edge's reader gets
 class CircuitEvaluation:
     """Faithfulness of a circuit over a task (module docstring)."""
 
-    faithfulness: (
-        float  # (m(C) - m(empty)) / (m(M) - m(empty)) over dataset means; NaN when undefined
-    )
+    faithfulness: float  # (m(C) - m(empty)) / (m(M) - m(empty)), dataset means; NaN: undefined
     per_row: pd.DataFrame  # row, circuit_metric, empty_metric, model_metric, faithfulness
     curve: pd.DataFrame | None  # fraction, n_edges, faithfulness (MIB fractions)
     cpr: float | None  # area under the curve (trapezoid over fraction)
@@ -69,11 +66,8 @@ def ranked_edges(scores: pd.DataFrame, graph: EdgeGraph) -> list[str]:
             "some edge scores are NaN (the clean and corrupted metrics are too close to divide "
             "by): choose a task whose clean and corrupted runs differ"
         )
-    order = {e: i for i, e in enumerate(graph.edge_names)}
-    frame = pd.DataFrame({"edge": scores["edge"], "abs": scores["score"].abs().to_numpy()})
-    frame["order"] = frame["edge"].map(order)
-    frame = frame.sort_values(["abs", "order"], ascending=[False, True], kind="stable")
-    return list(frame["edge"])
+    size = dict(zip(scores["edge"], scores["score"].abs(), strict=True))
+    return sorted(graph.edge_names, key=lambda edge: -size[edge])  # stable: ties in graph order
 
 
 def curve_sizes(n_total: int) -> list[int]:
@@ -98,11 +92,9 @@ def _edge_list(edges, graph: EdgeGraph) -> list[str]:
 
 
 def _ablated(model, batch: TaskTokens, graph: EdgeGraph, ablation: str) -> WriterOutputs:
-    device = model.cfg.device
     if ablation == "patch":
-        return writer_outputs(model, batch.corrupted.to(device), graph)[0]
-    clean, _ = writer_outputs(model, batch.clean.to(device), graph)
-    n_rows, n_pos = batch.clean.shape
+        return writer_outputs(model, batch.corrupted, graph)[0]
+    clean, _ = writer_outputs(model, batch.clean, graph)
 
     def fixed(t: torch.Tensor) -> torch.Tensor:  # [rows pos (head) d] -> the same, broadcast
         if ablation == "zero":
@@ -200,11 +192,9 @@ def evaluate_circuit(
 
     Every circuit run, the curve's and the empty circuit's, shares batched passes.
     """
-    check_eval(model)
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
-    check_arguments(metric, max_rows, max_bytes)
-    graph, batch, task_metric = task_inputs(model, task, metric)
+    graph, batch, task_metric = task_inputs(model, task, metric, max_rows, max_bytes)
     chosen = _edge_list(edges, graph)
     scores = getattr(edges, "scores", None) if scores is None else scores
     ranked = None if scores is None else ranked_edges(scores, graph)

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from interp.discovery.gradients import _rows_at_once, gradient_points, step_sums
+from interp.discovery.gradients import gradient_points, step_sums
 from interp.discovery.graph import EdgeGraph, Reader
 from interp.tasks import TaskMetric, TaskTokens
 
@@ -130,22 +130,18 @@ def feature_tables(
     feature_sums = torch.zeros(len(readers), len(deltas.active), dtype=torch.float64)
     error_sums = torch.zeros(len(readers), dtype=torch.float64)
     upstream = deltas.writers is not None
-    if upstream:
-        up_sums = torch.zeros(deltas.writers.shape[0], sae.d_sae, dtype=torch.float64)
-        up_total = torch.zeros(deltas.writers.shape[0], dtype=torch.float64)
-    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
+    n_up = deltas.writers.shape[0] if upstream else 0
+    up_sums = torch.zeros(n_up, sae.d_sae, dtype=torch.float64)
+    up_total = torch.zeros(n_up, dtype=torch.float64)
     n_steps = max(1, steps)
-    total = n_rows * n_steps
-    chunk = _rows_at_once(model, graph, total, n_pos, max_rows, max_bytes, held)
-    streams: list[Tensor] = []
-
-    def record(x: Tensor, hook) -> None:
-        streams.append(x.detach())
-
-    fixed = [(f"blocks.{layer}.ln1.hook_in", record)] if upstream else []
+    total = len(batch.corrupted) * n_steps
+    streams: list[Tensor] = []  # the SAE's stream at each pass (upstream)
+    record = (f"blocks.{layer}.ln1.hook_in", lambda x, hook: streams.append(x.detach()))
+    fixed = [record] if upstream else []
     points = gradient_points(
-        model, batch, metric, graph, deltas.embed, steps=steps, chunk=chunk, fixed=fixed
-    )
+        model, batch, metric, graph, deltas.embed, steps=steps, max_rows=max_rows,
+        max_bytes=max_bytes, held=held, fixed=fixed,
+    )  # fmt: skip
     for rows, local, gradients in points:
         first, last = rows.start, rows.stop
         f_part = deltas.features[first:last].flatten(0, 1)  # [rows*pos active]
@@ -167,9 +163,5 @@ def feature_tables(
             table, dot = _upstream(sae, streams.pop(), G, dw)
             up_sums += table
             up_total += dot
-    if not upstream:
-        return FeatureTables(readers, feature_sums / total, error_sums / total, None, None)
-    up_error = up_total - up_sums.sum(1)
-    return FeatureTables(
-        readers, feature_sums / total, error_sums / total, up_sums / total, up_error / total
-    )
+    up = (up_sums / total, (up_total - up_sums.sum(1)) / total) if upstream else (None, None)
+    return FeatureTables(readers, feature_sums / total, error_sums / total, *up)

@@ -1,23 +1,18 @@
 """SAE features as writers in the discovery graph: ``feature_edge_scores`` scores the edges from
 each feature of a sparse autoencoder (and its reconstruction error) to every reader after it,
-by EAP or EAP-IG, as in sparse feature circuits (Marks et al. 2024); docs/discovery.md.
+by EAP or EAP-IG, as in sparse feature circuits (Marks et al. 2024); docs/discovery.md, "SAE
+features in the graph".
 
-For an SAE at ``blocks.L.hook_resid_pre`` the residual stream there is, on every run,
-``x = sum_j f_j W_dec[j] + b_dec + error`` with ``f = sae.encode(x)`` and
-``error = x - sae(x)``. Its writers are named
-
-- ``SAE{L}.F{j}``: feature ``j`` (its change ``(f_j,clean - f_j,corrupted) W_dec[j]``);
-- ``SAE{L}.error``: the reconstruction error (its change ``error_clean - error_corrupted``);
-
-and each feeds every reader at layer ``L`` or later, and ``logits``. ``b_dec`` is equal in the
-two runs, so it is no node. An edge scores ``sum_pos change . dm/d(reader input)``, averaged
-over rows, divided by ``C - K``: :func:`interp.discovery.scores.edge_scores`' ``eap`` and
-``eap-ig`` with the same gradients (:func:`interp.discovery.gradients.reader_gradients`).
-Since the changes sum to ``x``'s change, which is the sum of the changes of the graph's writers
-before layer ``L``, a reader's feature edges plus its error edge sum to its edges from those
-writers (tested). With ``upstream``, each of those writers also gets an edge into each feature
-(through the encoder's local gradient) and into the error; they sum to the writer's edges into
-every reader at layer ``L`` or later (:mod:`interp.discovery.feature_gradients`).
+For an SAE at ``blocks.L.hook_resid_pre`` the stream there is, on every run,
+``x = sum_j f_j W_dec[j] + b_dec + error`` (``f = sae.encode(x)``, ``error = x - sae(x)``).
+Its writers are ``SAE{L}.F{j}`` (change ``(f_j,clean - f_j,corrupted) W_dec[j]``) and
+``SAE{L}.error`` (change ``error_clean - error_corrupted``), each feeding every reader at layer
+``L`` or later and ``logits`` (``b_dec`` is equal in the two runs: no node). An edge scores
+:func:`interp.discovery.scores.edge_scores`' ``eap`` / ``eap-ig`` with the same gradients
+(:func:`interp.discovery.gradients.reader_gradients`). The changes sum to ``x``'s, the sum of
+the changes of the graph's writers before layer ``L``, so a reader's feature and error edges
+sum to its edges from those writers (tested); ``upstream`` edges into the features:
+:mod:`interp.discovery.feature_gradients`.
 """
 
 from __future__ import annotations
@@ -33,8 +28,8 @@ from torch import Tensor
 from interp.dictionaries.core import decoder_flag
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
 from interp.discovery.graph import EdgeGraph, edge_frame
-from interp.discovery.runs import _undefined, check_arguments, dataset_mean, task_inputs
-from interp.engine import check_eval, run_cached
+from interp.discovery.runs import _undefined, dataset_mean, task_inputs
+from interp.engine import run_cached
 from interp.engine.estimates import _itemsize
 from interp.tasks import Task, TaskTokens
 
@@ -104,10 +99,8 @@ def _feature_deltas(
 ) -> tuple[float, float, FeatureDeltas]:
     """``(C, K, clean minus corrupted)``: the clean and corrupted dataset means and the
     changes of the features that changed, the error and (``upstream``) the earlier writers."""
-    device = model.cfg.device
     runs = [
-        _decomposed(model, sae, tokens.to(device), graph, layer, upstream)
-        for tokens in (batch.clean, batch.corrupted)
+        _decomposed(model, sae, t, graph, layer, upstream) for t in (batch.clean, batch.corrupted)
     ]
     (embed_c, f_c, err_c, writers_c, logits_c), (embed_k, f_k, err_k, writers_k, logits_k) = runs
     c, k = dataset_mean(metric, logits_c), dataset_mean(metric, logits_k)
@@ -186,13 +179,12 @@ def feature_edge_scores(
     ``clean_metric``, ``corrupted_metric``, ``method``, ``n_rows``, ``recovered_undefined``,
     ``sae_layer``, ``active_features`` (how many changed).
     """
-    check_eval(model)
-    check_arguments(
-        metric, max_rows, max_bytes, method=method, methods=FEATURE_METHODS, ig_steps=ig_steps
-    )
+    graph, batch, task_metric = task_inputs(
+        model, task, metric, max_rows, max_bytes, method=method, methods=FEATURE_METHODS,
+        ig_steps=ig_steps,
+    )  # fmt: skip
     if top_features is not None and (not isinstance(top_features, int) or top_features < 0):
         raise ValueError(f"top_features must be a whole number >= 0, got {top_features!r}")
-    graph, batch, task_metric = task_inputs(model, task, metric)
     layer = sae_layer(model, sae)
     if sae.W_dec.device != torch.device(model.cfg.device):
         sae = copy.deepcopy(sae).to(model.cfg.device)

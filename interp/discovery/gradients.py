@@ -6,8 +6,7 @@ over rows here and averaged by the caller's mean; a reader's input is where
 :mod:`interp.discovery.inputs` delivers a change (exact patching's delivery). For EAP the
 gradient is taken on the corrupted run; for EAP-IG it is averaged over the runs whose input
 embeddings are ``corrupted + (k / steps) (clean - corrupted)``, ``k = 0 .. steps - 1`` (as
-hannamw/EAP-IG's ``eap-ig-inputs``; one step is EAP). The steps of a row are rows of one
-batch, as many as ``max_bytes`` allows.
+hannamw/EAP-IG's ``eap-ig-inputs``; one step is EAP), a row's steps in one batch.
 
 One plain backward pass gives the gradient at each layer's ``hook_q/k/v`` (per head), at the
 MLP's input and at ``ln_final``'s input. Head ``h``'s q input reaches the metric only through
@@ -37,28 +36,14 @@ from interp.tasks import TaskMetric, TaskTokens
 
 __all__ = ["gradient_scores", "reader_gradients", "gradient_points", "step_sums"]
 
-
-def _rows_at_once(model, graph, n_rows, n_pos, max_rows, max_bytes, held) -> int:
-    """Gradient points per pass: each keeps every reader's gradient twice beside its pass."""
-    kept = 2 * len(graph.readers) * n_pos * int(model.cfg.d_model) * _itemsize(model)
-    return backward_rows(
-        model, n_pos, n_rows=n_rows, max_bytes=max_bytes, max_rows=max_rows, held=held,
-        kept_per_row=kept,
-        what="one row's forward and backward pass with every reader's gradient",
-    )  # fmt: skip
+_FINAL = "ln_final.hook_in"  # the logits reader's input
 
 
-def _site_names(model, graph: EdgeGraph) -> tuple[list[list[str]], str]:
-    """Per layer the hooks whose gradient is taken (q, k, v, then the MLP's input), and the
-    logits reader's hook."""
-    shared = shared_norm(model)
-    layers = []
-    for layer in range(graph.n_layers):
-        names = [f"blocks.{layer}.attn.hook_{kind}" for kind in QKV]
-        if graph.mlps:
-            names.append(f"blocks.{layer}.{'mlp.hook_in' if shared else 'ln2.hook_in'}")
-        layers.append(names)
-    return layers, "ln_final.hook_in"
+def _site_names(model, graph: EdgeGraph) -> list[list[str]]:
+    """Per layer the hooks whose gradient is taken: q, k, v, then the MLP's input."""
+    mlp = ["mlp.hook_in" if shared_norm(model) else "ln2.hook_in"] if graph.mlps else []
+    kinds = [f"attn.hook_{kind}" for kind in QKV] + mlp
+    return [[f"blocks.{layer}.{kind}" for kind in kinds] for layer in range(graph.n_layers)]
 
 
 def _python_layernorm(norm) -> bool:
@@ -142,7 +127,7 @@ def reader_gradients(
     graph order (``layer`` None: the logits). ``embed_shift`` is added to the input embeddings,
     ``fixed`` raw hooks go first; ``weights``: ``W_Q``, ``W_K``, ``W_V`` if already read."""
     weights = weights or {kind: qkv_weights(model, kind)[0].detach() for kind in QKV}
-    layer_names, final = _site_names(model, graph)
+    layer_names = _site_names(model, graph)
     leaves: dict[str, Tensor] = {}
     inputs: dict[int, Tensor] = {}
 
@@ -160,12 +145,11 @@ def reader_gradients(
         return hook
 
     hooks = [(f"blocks.{layer}.ln1.hook_in", keep(layer)) for layer in range(graph.n_layers)]
-    hooks += [(name, site(name)) for names in layer_names for name in names]
-    hooks.append((final, site(final)))
+    order = [*(name for names in layer_names for name in names), _FINAL]
+    hooks += [(name, site(name)) for name in order]
     if embed_shift is not None:
         hooks.insert(0, ("blocks.0.hook_resid_pre", lambda act, hook: act + embed_shift))
     logits = run_logits(model, tokens, before=[*fixed, *hooks], grad=True)
-    order = [*(name for names in layer_names for name in names), final]
     found = torch.autograd.grad(
         metric(logits).sum(), [leaves[n] for n in order], allow_unused=True, materialize_grads=True
     )  # a reader nothing depends on (frozen patterns: q and k) has gradient zero
@@ -180,7 +164,7 @@ def reader_gradients(
         if graph.mlps and not shared:
             found = torch.cat([found, grads.pop(names[3]).unsqueeze(0)])
         yield layer, found.detach()
-    yield None, grads.pop(final).unsqueeze(0)
+    yield None, grads.pop(_FINAL).unsqueeze(0)
 
 
 def gradient_points(
@@ -191,16 +175,26 @@ def gradient_points(
     embed_delta: Float[Tensor, "rows pos d_model"],
     *,
     steps: int,
-    chunk: int,
+    max_rows: int | None,
+    max_bytes: int | str | None,
+    held: int,
     fixed: Sequence = (),
     weights: dict[str, Tensor] | None = None,
 ):
-    """The task's gradient points, ``chunk`` at a time (row-major: a row's ``max(1, steps)``
-    points together): yields ``(rows, local, gradients)``, ``rows`` the slice of task rows a
-    chunk covers, ``local`` each point's row in it, ``gradients`` :func:`reader_gradients`' at
-    the points (EAP-IG's point ``k`` of a row: ``k / steps`` of ``embed_delta`` added)."""
+    """The task's gradient points, as many per pass as ``max_rows`` / ``max_bytes`` (less
+    ``held``) allow, each keeping every reader's gradient twice beside its pass (row-major: a
+    row's ``max(1, steps)`` points together): yields ``(rows, local, gradients)``, ``rows`` the
+    slice of task rows a pass covers, ``local`` each point's row in it, ``gradients``
+    :func:`reader_gradients`' at the points (EAP-IG's point ``k`` of a row: ``k / steps`` of
+    ``embed_delta`` added)."""
     n_steps = max(1, steps)
-    total = int(batch.corrupted.shape[0]) * n_steps
+    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
+    total = n_rows * n_steps
+    kept = 2 * len(graph.readers) * n_pos * int(model.cfg.d_model) * _itemsize(model)
+    chunk = backward_rows(
+        model, n_pos, n_rows=total, max_bytes=max_bytes, max_rows=max_rows, held=held,
+        kept_per_row=kept, what="one row's forward and backward pass with every reader's gradient",
+    )  # fmt: skip
     tokens = batch.corrupted.to(model.cfg.device)
     for lo in range(0, total, chunk):
         task_rows = torch.arange(lo, min(lo + chunk, total)) // n_steps
@@ -245,8 +239,8 @@ def _reader_groups(graph: EdgeGraph) -> tuple[dict, Tensor, Tensor]:
             raise AssertionError(f"{r}'s writers are not a prefix of the graph's writers")
         n_sources[reader_index[r]] += 1
     groups: dict = {}
-    for r in graph.readers:
-        groups.setdefault(r.layer, []).append(reader_index[r])
+    for i, r in enumerate(graph.readers):
+        groups.setdefault(r.layer, []).append(i)
     src = torch.tensor([writer_index[w] for w, _ in graph.edges])
     dst = torch.tensor([reader_index[r] for _, r in graph.edges])
     return groups, torch.tensor(n_sources), torch.stack([src, dst])
@@ -266,24 +260,21 @@ def gradient_scores(
     fixed: Sequence = (),
 ) -> Float[Tensor, " edge"]:
     """The estimated change of the metric's dataset mean from patching each edge (graph order);
-    ``steps=0``: EAP, else EAP-IG with ``steps`` points. A pass holds ``max_rows`` (or as many
-    as ``max_bytes`` allows) of the task's rows times steps, row by row, each row's steps
-    together; the numbers do not depend on the split."""
+    ``steps=0``: EAP, else EAP-IG with ``steps`` points, in :func:`gradient_points`' passes;
+    the numbers do not depend on the split."""
     for name, _ in fixed:
         if re.fullmatch(r"blocks\.\d+\.ln1\..*", name):
             raise ValueError(
                 f"an intervention at {name} is not seen by the q/k/v readers' gradients (ln1's "
                 "backward is taken apart from the run); use method='exact' for it"
             )
-    n_rows, n_pos = (int(d) for d in batch.corrupted.shape)
     n_steps = max(1, steps)
-    chunk = _rows_at_once(model, graph, n_rows * n_steps, n_pos, max_rows, max_bytes, held)
     groups, n_sources, (src, dst) = _reader_groups(graph)
     table = torch.zeros(len(graph.writers), len(graph.readers), dtype=torch.float64)
     weights = {kind: qkv_weights(model, kind)[0].detach() for kind in QKV}
     points = gradient_points(
-        model, batch, metric, graph, deltas.embed, steps=steps, chunk=chunk, fixed=fixed,
-        weights=weights,
+        model, batch, metric, graph, deltas.embed, steps=steps, max_rows=max_rows,
+        max_bytes=max_bytes, held=held, fixed=fixed, weights=weights,
     )  # fmt: skip
     for rows, local, gradients in points:
         part = deltas.rows(rows.start, rows.stop)
@@ -295,4 +286,4 @@ def gradient_scores(
             n = int(n_sources[readers].max())
             block = stacked[:n] @ grad.flatten(1).T  # [writer reader]
             table[:n, readers] += block.double().cpu()
-    return table[src, dst] / (n_rows * n_steps)
+    return table[src, dst] / (len(batch.corrupted) * n_steps)

@@ -17,7 +17,7 @@ anything equal in the clean and corrupted runs, are not nodes. GPT-2 small has 3
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import pandas as pd
@@ -114,10 +114,7 @@ class EdgeGraph:
     def from_model(cls, model) -> EdgeGraph:
         """From a loaded model (post-norms stay inside their writers: see runs.py)."""
         graph = cls.from_config(model.cfg)
-        has_mlps = "blocks.0.hook_mlp_out" in model.hook_dict
-        return cls(
-            graph.n_layers, graph.n_heads, graph.n_kv_heads, graph.mlps and has_mlps, graph.parallel
-        )
+        return replace(graph, mlps=graph.mlps and "blocks.0.hook_mlp_out" in model.hook_dict)
 
     @property
     def group(self) -> int:
@@ -180,9 +177,8 @@ class EdgeGraph:
 
 def edge_count(model_or_config) -> int:
     """The number of edges of a model's (or a config's) graph."""
-    if hasattr(model_or_config, "hook_dict"):
-        return len(EdgeGraph.from_model(model_or_config))
-    return len(EdgeGraph.from_config(model_or_config))
+    loaded = hasattr(model_or_config, "hook_dict")
+    return len((EdgeGraph.from_model if loaded else EdgeGraph.from_config)(model_or_config))
 
 
 __getattr__ = moved(__name__, {"Graph": "interp.discovery.graph:EdgeGraph"})

@@ -44,11 +44,6 @@ def shared_norm(model) -> bool:
     )
 
 
-def _rows_of(addition: Addition) -> int:
-    """The batch rows an addition applies to."""
-    return int(addition[2].shape[0])
-
-
 def _hook_of(reader: Reader, shared: bool) -> str:
     """The hook where ``reader``'s input is moved."""
     if reader.kind == "logits":
@@ -93,12 +88,12 @@ class _Norms:
         start = 0
         while start < len(items):
             stop, rows = start, 0
-            while stop < len(items) and (stop == start or rows + _rows_of(items[stop]) <= len(x)):
-                rows += _rows_of(items[stop])
+            while stop < len(items) and (stop == start or rows + len(items[stop][2]) <= len(x)):
+                rows += len(items[stop][2])
                 stop += 1
             group = items[start:stop]
             shifted = self.ln1(layer, torch.cat([x[r] + d for _, r, d in group]))
-            parts = shifted.split([_rows_of(item) for item in group])
+            parts = shifted.split([len(d) for _, _, d in group])
             changes += [part - base[r] for part, (_, r, _) in zip(parts, group, strict=True)]
             start = stop
         return changes

@@ -17,6 +17,7 @@ heads, a layer's MLP) fires, the readers whose writers are now complete get
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 import torch
 from jaxtyping import Float
@@ -126,23 +127,18 @@ def _pass_hooks(model, ablated, masks, groups, fill, *, n_runs: int, n: int, che
     group's readers have read theirs before the next group fills)."""
     n_pos, d_model = int(ablated.embed.shape[1]), int(model.cfg.d_model)
     device, dtype = model.cfg.device, ablated.embed.dtype
-    n_writers = masks[-1].shape[1] if masks[-1] is not None else sum(len(g[3]) for g in groups)
-    widest = max(len(f) for f in fill)
+    starts = [0, *accumulate(len(writers) for _, _, _, writers in groups)]
+    n_writers, widest = starts[-1], max(len(f) for f in fill)
     buffer = torch.zeros(n_runs * n, n_pos, d_model, widest, device=device, dtype=dtype)
     diffs = torch.zeros(n_runs, n, n_pos, d_model, n_writers, device=device, dtype=dtype)
     additions = []
-    for mask, readers in zip(masks, fill, strict=True):
-        if mask is None:
-            continue
+    for mask, readers in zip(masks, fill, strict=True):  # no readers: no mask
         for j, reader in enumerate(readers):
             for p in torch.nonzero(mask[:, :, j].any(dim=1)).flatten().tolist():
                 rows = slice(p * n, (p + 1) * n)
                 additions.append((reader, rows, buffer[rows, :, :, j]))
     masks = [None if m is None else m.to(device=device, dtype=dtype) for m in masks]
     W_O = model.W_O
-    starts = [0]
-    for _, _, _, writers in groups:
-        starts.append(starts[-1] + len(writers))
     # post-norms (Gemma 2): a head's live output is z W_O through the norm with this run's scale,
     # as in interp.discovery.runs.writer_outputs; z waits for the scale, which fires later
     weights = {

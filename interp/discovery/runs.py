@@ -1,5 +1,5 @@
-"""Writers' outputs and batched runs with sets of edges patched: what ``exact`` scoring (and
-later circuit evaluation) is built on.
+"""Writers' outputs and batched runs with sets of edges patched: what ``exact`` scoring is
+built on, and the start every discovery method shares (:func:`task_inputs`).
 
 A *run* is a set of edges ``(writer, reader)``. It is the corrupted run of every task row with
 each edge's reader given ``clean - corrupted`` of the writer's output (the two unpatched runs'
@@ -10,7 +10,6 @@ a forward pass, each a block of rows; rows split freely under ``max_bytes``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ from torch import Tensor
 
 from interp.discovery.graph import EdgeGraph, Reader
 from interp.discovery.inputs import reader_hooks
-from interp.engine import RowMetricFn, run_cached, run_patched
+from interp.engine import RowMetricFn, check_eval, run_cached, run_patched
 from interp.engine.estimates import _itemsize
 from interp.models.norms import POST_NORMS, effective_weight, is_rms, param, post_norm
 from interp.tasks import Task, TaskMetric, TaskTokens
@@ -29,9 +28,7 @@ __all__ = [
     "WriterOutputs",
     "writer_outputs",
     "patched_metrics",
-    "parse_writer",
     "deltas_bytes",
-    "check_arguments",
     "row_metric",
     "dataset_mean",
     "task_inputs",
@@ -39,7 +36,6 @@ __all__ = [
 
 METRICS = ("logit_diff", "prob_diff")  # the task metrics discovery reads
 POST_NORM_RTOL = 1e-4  # float32: the heads' post-normed outputs against the model's attn output
-_WRITER = re.compile(r"^(?:embed|L(\d+)H(\d+)|MLP(\d+))$")
 
 
 def _undefined(c: float, k: float) -> bool:
@@ -52,40 +48,6 @@ def dataset_mean(metric: TaskMetric, logits: Tensor) -> float:
     return float(metric(logits).double().mean())
 
 
-def check_arguments(
-    metric: str,
-    max_rows,
-    max_bytes,
-    *,
-    method: str | None = None,
-    methods: Sequence[str] = (),
-    ig_steps=None,
-) -> None:
-    """The checks every discovery entry point makes of its arguments, each a one-line
-    ValueError: ``method`` among ``methods``, ``metric`` among :data:`METRICS`, ``ig_steps``
-    a whole number >= 1 for eap-ig, and not both ``max_rows`` and ``max_bytes``."""
-    if method is not None and method not in methods:
-        raise ValueError(f"method must be one of {', '.join(methods)}, got {method!r}")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    if method == "eap-ig" and (not isinstance(ig_steps, int) or ig_steps < 1):
-        raise ValueError(f"ig_steps must be a whole number >= 1, got {ig_steps!r}")
-    if max_rows is not None and max_bytes is not None:
-        raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
-
-
-def parse_writer(name: str) -> tuple[str, int | None, int | None]:
-    """``("embed", None, None)``, ``("head", l, h)`` or ``("mlp", l, None)``."""
-    found = _WRITER.match(name)
-    if found is None:
-        raise ValueError(f"a writer is 'embed', 'L{{l}}H{{h}}' or 'MLP{{l}}', got {name!r}")
-    if found.group(1) is not None:
-        return "head", int(found.group(1)), int(found.group(2))
-    if found.group(3) is not None:
-        return "mlp", int(found.group(3)), None
-    return "embed", None, None
-
-
 @dataclass(frozen=True)
 class WriterOutputs:
     """Every writer's output over the rows of one run: ``embed`` ``[rows pos d_model]``, the
@@ -96,12 +58,13 @@ class WriterOutputs:
     mlps: tuple[Tensor, ...]
 
     def __getitem__(self, writer: str) -> Float[Tensor, "rows pos d_model"]:
-        kind, layer, head = parse_writer(writer)
-        if kind == "embed":
+        """A writer's output by its graph name: ``embed``, ``L{l}H{h}`` or ``MLP{l}``."""
+        if writer == "embed":
             return self.embed
-        if kind == "head":
-            return self.heads[layer][:, :, head]
-        return self.mlps[layer]
+        if writer.startswith("MLP"):
+            return self.mlps[int(writer[3:])]
+        layer, head = writer[1:].split("H")
+        return self.heads[int(layer)][:, :, int(head)]
 
     def map(self, fn, *others: WriterOutputs) -> WriterOutputs:
         """``fn`` of each tensor and the tensors in the same place of ``others``."""
@@ -188,9 +151,30 @@ def deltas_bytes(model, graph: EdgeGraph, batch: TaskTokens) -> int:
 
 
 def task_inputs(
-    model, task: Task | TaskTokens, metric: str
+    model,
+    task: Task | TaskTokens,
+    metric: str,
+    max_rows,
+    max_bytes,
+    *,
+    method: str | None = None,
+    methods: Sequence[str] = (),
+    ig_steps=None,
 ) -> tuple[EdgeGraph, TaskTokens, TaskMetric]:
-    """The model's graph, the task's token rows and its metric: where every method starts."""
+    """The model's graph, the task's token rows and its metric: where every method starts,
+    after the checks every discovery entry point makes before any pass, each a one-line
+    ValueError: the model in eval mode, ``method`` among ``methods``, ``metric`` among
+    :data:`METRICS`, ``ig_steps`` a whole number >= 1 for eap-ig, and not both ``max_rows`` and
+    ``max_bytes``."""
+    check_eval(model)
+    if method is not None and method not in methods:
+        raise ValueError(f"method must be one of {', '.join(methods)}, got {method!r}")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if method == "eap-ig" and (not isinstance(ig_steps, int) or ig_steps < 1):
+        raise ValueError(f"ig_steps must be a whole number >= 1, got {ig_steps!r}")
+    if max_rows is not None and max_bytes is not None:
+        raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
     batch = task.tokens(model) if isinstance(task, Task) else task
     return EdgeGraph.from_model(model), batch, batch.metric(metric)
 

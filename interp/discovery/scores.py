@@ -28,14 +28,13 @@ from interp.discovery.gradients import gradient_scores
 from interp.discovery.graph import EdgeGraph, edge_frame
 from interp.discovery.runs import (
     _undefined,
-    check_arguments,
     dataset_mean,
     deltas_bytes,
     patched_metrics,
     task_inputs,
     writer_outputs,
 )
-from interp.engine import HookFn, check_eval
+from interp.engine import HookFn
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["edge_scores", "edge_changes", "METHODS", "SCORED_METHODS", "SCORE_COLUMNS"]
@@ -79,7 +78,6 @@ def edge_scores(
     ``corrupted_metric`` (dataset means), ``method``, ``n_rows``, ``recovered_undefined``
     (scores are NaN when the two means are too close to divide by).
     """
-    check_eval(model)
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     if (method == "acdc") != (threshold is not None):
@@ -87,17 +85,14 @@ def edge_scores(
             "pass threshold with method 'acdc' (the score below which it prunes an edge), and "
             "only with it"
         )
+    if method == "acdc" and interventions:
+        raise ValueError("method 'acdc' takes no interventions; use 'exact', 'eap' or 'eap-ig'")
+    budget = dict(metric=metric, max_rows=max_rows, max_bytes=max_bytes, progress=progress)
     if method == "acdc":
-        if interventions:
-            raise ValueError("method 'acdc' takes no interventions; use 'exact', 'eap' or 'eap-ig'")
-        return acdc(
-            model, task, threshold=threshold, metric=metric,
-            max_rows=max_rows, max_bytes=max_bytes, progress=progress,
-        )  # fmt: skip
+        return acdc(model, task, threshold=threshold, **budget)
     graph, change, c, k, n_rows = edge_changes(
-        model, task, method, metric=metric, ig_steps=ig_steps, max_rows=max_rows,
-        max_bytes=max_bytes, progress=progress, interventions=interventions,
-    )  # fmt: skip
+        model, task, method, ig_steps=ig_steps, interventions=interventions, **budget
+    )
     undefined = _undefined(c, k)
     score = torch.full_like(change, math.nan) if undefined else change / (c - k)
     return edge_frame(
@@ -123,47 +118,27 @@ def edge_changes(
     eap-ig: its estimate), ``C`` and ``K`` the clean and corrupted dataset means. Means over
     rows, so shards of a task combine by their row counts (:mod:`interp.discovery.shards`).
     Arguments as :func:`edge_scores` (``method`` one of :data:`SCORED_METHODS`)."""
-    check_eval(model)
-    check_arguments(
-        metric, max_rows, max_bytes, method=method, methods=SCORED_METHODS, ig_steps=ig_steps
-    )
-    graph, batch, task_metric = task_inputs(model, task, metric)
-    device = model.cfg.device
-    clean_tokens, corrupt_tokens = batch.clean.to(device), batch.corrupted.to(device)
-    clean_out, clean_logits = writer_outputs(model, clean_tokens, graph, interventions)
-    corrupt_out, corrupt_logits = writer_outputs(model, corrupt_tokens, graph, interventions)
+    graph, batch, task_metric = task_inputs(
+        model, task, metric, max_rows, max_bytes, method=method, methods=SCORED_METHODS,
+        ig_steps=ig_steps,
+    )  # fmt: skip
+    clean_out, clean_logits = writer_outputs(model, batch.clean, graph, interventions)
+    corrupt_out, corrupt_logits = writer_outputs(model, batch.corrupted, graph, interventions)
     c, k = dataset_mean(task_metric, clean_logits), dataset_mean(task_metric, corrupt_logits)
     del clean_logits, corrupt_logits
     deltas = clean_out - corrupt_out
     del clean_out, corrupt_out
-    held = deltas_bytes(model, graph, batch)
+    budget = dict(max_rows=max_rows, max_bytes=max_bytes, held=deltas_bytes(model, graph, batch))
     if method == "exact":
-        runs = [[edge] for edge in graph.edges]
         values = patched_metrics(
-            model,
-            batch,
-            task_metric,
-            deltas,
-            runs,
-            max_rows=max_rows,
-            max_bytes=max_bytes,
-            held=held,
-            progress=progress,
-            fixed=interventions,
-        )
+            model, batch, task_metric, deltas, [[edge] for edge in graph.edges],
+            progress=progress, fixed=interventions, **budget,
+        )  # fmt: skip
         change = values.double().mean(dim=1) - k
     else:
         with torch.enable_grad():  # also under a caller's torch.no_grad() or set_grad_enabled
+            steps = ig_steps if method == "eap-ig" else 0
             change = gradient_scores(
-                model,
-                batch,
-                task_metric,
-                graph,
-                deltas,
-                steps=ig_steps if method == "eap-ig" else 0,
-                max_rows=max_rows,
-                max_bytes=max_bytes,
-                held=held,
-                fixed=interventions,
+                model, batch, task_metric, graph, deltas, steps=steps, fixed=interventions, **budget
             )
     return graph, change, c, k, len(batch.clean)

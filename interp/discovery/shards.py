@@ -83,28 +83,22 @@ def discovery_partial_sums(
     }
 
 
-def _checked(parts: Sequence[dict]) -> int:
-    """The number of rows the shards cover; a ValueError naming what does not fit."""
-    settings = check_one_run(parts, DISCOVER_FORMAT, "discover", "one task and method")
-    for number, part in enumerate(parts[1:], start=2):
-        if part["edges"] != parts[0]["edges"]:
-            raise ValueError(f"partial {number} scores other edges than partial 1 (another model)")
-    check_shards(parts, settings["shards"])
-    return sum(len(p["rows"]) for p in parts)
-
-
 def merge_discovery_sums(parts: Sequence[dict]) -> pd.DataFrame:
     """The :func:`interp.discovery.scores.edge_scores` frame of the whole task from the
     partial sums of every shard: ``edge, source, target, score`` in graph order; ``attrs``:
     ``clean_metric``, ``corrupted_metric``, ``method``, ``n_rows``, ``recovered_undefined``
-    (as edge_scores) and ``shards``."""
-    n = _checked(parts)
+    (as edge_scores) and ``shards``; a ValueError naming a partial that does not fit."""
+    settings = check_one_run(parts, DISCOVER_FORMAT, "discover", "one task and method")
     edges = parts[0]["edges"]
+    for number, part in enumerate(parts[1:], start=2):
+        if part["edges"] != edges:
+            raise ValueError(f"partial {number} scores other edges than partial 1 (another model)")
+    check_shards(parts, settings["shards"])
+    n = sum(len(p["rows"]) for p in parts)
     sums = [math.fsum(p["sum"][e] for p in parts) for e in range(len(edges))]
     c = math.fsum(p["clean_sum"] for p in parts) / n
     k = math.fsum(p["corrupted_sum"] for p in parts) / n
     undefined = _undefined(c, k)
-    settings = parts[0]["settings"]
     return edge_frame(
         [split_edge(e) for e in edges], [math.nan if undefined else s / n / (c - k) for s in sums],
         dict(clean_metric=c, corrupted_metric=k, method=settings["method"], n_rows=n,
