@@ -26,8 +26,6 @@ deviation of the estimate and the largest peak over a budget.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -66,39 +64,21 @@ def _model(spec: dict):
 
 
 def _transcoders(model, kind: str):
-    import torch
+    from benchmarks.memory_child import random_transcoders
 
-    from interp.transcoders.transcoder import TranscoderSet
-
-    n, d = N_LAYERS, int(model.cfg.d_model)
-    gen = torch.Generator().manual_seed(0)
-    z = torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - ACTIVE)).item()
-    cross = kind == "cross-layer"
-    W_dec = [
-        torch.randn(D_TC, n - lay, d, generator=gen) / D_TC**0.5
-        if cross
-        else torch.randn(D_TC, d, generator=gen) / D_TC**0.5
-        for lay in range(n)
-    ]
-    return TranscoderSet(
-        [torch.randn(D_TC, d, generator=gen) / d**0.5 for _ in range(n)],
-        [torch.full((D_TC,), -z) for _ in range(n)],
-        W_dec,
-        [torch.zeros(d) for _ in range(n)],
-        kind=kind,
-        name="bench-attention-memory",
-    )
+    d = int(model.cfg.d_model)
+    return random_transcoders(N_LAYERS, d, D_TC, kind, "bench-attention-memory", ACTIVE)
 
 
 def _child(spec: dict) -> dict:
-    import ctypes
     import gc
 
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 2**20)  # M_MMAP_THRESHOLD: freed tensors go back to the system at once
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.memory_child import Peak, free_at_once
+
+    free_at_once()
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from interp import attribution_graph
     from interp.engine.plan import MemoryBudgetError
     from interp.graphs.heads import head_loadings
@@ -130,28 +110,14 @@ def _child(spec: dict) -> dict:
     del warm, g
     gc.collect()
 
-    def rss() -> dict:
-        lines = Path("/proc/self/status").read_text().splitlines()
-        pairs = (line.split(":", 1) for line in lines)
-        return {k: int(v.split()[0]) * 1024 for k, v in pairs if k in ("VmRSS", "VmHWM")}
-
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        Path("/proc/self/clear_refs").write_text("5")
-        before = rss()["VmRSS"]
+    peak = Peak(device)
+    peak.start()
     try:
         extra = {"batch_size": spec["batch_size"]} if spec.get("batch_size") else {}
         table = decompose(target, max_bytes=spec.get("max_bytes"), **extra)
     except MemoryBudgetError as err:  # refused up front: what it needs
         return {"refused": str(err)}
-    if device == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
-        peak = rss()["VmHWM"] - before
+    peak = peak.stop()
     out = {"peak": peak, "rows": len(table), "nodes": len(target.nodes)}
     for key in ("batch_size", "estimated_bytes", "least_bytes"):
         if key in table.attrs:
@@ -160,15 +126,10 @@ def _child(spec: dict) -> dict:
 
 
 def _run(spec: dict) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)],
-        capture_output=True, text=True, env=env, check=False,
-    )  # fmt: skip
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"point {spec} failed:\n{out.stderr[-3000:]}")
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.memory_child import run_child
+
+    return run_child(__file__, spec)
 
 
 def _options(argv: list[str]) -> tuple[dict, dict]:

@@ -29,8 +29,6 @@ and prints their peaks and times side by side with the ratio batched / one-copy;
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -55,16 +53,14 @@ QUICK = {
 
 
 def _child(spec: dict) -> dict:
-    import ctypes
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.memory_child import Peak, free_at_once, random_transcoders
 
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 2**20)  # M_MMAP_THRESHOLD: freed tensors go back to the system at once
+    free_at_once()
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from interp import attribution_graph, estimate_graph_bytes, load_model
     from interp.graphs.budget import least_bytes
-    from interp.transcoders.transcoder import TranscoderSet
     from tests.checkpoints import make_checkpoint
 
     torch.manual_seed(0)
@@ -77,49 +73,20 @@ def _child(spec: dict) -> dict:
     dtype = getattr(torch, spec["dtype"])
     model = load_model(folder, device=device, dtype=dtype)
     n, d, d_tc = spec["layers"], spec["d_model"], spec["d_tc"]
-    gen = torch.Generator().manual_seed(0)
-    z = torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - ACTIVE)).item()
-    cross = spec["kind"] == "cross-layer"
-    W_dec = [
-        torch.randn(d_tc, n - lay, d, generator=gen) / d_tc**0.5
-        if cross
-        else torch.randn(d_tc, d, generator=gen) / d_tc**0.5
-        for lay in range(n)
-    ]
-    tc = TranscoderSet(
-        [torch.randn(d_tc, d, generator=gen) / d**0.5 for _ in range(n)],
-        [torch.full((d_tc,), -z) for _ in range(n)],
-        W_dec,
-        [torch.zeros(d) for _ in range(n)],
-        kind=spec["kind"],
-        name="bench-memory",
-    ).to(device)
+    gen = torch.Generator().manual_seed(0)  # the transcoders', then the prompt's
+    tc = random_transcoders(n, d, d_tc, spec["kind"], "bench-memory", ACTIVE, gen).to(device)
     tokens = torch.cat(
         [torch.zeros(1, dtype=torch.long), torch.randint(1, 400, (n_pos - 1,), generator=gen)]
     )
     attribution_graph(model, tokens[:8], tc, batch_size=8)  # warm up
     cap, budget = spec["cap"], spec.get("max_bytes")
 
-    def rss() -> int:
-        lines = Path("/proc/self/status").read_text().splitlines()
-        pairs = (line.split(":", 1) for line in lines)
-        return {k: int(v.split()[0]) * 1024 for k, v in pairs if k in ("VmRSS", "VmHWM")}
-
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    else:
-        Path("/proc/self/clear_refs").write_text("5")
-        before = rss()["VmRSS"]
+    peak = Peak(device)
+    peak.start()
     backward = spec.get("backward", "auto")
     g = attribution_graph(model, tokens, tc, max_feature_nodes=cap, max_bytes=budget,
                           backward=backward)  # fmt: skip
-    if device == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
-        peak = rss()["VmHWM"] - before
+    peak = peak.stop()
     n_active = g.info["active_features"]
     path = g.info["backward"]
     estimate = estimate_graph_bytes(model, tc, n_pos, cap, g.info["batch_size"],
@@ -136,16 +103,10 @@ def _child(spec: dict) -> dict:
 
 
 def _run(spec: dict) -> dict:
-    rest = os.environ.get("PYTHONPATH")  # where the machine's own packages may come from
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *([rest] if rest else [])]))
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)],
-        capture_output=True, text=True, env=env, check=False,
-    )  # fmt: skip
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"point {spec} failed:\n{out.stderr[-3000:]}")
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.memory_child import run_child
+
+    return run_child(__file__, spec)
 
 
 def main(argv: list[str]) -> None:
