@@ -73,13 +73,16 @@ def _child(tmp_path, **spec) -> dict:
     return json.loads(out.stdout.split("RESULT ", 1)[1])
 
 
-POINTS = [("per-layer", "bfloat16", 32, None), ("cross-layer", "float32", 64, 256)]
+# sizes where a one-copy graph's peak (40-100 MB) stands well above the run-to-run noise of a
+# fresh process's resident size (about 1 MB: at 32-64 positions its 10-16 MB peaks moved by
+# 10-20% between three runs, more than the bounds tested)
+POINTS = [("per-layer", "bfloat16", 128, None), ("cross-layer", "float32", 256, 256)]
 # An uncapped bfloat16 graph on CPU under max_bytes peaked up to 47% over it with the batched
 # pass (oneDNN's kernels grow faster with the passes of a smaller batch than the estimate's
 # sqrt(passes); docs/graphs.md, "Memory and scale"). The one-copy backward, the default since
 # 0.6.0, runs one pass in bfloat16 and its rows in float32: that point is now within the slack
 # (it was an xfail(strict), "so that a fix shows": it showed)
-BUDGET_POINTS = [("cross-layer", "bfloat16", 64, None), POINTS[1]]
+BUDGET_POINTS = [("cross-layer", "bfloat16", 128, None), POINTS[1]]
 
 
 @pytest.mark.slow
