@@ -15,7 +15,6 @@ from interp.discovery.evaluate import (
 from interp.discovery.features import FEATURE_METHODS, feature_edge_scores
 from interp.discovery.graph import EdgeGraph, Reader, edge_count, edge_name, split_edge
 from interp.discovery.scores import METHODS, SCORE_COLUMNS, edge_scores
-from interp.foundation.doors import moved
 
 __all__ = [
     "EdgeGraph",
@@ -39,4 +38,3 @@ __all__ = [
 
 
 # renamed in 0.6.0 (graphs.AttributionGraph is the other graph)
-__getattr__ = moved(__name__, {"Graph": "interp.discovery:EdgeGraph"})
