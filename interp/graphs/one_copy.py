@@ -5,8 +5,10 @@ A batch of gradient rows ``[batch pos d_model]`` goes down the residual stream:
 
 - the residual is the identity; an MLP's output is a constant (no gradient through the MLP),
   its transcoder's skip term ``x M`` passes ``g M^T`` into its input;
+- a post-norm (Gemma 2's ``ln1_post`` after the attention, ``ln2_post`` after the MLP where
+  the transcoders write before it) is a frozen norm between the sublayer and the residual;
 - a frozen norm ``centre(x) / scale * w + b`` passes ``centre(g * w / scale)`` (RMSNorm: no
-  centring; a transcoder reading ``ln2.hook_normalized``: no ``w``);
+  centring; Gemma: ``1 + w`` for ``w``; a transcoder reading ``ln2.hook_normalized``: no ``w``);
 - an attention passes ``W_V^T (pattern^T (g W_O^T))`` per head (grouped key/value heads summed
   back; rotary acts on q and k only, so not on this path);
 
@@ -78,15 +80,20 @@ class OneCopy:
     mlp_norm: list[FrozenNorm | None]  # None: the transcoder reads the residual itself
     final: FrozenNorm
     skips: list[Tensor] | None  # [d_model d_model]: M with skip(x) = x M (W_skip^T)
-    site: str  # "norm", "normalized" or "resid" (_SITES)
+    site: str  # "norm", "normalized" or "resid" (interp.graphs.relations.SITES)
     parallel: bool
     shared_norm: bool  # parallel blocks whose attention and MLP read one norm (GPT-J, Phi)
+    attn_post: list[FrozenNorm] | None = None  # Gemma 2's ln1_post: attention -> residual
+    mlp_post: list[FrozenNorm] | None = None  # ln2_post, where the transcoders write before it
 
     @property
     def n_layers(self) -> int:
         return len(self.paths)
 
     def _attention(self, layer: int, g: Tensor) -> Tensor:
+        """The transpose from the residual's gradient ``g`` into the attention's input."""
+        if self.attn_post is not None:  # the attention's output reaches g through ln1_post
+            g = self.attn_post[layer].back(g)
         pattern = self.patterns[layer]
         gx = _one_position(self.paths[layer], pattern, g)
         return _dense(self.paths[layer], pattern, g) if gx is None else gx
@@ -112,12 +119,15 @@ class OneCopy:
         g = torch.zeros(b, p, d, dtype=work, device=vectors.device)  # at the residual
         _inject(g, self.final, rows, positions, vectors, layers == n, True)
         for layer in range(min(top, n - 1), -1, -1):
-            if layer < top:  # g is the gradient at this layer's MLP output
-                _read(out, src, layer, g)
+            at_out = g  # the gradient at this layer's MLP output (the transcoders' output hook)
+            if layer < top and self.mlp_post is not None:  # ln2_post between it and g
+                at_out = self.mlp_post[layer].back(g)
+            if layer < top:
+                _read(out, src, layer, at_out)
             into = None  # the skip terms' gradient into the residual the MLP reads
             norm, weighted = self.mlp_norm[layer], self.site == "norm"
             if self.skips is not None and layer < top:
-                into = g @ self.skips[layer].T.to(work)  # at the transcoder's input
+                into = at_out @ self.skips[layer].T.to(work)  # at the transcoder's input
                 into = into if norm is None else norm.back(into, weighted)
             attn = self.ln1[layer]
             if self.parallel:  # attention and MLP read the residual before the block
