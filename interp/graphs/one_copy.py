@@ -5,8 +5,9 @@ A batch of gradient rows ``[batch pos d_model]`` goes down the residual stream:
 
 - the residual is the identity; an MLP's output is a constant (no gradient through the MLP),
   its transcoder's skip term ``x M`` passes ``g M^T`` into its input;
-- a post-norm (Gemma 2's ``ln1_post`` after the attention, ``ln2_post`` after the MLP where
-  the transcoders write before it) is a frozen norm between the sublayer and the residual;
+- a post-norm (Gemma 2's ``ln2_post`` after the MLP, where the transcoders write before it)
+  is a frozen norm between the sublayer and the residual; ``ln1_post``, after the attention,
+  is folded into the attention's map (:func:`fold_post`);
 - a frozen norm ``centre(x) / scale * w + b`` passes ``centre(g * w / scale)`` (RMSNorm: no
   centring; Gemma: ``1 + w`` for ``w``; a transcoder reading ``ln2.hook_normalized``: no ``w``);
 - an attention passes ``W_V^T (pattern^T (g W_O^T))`` per head (grouped key/value heads summed
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from interp.graphs.value_path import ValuePath, _dense, _one_position
 
-__all__ = ["FrozenNorm", "OneCopy"]
+__all__ = ["FrozenNorm", "OneCopy", "fold_post"]
 
 
 @dataclass
@@ -68,6 +69,24 @@ def _back_at(norm: FrozenNorm, v: Tensor, q: Tensor, weighted: bool) -> Tensor:
     return v - v.mean(-1, keepdim=True) if norm.centre else v
 
 
+def fold_post(
+    path: ValuePath, pattern: Float[Tensor, "head q_pos k_pos"], post: FrozenNorm
+) -> ValuePath:
+    """An RMSNorm between the attention's output and the residual (Gemma 2's ``ln1_post``,
+    frozen: ``g * w / scale``) folded into the attention's transpose, so that it needs no
+    ``[batch pos d_model]`` step of its own: ``w`` into ``W_O`` (a new :class:`ValuePath`),
+    ``1 / scale[q]`` into each query row ``q`` of ``pattern`` (in place: ``pattern`` is the
+    recording's own)."""
+    if post.centre:
+        raise ValueError("only a post-norm without centring (RMSNorm) folds into the attention")
+    with torch.inference_mode():  # the recording pass's own tensor (an inference tensor)
+        pattern.div_(post.scale[None])  # [head q_pos k_pos] / [1 q_pos 1]
+    if post.weight is None:
+        return path
+    W_O = (path.W_O.to(post.weight.dtype) * post.weight).to(path.W_O.dtype)
+    return ValuePath(path.W_V, W_O, path.b_V, path.b_O)
+
+
 @dataclass
 class OneCopy:
     """What one pass of the prompt recorded for the frozen model's transpose (module
@@ -83,7 +102,6 @@ class OneCopy:
     site: str  # "norm", "normalized" or "resid" (interp.graphs.relations.SITES)
     parallel: bool
     shared_norm: bool  # parallel blocks whose attention and MLP read one norm (GPT-J, Phi)
-    attn_post: list[FrozenNorm] | None = None  # Gemma 2's ln1_post: attention -> residual
     mlp_post: list[FrozenNorm] | None = None  # ln2_post, where the transcoders write before it
 
     @property
@@ -91,9 +109,6 @@ class OneCopy:
         return len(self.paths)
 
     def _attention(self, layer: int, g: Tensor) -> Tensor:
-        """The transpose from the residual's gradient ``g`` into the attention's input."""
-        if self.attn_post is not None:  # the attention's output reaches g through ln1_post
-            g = self.attn_post[layer].back(g)
         pattern = self.patterns[layer]
         gx = _one_position(self.paths[layer], pattern, g)
         return _dense(self.paths[layer], pattern, g) if gx is None else gx
@@ -128,7 +143,9 @@ class OneCopy:
             norm, weighted = self.mlp_norm[layer], self.site == "norm"
             if self.skips is not None and layer < top:
                 into = at_out @ self.skips[layer].T.to(work)  # at the transcoder's input
-                into = into if norm is None else norm.back(into, weighted)
+            del at_out  # ln2_post's transpose: not held past the skip term
+            if into is not None and norm is not None:
+                into = norm.back(into, weighted)
             attn = self.ln1[layer]
             if self.parallel:  # attention and MLP read the residual before the block
                 g = attn.back(self._attention(layer, g)).add_(g)

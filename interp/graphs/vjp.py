@@ -30,7 +30,7 @@ from torch import Tensor
 from interp.engine import forward
 from interp.foundation.fallbacks import warn_fallback
 from interp.graphs import frozen
-from interp.graphs.one_copy import FrozenNorm, OneCopy
+from interp.graphs.one_copy import FrozenNorm, OneCopy, fold_post
 from interp.graphs.relations import POSTS, block_layout, check_block, checked, needed, with_offsets
 from interp.graphs.value_path import check_rtol, rows_miss
 
@@ -191,8 +191,12 @@ class _Recording:
             eye = torch.eye(tc.d_model, dtype=tc.dtype, device=tc.device)
             skips = [tc.skip(eye, i) for i in range(n)]
         final = self.norm_of("ln_final", self.embed["scale"])
-        posts = [norms(p) if there else None for p, there in zip(POSTS, how[3:], strict=True)]
-        return OneCopy(self.paths, kept["pattern"], ln1, mlp_norm, final, skips, *how[:3], *posts)
+        paths, patterns = self.paths, kept["pattern"]
+        if how.attn_post:  # ln1_post folded into W_O and the patterns' rows
+            posts = norms(POSTS[0])
+            paths = [fold_post(paths[i], patterns[i], posts[i]) for i in range(n)]
+        mlp_post = norms(POSTS[1]) if how.mlp_post else None
+        return OneCopy(paths, patterns, ln1, mlp_norm, final, skips, *how[:3], mlp_post)
 
 
 def _rtol(t: Tensor) -> float:
