@@ -137,6 +137,8 @@ def check_block(seen: dict, path: ValuePath, norms: dict[str, NormPath], how: La
         if there:  # Gemma 2: the sublayer's output through its post-norm
             same(f"{post} reads the {out}", v[f"{post}_in"], v[out])
             frozen(post)
+            if norms[post].centre:  # interp.graphs.one_copy.fold_post folds an RMSNorm only
+                misses.append(f"{post} centres (a LayerNorm after the sublayer)")
             added[out] = v[f"{post}_out"]
     reads = v["pre"] if how.parallel else v["mid"]
     if not how.parallel:
