@@ -10,7 +10,8 @@ sharing 2 key/value heads, soft-capping and sliding windows kept) and a GPT-2 ch
 same layers, width and heads, the same transcoders and tokens, ``backward="one-copy"``::
 
     python benchmarks/bench_graph_memory_gemma.py [--layers 2] [--d-model 128] [--d-tc 512]
-        [--positions 128,256] [--cap 64] [--kinds per-layer,cross-layer] [--dtype float32]
+        [--positions 128,256] [--cap 64|none] [--kinds per-layer,cross-layer]
+        [--dtype float32]
 
 Prints, per point, each model's estimate, measured peak and their ratio.
 """
@@ -80,7 +81,8 @@ def main(argv: list[str]) -> None:
             "d_tc": int(opts.get("--d-tc", 512)), "dtype": opts.get("--dtype", "float32"),
             "dir": opts.get("--dir") or tempfile.mkdtemp(prefix="graph-memory-gemma-")}  # fmt: skip
     positions = [int(p) for p in opts.get("--positions", "128,256").split(",")]
-    cap = int(opts.get("--cap", 64))
+    cap = opts.get("--cap", "64")
+    cap = None if cap == "none" else int(cap)  # none: every active feature kept
     print("kind positions cap | arch batch active | estimate measured estimate/measured")
     for kind in opts.get("--kinds", "per-layer,cross-layer").split(","):
         for n_pos in positions:
