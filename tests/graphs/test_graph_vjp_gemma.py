@@ -146,3 +146,20 @@ def test_a_planted_miss_is_refused(zoo, monkeypatch, what):
     assert isinstance(got, str) and why in got, got
     with pytest.raises(ValueError, match="does not cover this model"):
         attribution_graph(model, TOKENS, tc, backward="one-copy")
+
+
+def test_a_sliding_window_shorter_than_the_prompt(tmp_path):
+    """Layer 0 attends to the last 4 positions only (Gemma 2's local layers); the pattern the
+    recording keeps is the windowed one, as the batched pass's."""
+    from tests.zoo import make_zoo_checkpoint
+
+    model = load_model(make_zoo_checkpoint(tmp_path / "gemma2", "gemma2", sliding_window=4))
+    assert model.cfg.layer_types[0] == "sliding_attention"
+    tc = _tc(model, kind="cross-layer", skip=False)
+    got = vjp.record(model, TOKENS, tc)
+    assert isinstance(got, vjp.OneCopy)
+    assert float(got.patterns[0][:, -1, :-4].abs().max()) == 0.0  # outside the window
+    assert float(got.patterns[1][:, -1, :-4].abs().max()) > 0.0  # the global layer
+    for cap in (None, CAP):
+        want, got = both(model, tc, max_feature_nodes=cap)
+        assert_rows_close(want, got, rows_rtol(torch.float32, model.cfg.d_model))
