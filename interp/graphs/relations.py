@@ -15,7 +15,7 @@ like any other weight: a map without the offset misses the bridge's output.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -24,7 +24,16 @@ from interp.graphs.frozen import FINAL_HOOK
 from interp.graphs.norm_path import NormPath
 from interp.graphs.value_path import ValuePath, check_rtol, rows_miss
 
-__all__ = ["Layout", "block_layout", "check_block", "needed", "with_offsets"]
+__all__ = [
+    "POSTS",
+    "SITES",
+    "Layout",
+    "block_layout",
+    "check_block",
+    "checked",
+    "needed",
+    "with_offsets",
+]
 
 SITES = {  # what a transcoder's input hook holds, by its name inside a block
     "mlp.hook_in": "norm",
@@ -37,7 +46,8 @@ POSTS = ("ln1_post", "ln2_post")  # Gemma 2's norms on the attention's and the M
 _NORM = ("in", "scale", "out")
 
 
-class Layout(NamedTuple):
+@dataclass(frozen=True)
+class Layout:
     """How a block's parts meet the residual stream, as the transpose walks them."""
 
     site: str  # what the transcoders read: "norm", "normalized" or "resid" (SITES)

@@ -196,7 +196,10 @@ class _Recording:
             posts = norms(POSTS[0])
             paths = [fold_post(paths[i], patterns[i], posts[i]) for i in range(n)]
         mlp_post = norms(POSTS[1]) if how.mlp_post else None
-        return OneCopy(paths, patterns, ln1, mlp_norm, final, skips, *how[:3], mlp_post)
+        return OneCopy(
+            paths, patterns, ln1, mlp_norm, final, skips, how.site, how.parallel, how.shared,
+            mlp_post,
+        )  # fmt: skip
 
 
 def _rtol(t: Tensor) -> float:

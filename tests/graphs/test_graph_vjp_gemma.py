@@ -9,6 +9,8 @@ missing, is refused.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -95,7 +97,7 @@ def _doubled(prefix: str):
 
 def _layout(**changed):
     right = vjp.block_layout
-    return lambda m, tc: right(m, tc)._replace(**changed)
+    return lambda m, tc: dataclasses.replace(right(m, tc), **changed)
 
 
 # each relation the transpose assumes of Gemma 2, planted missing:
