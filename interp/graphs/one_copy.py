@@ -5,8 +5,11 @@ A batch of gradient rows ``[batch pos d_model]`` goes down the residual stream:
 
 - the residual is the identity; an MLP's output is a constant (no gradient through the MLP),
   its transcoder's skip term ``x M`` passes ``g M^T`` into its input;
+- a post-norm (Gemma 2's ``ln2_post`` after the MLP, where the transcoders write before it)
+  is a frozen norm between the sublayer and the residual; ``ln1_post``, after the attention,
+  is folded into the attention's map (:func:`fold_post`);
 - a frozen norm ``centre(x) / scale * w + b`` passes ``centre(g * w / scale)`` (RMSNorm: no
-  centring; a transcoder reading ``ln2.hook_normalized``: no ``w``);
+  centring; Gemma: ``1 + w`` for ``w``; a transcoder reading ``ln2.hook_normalized``: no ``w``);
 - an attention passes ``W_V^T (pattern^T (g W_O^T))`` per head (grouped key/value heads summed
   back; rotary acts on q and k only, so not on this path);
 
@@ -26,7 +29,7 @@ from torch import Tensor
 
 from interp.graphs.value_path import ValuePath, _dense, _one_position
 
-__all__ = ["FrozenNorm", "OneCopy"]
+__all__ = ["FrozenNorm", "OneCopy", "fold_post"]
 
 
 @dataclass
@@ -66,6 +69,24 @@ def _back_at(norm: FrozenNorm, v: Tensor, q: Tensor, weighted: bool) -> Tensor:
     return v - v.mean(-1, keepdim=True) if norm.centre else v
 
 
+def fold_post(
+    path: ValuePath, pattern: Float[Tensor, "head q_pos k_pos"], post: FrozenNorm
+) -> ValuePath:
+    """An RMSNorm between the attention's output and the residual (Gemma 2's ``ln1_post``,
+    frozen: ``g * w / scale``) folded into the attention's transpose, so that it needs no
+    ``[batch pos d_model]`` step of its own: ``w`` into ``W_O`` (a new :class:`ValuePath`),
+    ``1 / scale[q]`` into each query row ``q`` of ``pattern`` (in place: ``pattern`` is the
+    recording's own)."""
+    if post.centre:
+        raise ValueError("only a post-norm without centring (RMSNorm) folds into the attention")
+    with torch.inference_mode():  # the recording pass's own tensor (an inference tensor)
+        pattern.div_(post.scale[None])  # [head q_pos k_pos] / [1 q_pos 1]
+    if post.weight is None:
+        return path
+    W_O = (path.W_O.to(post.weight.dtype) * post.weight).to(path.W_O.dtype)
+    return ValuePath(path.W_V, W_O, path.b_V, path.b_O)
+
+
 @dataclass
 class OneCopy:
     """What one pass of the prompt recorded for the frozen model's transpose (module
@@ -78,9 +99,10 @@ class OneCopy:
     mlp_norm: list[FrozenNorm | None]  # None: the transcoder reads the residual itself
     final: FrozenNorm
     skips: list[Tensor] | None  # [d_model d_model]: M with skip(x) = x M (W_skip^T)
-    site: str  # "norm", "normalized" or "resid" (_SITES)
+    site: str  # "norm", "normalized" or "resid" (interp.graphs.relations.SITES)
     parallel: bool
     shared_norm: bool  # parallel blocks whose attention and MLP read one norm (GPT-J, Phi)
+    mlp_post: list[FrozenNorm] | None = None  # ln2_post, where the transcoders write before it
 
     @property
     def n_layers(self) -> int:
@@ -112,13 +134,18 @@ class OneCopy:
         g = torch.zeros(b, p, d, dtype=work, device=vectors.device)  # at the residual
         _inject(g, self.final, rows, positions, vectors, layers == n, True)
         for layer in range(min(top, n - 1), -1, -1):
-            if layer < top:  # g is the gradient at this layer's MLP output
-                _read(out, src, layer, g)
+            at_out = g  # the gradient at this layer's MLP output (the transcoders' output hook)
+            if layer < top and self.mlp_post is not None:  # ln2_post between it and g
+                at_out = self.mlp_post[layer].back(g)
+            if layer < top:
+                _read(out, src, layer, at_out)
             into = None  # the skip terms' gradient into the residual the MLP reads
             norm, weighted = self.mlp_norm[layer], self.site == "norm"
             if self.skips is not None and layer < top:
-                into = g @ self.skips[layer].T.to(work)  # at the transcoder's input
-                into = into if norm is None else norm.back(into, weighted)
+                into = at_out @ self.skips[layer].T.to(work)  # at the transcoder's input
+            del at_out  # ln2_post's transpose: not held past the skip term
+            if into is not None and norm is not None:
+                into = norm.back(into, weighted)
             attn = self.ln1[layer]
             if self.parallel:  # attention and MLP read the residual before the block
                 g = attn.back(self._attention(layer, g)).add_(g)

@@ -10,12 +10,13 @@ layer's pattern ``[head q_pos k_pos]``, each norm's scale ``[pos 1]`` and weight
 :meth:`interp.graphs.one_copy.OneCopy.rows` then computes batches of rows by hand.
 
 Covered: pre-norm blocks, sequential (``hook_resid_mid``: GPT-2, GPT-NeoX, Llama, Qwen2,
-Mistral, OPT) or parallel (attention and MLP reading one residual: parallel NeoX, GPT-J, Phi),
-with LayerNorm or RMSNorm. The recording pass checks, on the prompt, every relation the
-transpose assumes (each residual the sum of the previous one and the block's outputs, each
-norm's and each attention's map against the bridge's output, the transcoder's input where the
-map says); a model whose pass does not satisfy them (Gemma 2: ``1 + w`` norms, post-norms)
-keeps the batched frozen pass, with a warning that says so.
+Mistral, OPT; Gemma 2, whose post-norms sit between each sublayer and the residual) or
+parallel (attention and MLP reading one residual: parallel NeoX, GPT-J, Phi), with LayerNorm
+or RMSNorm (Gemma's ``1 + w`` weights too). The recording pass checks, on the prompt, every
+relation the transpose assumes (:func:`interp.graphs.relations.check_block`: each residual the
+sum of the previous one and the block's outputs, each norm's and each attention's map against
+the bridge's output, the transcoder's input where the layout says); a model whose pass does not
+satisfy them keeps the batched frozen pass, with a warning that says so.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from torch import Tensor
 from interp.engine import forward
 from interp.foundation.fallbacks import warn_fallback
 from interp.graphs import frozen
-from interp.graphs.norm_path import NormPath
-from interp.graphs.one_copy import FrozenNorm, OneCopy
-from interp.graphs.value_path import ValuePath, check_rtol, rows_miss
+from interp.graphs.one_copy import FrozenNorm, OneCopy, fold_post
+from interp.graphs.relations import POSTS, block_layout, check_block, checked, needed, with_offsets
+from interp.graphs.value_path import check_rtol, rows_miss
 
 logger = logging.getLogger(__name__)
 
@@ -39,56 +40,10 @@ __all__ = ["BACKWARDS", "OneCopy", "one_copy_backward", "one_copy_fits", "record
 
 BACKWARDS = ("auto", "one-copy", "batched")  # attribution_graph's ``backward=`` choices
 FINAL_HOOK = frozen.FINAL_HOOK  # the final norm's output
-_SITES = {  # what a transcoder's input hook holds, by its name inside a block
-    "mlp.hook_in": "norm",
-    "hook_mlp_in": "resid",  # the bridge fires it on the MLP block's input, before ln2
-    "ln2.hook_out": "norm",
-    "ln2.hook_normalized": "normalized",
-    "hook_resid_mid": "resid",
-}
-
-
-_BLOCK = {"pre", "ln1_in", "ln1_scale", "ln1_out", "attn_in", "pattern", "attn_out", "tc_in"}
-_BLOCK |= {"mlp_out"}
-_LN2 = {"ln2_in", "ln2_scale", "ln2_out"}
-_NEEDED = {  # what a block's hooks record, by (parallel, shared_norm)
-    (False, False): _BLOCK | _LN2 | {"mid"},
-    (True, False): _BLOCK | _LN2,
-    (True, True): _BLOCK,
-}
 
 
 class _Stop(Exception):
     """Raised at :data:`FINAL_HOOK` once the final norm's output is checked."""
-
-
-def _sites(model, tc) -> tuple[str, bool, bool] | str:
-    """(site, parallel, shared_norm), or why the model's hooks do not fit the one-copy step."""
-    inside = tc.feature_input_hook
-    if inside not in _SITES or tc.feature_output_hook not in ("mlp.hook_out", "hook_mlp_out"):
-        return f"transcoders read {inside} and write {tc.feature_output_hook}"
-    hooks = model.hook_dict.keys()
-    parallel = "blocks.0.hook_resid_mid" not in hooks
-    shared = parallel and "blocks.0.ln2.hook_scale" not in hooks
-    need = ["hook_embed", FINAL_HOOK] + [f"ln_final.hook_{s}" for s in ("in", "scale", "out")]
-    for layer in range(int(tc.n_layers)):
-        block = f"blocks.{layer}"
-        need += [f"{block}.hook_resid_pre", f"{block}.hook_resid_post", tc.input_hook(layer)]
-        need += [f"{block}.attn.hook_{s}" for s in ("in", "pattern", "out")]
-        need += [tc.output_hook(layer)]
-        norms = ("ln1",) if shared else ("ln1", "ln2")
-        need += [f"{block}.{ln}.hook_{s}" for ln in norms for s in ("in", "scale", "out")]
-        need += [] if parallel else [f"{block}.hook_resid_mid"]
-    missing = [name for name in need if name not in hooks]
-    if missing:
-        return f"the model has no hook {missing[0]}"
-    others = [n for n in hooks if n.startswith("blocks.0.") and n.endswith(".hook_scale")]
-    others = [n for n in others if n not in ("blocks.0.ln1.hook_scale", "blocks.0.ln2.hook_scale")]
-    if others:  # Gemma 2's post-norms: another map on the residual's way
-        return f"its blocks have norms other than ln1 and ln2 ({others[0]})"
-    if shared and _SITES[inside] != "norm":
-        return f"transcoders read {inside}, but attention and MLP share one norm"
-    return _SITES[inside], parallel, shared
 
 
 def one_copy_fits(model, tc) -> bool:
@@ -97,54 +52,13 @@ def one_copy_fits(model, tc) -> bool:
     without hooks or transcoders without sites (a description to size, not to run)."""
     if not hasattr(model, "hook_dict") or not hasattr(tc, "feature_input_hook"):
         return False
-    return not isinstance(_sites(model, tc), str)
-
-
-def _check_block(seen: dict, path: ValuePath, ln1: NormPath, ln2: NormPath | None, how) -> list:
-    """The relations the transpose assumes in one block, on the recorded row (each ``[pos
-    d_model]``): the names of those the bridge's values miss."""
-    site, parallel, shared = how
-    seen = {k: _checked(t) for k, t in seen.items()}
-    rtol = check_rtol(seen["pre"].dtype, seen["pre"].shape[-1])
-    v = {k: t.float() for k, t in seen.items() if t.dim() == 2}
-    misses = []
-
-    def same(name: str, mine: Tensor, want: Tensor) -> None:
-        if mine.shape != want.shape or rows_miss(mine, want, rtol) > 1.0:
-            misses.append(name)
-
-    same("ln1 reads the residual", v["ln1_in"], v["pre"])
-    same("attention reads ln1", v["attn_in"], v["ln1_out"])
-    ln1.recorded.update(x=seen["ln1_in"], scale=seen["ln1_scale"], out=seen["ln1_out"])
-    if not ln1.check():
-        misses.append("ln1's frozen map")
-    if not path.check(seen["attn_in"][None], seen["pattern"][None], seen["attn_out"][None]):
-        misses.append("the attention's value path")
-    reads = v["pre"] if parallel else v["mid"]
-    if not parallel:
-        same("the residual after attention", v["mid"], v["pre"] + v["attn_out"])
-    norm_out = v["ln1_out"] if shared else v.get("ln2_out")
-    if not shared:
-        same("ln2 reads the residual", v["ln2_in"], reads)
-        ln2.recorded.update(x=seen["ln2_in"], scale=seen["ln2_scale"], out=seen["ln2_out"])
-        if not ln2.check():
-            misses.append("ln2's frozen map")
-    if site == "resid":
-        same("the transcoder reads the residual", v["tc_in"], reads)
-    elif site == "norm":
-        same("the transcoder reads the norm", v["tc_in"], norm_out)
-    else:
-        x = reads - reads.mean(-1, keepdim=True) if ln2.centre else reads
-        same("the transcoder reads the normalised residual", v["tc_in"], x / v["ln2_scale"])
-    added = v["attn_out"] + v["mlp_out"] if parallel else v["mlp_out"]
-    same("the residual after the MLP", v["post"], (v["pre"] if parallel else v["mid"]) + added)
-    return misses
+    return not isinstance(block_layout(model, tc), str)
 
 
 def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
     """One pass of ``tokens`` (batch 1, no graph) recording what :meth:`OneCopy.rows` reads,
     each relation it assumes checked on the way; or why the model is not covered."""
-    how = _sites(model, tc)
+    how = block_layout(model, tc)
     if isinstance(how, str):
         return how
     # read through frozen's names: a list of prompts shares them (interp.graphs.many)
@@ -152,6 +66,7 @@ def record(model, tokens: Int[Tensor, " pos"], tc) -> OneCopy | str:
     norms = frozen.norm_paths(model, set())
     if paths is None or norms is None:
         return "its attention or norm weights cannot be read as frozen maps"
+    norms = with_offsets(model, norms)  # Gemma's 1 + w
     rec = _Recording(model, tc, how, paths, norms)
     try:
         forward(model, tokens[None], rec.hooks())
@@ -173,7 +88,7 @@ class _Recording:
         n = int(tc.n_layers)
         self.n, self.misses = n, []
         self.seen: list[dict] = [{} for _ in range(n)]
-        self.kept = {"patterns": [None] * n, "ln1": [None] * n, "ln2": [None] * n}
+        self.kept = {k: [None] * n for k in ("pattern", "ln1", "ln2", *POSTS)}  # scales
         self.embed: dict = {}
 
     def keep(self, layer: int, key: str):
@@ -185,28 +100,25 @@ class _Recording:
         return hook
 
     def close(self, layer: int):
-        _, parallel, shared = self.how
-
         def hook(act: Tensor, hook) -> None:
             s, embed = self.seen[layer], self.embed
             s["post"] = act[0].detach()
-            lost = sorted(_NEEDED[parallel, shared] - s.keys())
+            lost = sorted(needed(self.how) - s.keys())
             if lost:  # a hook the block never ran: nothing to check it by
                 self.misses.append(f"layer {layer}: hooks that did not run ({', '.join(lost)})")
                 embed["resid"], self.seen[layer] = s["post"], {}
                 return
-            ln1 = self.norms[f"blocks.{layer}.ln1"]
-            ln2 = None if shared else self.norms[f"blocks.{layer}.ln2"]
+            names = [k for k in self.kept if f"blocks.{layer}.{k}" in self.norms]
+            norms = {k: self.norms[f"blocks.{layer}.{k}"] for k in names}
             self.misses.extend(
                 f"layer {layer}: {what}"
-                for what in _check_block(s, self.paths[layer], ln1, ln2, self.how)
+                for what in check_block(s, self.paths[layer], norms, self.how)
             )
             prev = embed["resid"]
             if s["pre"].shape != prev.shape or rows_miss(s["pre"], prev, _rtol(prev)) > 1:
                 self.misses.append(f"layer {layer}: the residual it reads")
-            self.kept["patterns"][layer] = s["pattern"]
-            self.kept["ln1"][layer] = s["ln1_scale"]
-            self.kept["ln2"][layer] = s.get("ln2_scale")
+            for k in self.kept:  # the pattern, and the scales of the norms the layout reads
+                self.kept[k][layer] = s.get(k if k == "pattern" else f"{k}_scale")
             embed["resid"] = s["post"]
             self.seen[layer] = {}  # one block's activations at a time
 
@@ -226,7 +138,7 @@ class _Recording:
             hooks.append(("hook_pos_embed", self.at_embed))
         names = {"hook_resid_pre": "pre", "hook_resid_mid": "mid", "attn.hook_in": "attn_in",
                  "attn.hook_pattern": "pattern", "attn.hook_out": "attn_out"}  # fmt: skip
-        for ln in ("ln1", "ln2"):
+        for ln in ("ln1", "ln2", *POSTS):
             names |= {f"{ln}.hook_in": f"{ln}_in", f"{ln}.hook_scale": f"{ln}_scale"}
             names[f"{ln}.hook_out"] = f"{ln}_out"
         for layer in range(self.n):
@@ -248,8 +160,8 @@ class _Recording:
         if self.misses:
             return
         ln_f = self.norms["ln_final"]
-        ln_f.recorded.update(x=_checked(embed["in"]), scale=_checked(embed["scale"]),
-                             out=_checked(embed["out"]))  # fmt: skip
+        ln_f.recorded.update(x=checked(embed["in"]), scale=checked(embed["scale"]),
+                             out=checked(embed["out"]))  # fmt: skip
         if not ln_f.check():
             self.misses.append("ln_final's frozen map")
         resid = embed["resid"]
@@ -264,33 +176,34 @@ class _Recording:
 
     def one_copy(self) -> OneCopy:
         """The recorded pass as the one-copy backward's maps."""
-        n, tc, kept = self.n, self.tc, self.kept
-        site, parallel, shared = self.how
-        ln1 = [self.norm_of(f"blocks.{i}.ln1", kept["ln1"][i]) for i in range(n)]
-        ln2 = [
-            None if shared else self.norm_of(f"blocks.{i}.ln2", kept["ln2"][i]) for i in range(n)
+        n, tc, kept, how = self.n, self.tc, self.kept, self.how
+
+        def norms(name: str, there: bool = True) -> list:
+            return [self.norm_of(f"blocks.{i}.{name}", kept[name][i]) if there else None
+                    for i in range(n)]  # fmt: skip
+
+        ln1, ln2 = norms("ln1"), norms("ln2", not how.shared)
+        mlp_norm = [
+            None if how.site == "resid" else ln1[i] if how.shared else ln2[i] for i in range(n)
         ]
-        mlp_norm = [None if site == "resid" else ln1[i] if shared else ln2[i] for i in range(n)]
         skips = None
         if tc.has_skip:  # skip(x) = x M: M read off the skip itself (skip(I) = M)
             eye = torch.eye(tc.d_model, dtype=tc.dtype, device=tc.device)
             skips = [tc.skip(eye, i) for i in range(n)]
         final = self.norm_of("ln_final", self.embed["scale"])
+        paths, patterns = self.paths, kept["pattern"]
+        if how.attn_post:  # ln1_post folded into W_O and the patterns' rows
+            posts = norms(POSTS[0])
+            paths = [fold_post(paths[i], patterns[i], posts[i]) for i in range(n)]
+        mlp_post = norms(POSTS[1]) if how.mlp_post else None
         return OneCopy(
-            self.paths, kept["patterns"], ln1, mlp_norm, final, skips, site, parallel, shared
-        )
-
-
-def _checked(t: Tensor) -> Tensor:
-    """``t`` as the checks compare it: a float64 model's values in float32, for transformers
-    computes some maps of a float64 model in float32 (Llama's RMSNorm, GPT-J's attention), so
-    its outputs agree with the map to float32's rounding only. A wrong map (a missing weight or
-    head, ``1 + w``) misses by far more (interp.graphs.value_path.check_rtol)."""
-    return t.float() if t.dtype == torch.float64 else t
+            paths, patterns, ln1, mlp_norm, final, skips, how.site, how.parallel, how.shared,
+            mlp_post,
+        )  # fmt: skip
 
 
 def _rtol(t: Tensor) -> float:
-    return check_rtol(_checked(t).dtype, t.shape[-1])
+    return check_rtol(checked(t).dtype, t.shape[-1])
 
 
 def _held(act: Tensor, key: str) -> Tensor | None:

@@ -75,9 +75,11 @@ def test_tiny_bench_loads_as_gemma2_and_its_graph_passes_the_identity_check(benc
     assert res["n_features"] == res["n_active"] > 0  # uncapped: every active feature kept
     assert res["n_nodes"] == len(g.nodes) and res["batch_used"] >= 1
     assert res["estimate_bytes"] > 0 and res["wall_s"] > 0
+    assert g.info["backward"] == "one-copy"  # sliding windows, soft-capping, post-norms
     check_graph_identity(model, g.tokens, tc, g)
 
     capped, g16 = run_case(bench, N_POS, 5, device="cpu", warm=4)  # bf16, capped: the GPU path
     assert capped["dtype"] == "bfloat16" and capped["n_features"] == 5
     assert g16.context["model"].cfg.dtype == torch.bfloat16
+    assert g16.info["backward"] == "one-copy"
     assert torch.isfinite(g16.adjacency).all()

@@ -87,6 +87,7 @@ def test_intervention_and_completeness(zoo, arch, kind, hooks):
     )  # fmt: skip
     tc = tc.to(dtype=torch.float64)
     g = attribution_graph(model, TOKENS, tc)
+    assert g.info["backward"] == "one-copy"  # every zoo architecture, Gemma 2 included
     assert g.adjacency.dtype == torch.float64
     fm = FrozenModel(model, TOKENS, tc)
     targets = torch.nonzero(torch.tensor(g.nodes.kind.isin(["feature", "logit"]).to_numpy()))

@@ -1,8 +1,9 @@
 """The one-copy backward (interp.graphs.vjp) against the batched frozen pass
 (interp.graphs.frozen): the same nodes and the same rows on every architecture it covers,
 capped and uncapped, per-layer and cross-layer, at every transcoder input site, in float32,
-float64 and bfloat16; a model it does not cover runs the batched pass with a warning, and a map
-that does not reproduce the bridge is refused. tests/graphs/test_graph_identities.py checks
+float64 and bfloat16; a model whose pass misses a relation runs the batched pass with a
+warning, and a map that does not reproduce the bridge is refused (Gemma 2's own sites and
+relations: tests/graphs/test_graph_vjp_gemma.py). tests/graphs/test_graph_identities.py checks
 its rows (the default path) against the frozen model run forwards, in float64.
 """
 
@@ -22,8 +23,7 @@ from tests.transcoder_folders import random_transcoders
 from tests.zoo import N_LAYERS, ZOO_ARCHS
 
 TOKENS = torch.tensor([0, 5, 17, 33, 99, 12, 7, 5, 17])
-UNCOVERED = ("gemma2",)  # 1 + w norms, post-norms: the batched pass
-COVERED = tuple(arch for arch in ZOO_ARCHS if arch not in UNCOVERED)
+COVERED = ZOO_ARCHS  # Gemma 2's sites and planted misses: tests/graphs/test_graph_vjp_gemma.py
 CAP = 6  # fewer than the active features: the rounds ranked by influence
 
 
@@ -125,8 +125,9 @@ def test_a_bfloat16_model_is_computed_in_float32(zoo, arch):
     assert_rows_close(want, got, half_rtol(torch.bfloat16))
 
 
-def test_an_uncovered_model_runs_batched_and_says_so(zoo, caplog):
-    model = zoo.model("gemma2")
+def test_a_model_that_misses_a_relation_runs_batched_and_says_so(zoo, caplog, monkeypatch):
+    model = zoo.model("gemma2")  # its norms read as w, not Gemma's 1 + w: ln1's map misses
+    monkeypatch.setattr(vjp, "with_offsets", lambda model, norms: norms)
     tc = random_transcoders(model, kind="per-layer", d_tc=16, seed=1)
     reset_fallback_warnings()
     with caplog.at_level(logging.WARNING, logger="interp.graphs.vjp"):
@@ -134,6 +135,7 @@ def test_an_uncovered_model_runs_batched_and_says_so(zoo, caplog):
     assert g.info["backward"] == "batched"
     said = [r.getMessage() for r in caplog.records if r.name == "interp.graphs.vjp"]
     assert len(said) == 1 and "running the batched frozen pass" in said[0]
+    assert "layer 0: ln1's frozen map" in said[0]
     with pytest.raises(ValueError, match="does not cover this model"):
         attribution_graph(model, TOKENS, tc, backward="one-copy")
 
