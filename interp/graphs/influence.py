@@ -21,6 +21,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 __all__ = [
+    "RANKING_CLAMP",
     "edge_influence",
     "find_threshold",
     "node_influence",
@@ -31,6 +32,13 @@ __all__ = [
 ]
 
 
+# the least row sum a row is divided by: circuit-tracer's normalize_matrix (pruning, scores)
+# clamps at 1e-10, its compute_partial_influences (the ranking under a cap) at 1e-8, so a row
+# whose |entries| sum to less than 1e-8 passes less than all of its influence on when ranking
+NORMALISE_CLAMP = 1e-10
+RANKING_CLAMP = 1e-8
+
+
 def _row_nodes(rows: Tensor, row_nodes: Tensor | None) -> Tensor:
     if row_nodes is not None:
         return row_nodes
@@ -39,10 +47,13 @@ def _row_nodes(rows: Tensor, row_nodes: Tensor | None) -> Tensor:
     return torch.arange(rows.shape[0], device=rows.device)
 
 
-def normalise_rows(adjacency: Float[Tensor, "r n"]) -> Float[Tensor, "r n"]:
-    """``|A|`` with each row divided by its sum (rows of zeros stay zero): one new tensor."""
+def normalise_rows(
+    adjacency: Float[Tensor, "r n"], clamp: float = NORMALISE_CLAMP
+) -> Float[Tensor, "r n"]:
+    """``|A|`` with each row divided by its sum, at least ``clamp`` (rows of zeros stay zero):
+    one new tensor."""
     a = adjacency.abs()
-    return a.div_(a.sum(dim=1, keepdim=True).clamp(min=1e-10))
+    return a.div_(a.sum(dim=1, keepdim=True).clamp(min=clamp))
 
 
 def _series(
@@ -125,7 +136,7 @@ def prune_masks(
     pruned = adjacency.abs()
     pruned[~node_mask[row_nodes]] = 0
     pruned[:, ~node_mask] = 0
-    pruned.div_(pruned.sum(dim=1, keepdim=True).clamp(min=1e-10))
+    pruned.div_(pruned.sum(dim=1, keepdim=True).clamp(min=NORMALISE_CLAMP))
     target = _series(pruned, weights, row_nodes) + weights
     scores = pruned.mul_(target[row_nodes][:, None])
     edge_mask = scores >= find_threshold(scores, edge_threshold, size=n * n)
@@ -180,10 +191,11 @@ def partial_influences(
 ) -> Float[Tensor, " n"]:
     """circuit-tracer's ``compute_partial_influences``: influence through the rows computed so
     far (``row_nodes[i]`` is the node of row ``i``; logits are the last nodes), to rank the
-    features still to visit under ``max_feature_nodes``."""
-    normalised = normalise_rows(rows)
-    influence = torch.zeros(rows.shape[1], dtype=rows.dtype)
-    prod = torch.zeros(rows.shape[1], dtype=rows.dtype)
+    features still to visit under ``max_feature_nodes``: the dense reference of
+    :class:`interp.graphs.ranking.Ranking`, which normalises each row once, as it comes."""
+    normalised = normalise_rows(rows, RANKING_CLAMP)
+    influence = torch.zeros(rows.shape[1], dtype=rows.dtype, device=rows.device)
+    prod = torch.zeros(rows.shape[1], dtype=rows.dtype, device=rows.device)
     prod[-len(logit_p) :] = logit_p
     for _ in range(max_iter):
         prod = prod[row_nodes] @ normalised
