@@ -137,10 +137,12 @@ def _graph_rows(
     pass of ``plan.batch`` rows where it is None), and which features were visited."""
     _, logit_p, logit_vecs = logits
     n_pos, dtype, width = len(tokens), src.embed.dtype, src.n_cols + plan.n_logits
+    # every row is written but for the logits' columns (no row reads a logit): those zeroed
+    # alone, not the whole table first (a pass over gigabytes at long prompts)
     table = _RowTable(
-        torch.zeros(plan.n_rows, width, dtype=dtype),
-        torch.zeros(plan.n_rows, dtype=torch.long),
+        torch.empty(plan.n_rows, width, dtype=dtype), torch.zeros(plan.n_rows, dtype=torch.long)
     )
+    table.values[:, src.n_cols :] = 0
     if plan.capped:
         where = ranking_device(model.cfg.device, plan.estimated_bytes, _device_free(model))
         table.ranking = Ranking(plan.n_rows, width, logit_p, dtype=dtype, device=where)

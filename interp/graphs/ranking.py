@@ -35,7 +35,8 @@ class Ranking:
     def __init__(
         self, n_rows: int, n_cols: int, logit_p: Float[Tensor, " logit"], *, dtype, device
     ) -> None:
-        self.normalised: Float[Tensor, "row col"] = torch.zeros(
+        # filled by add, batch by batch (no pass to zero it first: rows of 1e5-1e6 columns)
+        self.normalised: Float[Tensor, "row col"] = torch.empty(
             n_rows, n_cols, dtype=dtype, device=device
         )
         self.row_nodes: Int[Tensor, " row"] = torch.zeros(n_rows, dtype=torch.long, device=device)
@@ -48,6 +49,7 @@ class Ranking:
         end = self.filled + len(nodes)
         block = self.normalised[self.filled : end]
         block[:, : rows.shape[1]].copy_(rows)
+        block[:, rows.shape[1] :] = 0
         block.abs_()
         block.div_(block.sum(dim=1, keepdim=True).clamp(min=RANKING_CLAMP))
         self.row_nodes[self.filled : end] = nodes
