@@ -47,7 +47,7 @@ def _child(spec: dict) -> dict:
 
     import torch
 
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))  # after PYTHONPATH: the revision's interp, not this checkout's
     from benchmarks.memory_child import Peak, free_at_once, random_transcoders
 
     free_at_once()
@@ -86,7 +86,8 @@ def _child(spec: dict) -> dict:
         )  # fmt: skip
 
     nodes = g.nodes.to_csv(index=False).encode()
-    return {"interp": interp.__file__, "seconds": cpu, "wall": g.info["seconds"], "peak": peak,
+    return {"interp": str(Path(interp.__file__).parents[1]), "seconds": cpu,
+            "wall": g.info["seconds"], "peak": peak,
             "ranking": seconds(RANKING),
             "row_copies": seconds(ROW_COPIES) - seconds({("ranking.py", "add")}),
             "assembly": seconds(ASSEMBLY), "active": g.info["active_features"],
@@ -130,9 +131,13 @@ def main(argv: list[str]) -> None:
     print(f"before: {commit[:10]}; after: this checkout; {json.dumps(base)}")
     print("positions active | code | CPU s: build ranking (share) row-copies assembly | wall s "
           "| peak MiB | ranked on | graph")  # fmt: skip
+    print(f"before's code: {before}; after's: {ROOT}")
     for n_pos in [int(p) for p in opts.get("--positions", "512,1024").split(",")]:
         spec = dict(base, n_pos=n_pos)
         side = {"before": _run(before, spec), "after": _run(ROOT, spec)}
+        for name, code in (("before", before), ("after", ROOT)):
+            if side[name]["interp"] != str(code):
+                raise RuntimeError(f"{name} imported interp from {side[name]['interp']}")
         for name, r in side.items():
             print(f"{n_pos} {r['active']} | {name} | {r['seconds']:.2f} {r['ranking']:.2f} "
                   f"({r['ranking'] / r['seconds']:.0%}) {r['row_copies']:.2f} "

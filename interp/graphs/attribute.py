@@ -143,8 +143,9 @@ def _graph_rows(
         torch.empty(plan.n_rows, width, dtype=dtype), torch.zeros(plan.n_rows, dtype=torch.long)
     )
     table.values[:, src.n_cols :] = 0
-    if plan.capped:
-        where = ranking_device(model.cfg.device, plan.estimated_bytes, _device_free(model))
+    if plan.capped:  # the device holds the estimate less the row table (on the host)
+        on_device = plan.estimated_bytes - table.values.numel() * table.values.element_size()
+        where = ranking_device(model.cfg.device, on_device, _device_free(model))
         table.ranking = Ranking(plan.n_rows, width, logit_p, dtype=dtype, device=where)
         table.ranked_on = str(where)
     visited = torch.zeros(plan.n_active, dtype=torch.bool)

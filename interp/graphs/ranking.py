@@ -6,7 +6,7 @@ A row never changes once computed, so its normalised ``|row|`` (each row divided
 clamped at circuit-tracer's ``1e-8``: :data:`interp.graphs.influence.RANKING_CLAMP`) is written
 once, as its batch comes, into a buffer of every row to come (:class:`Ranking`); a round only
 runs the series ``w R̂ + w R̂² + ...`` over the rows filled so far. The buffer lives on the
-model's device where it is CUDA and the device's free memory holds the build's estimate
+model's device where it is CUDA and the device's free memory holds what the build puts there
 (:func:`ranking_device`; the series then runs there, as circuit-tracer's does), else on the host.
 On the host the result is bit for bit :func:`interp.graphs.influence.partial_influences` of the
 rows so far (the same operations on the same rows; tests/graphs/test_graph_ranking.py).
@@ -76,19 +76,20 @@ class Ranking:
         return pending.sort().values
 
 
-def ranking_device(device: torch.device | str, estimate: int, free: int | None) -> torch.device:
-    """Where the ranking's buffer lives: on a CUDA ``device`` whose ``free`` memory holds the
-    build's ``estimate`` (which counts the buffer), else on the host (a warning, once, where a
-    CUDA device lacks the room: ranking on the host copies nothing but runs slower)."""
+def ranking_device(device: torch.device | str, need: int, free: int | None) -> torch.device:
+    """Where the ranking's buffer lives: on a CUDA ``device`` whose ``free`` memory holds what
+    the build ``need``s there (its estimate, which counts the buffer, less the row table, which
+    stays on the host), else on the host (a warning, once, where a CUDA device lacks the room:
+    ranking on the host runs slower)."""
     device = torch.device(device)
     if device.type != "cuda":
         return torch.device("cpu")
-    if free is not None and estimate <= free:
+    if free is not None and need <= free:
         return device
     warn_fallback(
         logger, "graph-ranking-on-host",
         "the ranking under max_feature_nodes runs on the host: the build needs about %s, more "
         "than the %s free on %s (slower; lower max_feature_nodes or free device memory)",
-        format_size(estimate), "?" if free is None else format_size(free), device,
+        format_size(need), "?" if free is None else format_size(free), device,
     )  # fmt: skip
     return torch.device("cpu")
