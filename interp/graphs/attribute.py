@@ -137,15 +137,15 @@ def _graph_rows(
     pass of ``plan.batch`` rows where it is None), and which features were visited."""
     _, logit_p, logit_vecs = logits
     n_pos, dtype, width = len(tokens), src.embed.dtype, src.n_cols + plan.n_logits
-    # every row is written but for the logits' columns (no row reads a logit): those zeroed
-    # alone, not the whole table first (a pass over gigabytes at long prompts)
+    # every entry is written but the logits' columns' (no row reads a logit): only they are
+    # zeroed first, not gigabytes of table at long prompts
     table = _RowTable(
         torch.empty(plan.n_rows, width, dtype=dtype), torch.zeros(plan.n_rows, dtype=torch.long)
     )
     table.values[:, src.n_cols :] = 0
     if plan.capped:  # the device holds the estimate less the row table (on the host)
         on_device = plan.estimated_bytes - table.values.numel() * table.values.element_size()
-        where = ranking_device(model.cfg.device, on_device, _device_free(model))
+        where = ranking_device(model.cfg.device, on_device)
         table.ranking = Ranking(plan.n_rows, width, logit_p, dtype=dtype, device=where)
         table.ranked_on = str(where)
     visited = torch.zeros(plan.n_active, dtype=torch.bool)
@@ -172,12 +172,6 @@ def _graph_rows(
     bar.close()
     table.ranking = None  # its buffer goes before the assembly
     return table, visited
-
-
-def _device_free(model) -> int | None:
-    """The memory free on the model's device where it is CUDA (the ranking's room)."""
-    device = torch.device(model.cfg.device)
-    return free_bytes(device) if device.type == "cuda" else None
 
 
 def _assemble(

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from interp.foundation.fallbacks import warn_fallback
 from interp.foundation.sizes import format_size
+from interp.graphs.budget import free_bytes
 from interp.graphs.influence import RANKING_CLAMP
 
 __all__ = ["Ranking", "ranking_device"]
@@ -76,20 +77,21 @@ class Ranking:
         return pending.sort().values
 
 
-def ranking_device(device: torch.device | str, need: int, free: int | None) -> torch.device:
-    """Where the ranking's buffer lives: on a CUDA ``device`` whose ``free`` memory holds what
-    the build ``need``s there (its estimate, which counts the buffer, less the row table, which
-    stays on the host), else on the host (a warning, once, where a CUDA device lacks the room:
-    ranking on the host runs slower)."""
+def ranking_device(device: torch.device | str, need: int, free: int | None = None) -> torch.device:
+    """Where the ranking's buffer lives: on a CUDA ``device`` whose free memory (``free``, or
+    read now) holds what the build ``need``s there (its estimate, which counts the buffer, less
+    the row table, which stays on the host), else on the host (a warning, once, where a CUDA
+    device lacks the room: ranking on the host runs slower)."""
     device = torch.device(device)
     if device.type != "cuda":
         return torch.device("cpu")
-    if free is not None and need <= free:
+    free = free_bytes(device) if free is None else free
+    if need <= free:
         return device
     warn_fallback(
         logger, "graph-ranking-on-host",
         "the ranking under max_feature_nodes runs on the host: the build needs about %s, more "
         "than the %s free on %s (slower; lower max_feature_nodes or free device memory)",
-        format_size(need), "?" if free is None else format_size(free), device,
+        format_size(need), format_size(free), device,
     )  # fmt: skip
     return torch.device("cpu")
