@@ -8,7 +8,8 @@ printed too); a line gives its CPU time, the ranking's share (the functions that
 normalise rows and run the series: ``_next_round`` before 0.7.0, ``Ranking.add`` and
 ``Ranking.next_round`` after), the row table's copies (``_RowTable.add``), the assembly, the
 peak resident size of the build (host VmHWM less the size before), and whether the two builds
-gave the same graph bit for bit (node table, rows, row order).
+gave the same graph bit for bit (node table, rows, row order); then each prunes its graph
+(``g.prune()``, CPU seconds) and says whether the kept nodes and edges are the same.
 
     python benchmarks/bench_graph_ranking.py [--before main] [--positions 512,1024]
         [--cap 4096] [--batch 32] [--layers 2] [--d-model 256] [--heads 4] [--d-tc 2048]
@@ -85,6 +86,9 @@ def _child(spec: dict) -> dict:
             if any(file.endswith(f) and name == fn for f, fn in names)
         )  # fmt: skip
 
+    cpu_prune = time.process_time()
+    pruned = g.prune()
+    cpu_prune = time.process_time() - cpu_prune
     nodes = g.nodes.to_csv(index=False).encode()
     return {"interp": str(Path(interp.__file__).parents[1]), "seconds": cpu,
             "wall": g.info["seconds"], "peak": peak,
@@ -92,7 +96,8 @@ def _child(spec: dict) -> dict:
             "row_copies": seconds(ROW_COPIES) - seconds({("ranking.py", "add")}),
             "assembly": seconds(ASSEMBLY), "active": g.info["active_features"],
             "ranked_on": g.info.get("ranking"),
-            "graph": _digest(nodes, g.rows, g.row_nodes)}  # fmt: skip
+            "graph": _digest(nodes, g.rows, g.row_nodes), "prune": cpu_prune,
+            "pruned": _digest(pruned.kept_nodes, pruned.kept_edges)}  # fmt: skip
 
 
 def _checkout(rev: str, into: Path) -> str:
@@ -130,7 +135,7 @@ def main(argv: list[str]) -> None:
             "dir": opts.get("--dir") or str(scratch)}  # fmt: skip
     print(f"before: {commit[:10]}; after: this checkout; {json.dumps(base)}")
     print("positions active | code | CPU s: build ranking (share) row-copies assembly | wall s "
-          "| peak MiB | ranked on | graph")  # fmt: skip
+          "| peak MiB | ranked on | graph | prune CPU s, pruned graph")  # fmt: skip
     print(f"before's code: {before}; after's: {ROOT}")
     for n_pos in [int(p) for p in opts.get("--positions", "512,1024").split(",")]:
         spec = dict(base, n_pos=n_pos)
@@ -143,12 +148,13 @@ def main(argv: list[str]) -> None:
                   f"({r['ranking'] / r['seconds']:.0%}) {r['row_copies']:.2f} "
                   f"{r['assembly']:.2f} | {r['wall']:.1f} | {r['peak'] / 2**20:.0f} | "
                   f"{r['ranked_on']} | "
-                  f"{r['graph']}")  # fmt: skip
+                  f"{r['graph']} | {r['prune']:.2f} {r['pruned']}")  # fmt: skip
         same = side["before"]["graph"] == side["after"]["graph"]
+        same_pruned = side["before"]["pruned"] == side["after"]["pruned"]
         ratio = side["after"]["seconds"] / side["before"]["seconds"]
         share = side["after"]["ranking"] / side["before"]["ranking"]
         print(f"{n_pos}: CPU time after / before {ratio:.2f} (the ranking's {share:.2f}); "
-              f"the same graph bit for bit: {same}")  # fmt: skip
+              f"the same graph bit for bit: {same}, pruned alike: {same_pruned}")  # fmt: skip
 
 
 if __name__ == "__main__":

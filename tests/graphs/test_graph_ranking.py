@@ -1,7 +1,8 @@
 """The ranking under ``max_feature_nodes`` (interp.graphs.ranking): rows normalised once, as
 they come, rank bit for bit as the dense ``partial_influences`` of every row so far; both are
 circuit-tracer's ``compute_partial_influences`` (written out here), with its 1e-8 clamp; a
-capped graph is the one the dense ranking gives; the buffer's device follows the free memory."""
+capped graph is the one the dense ranking gives; the buffer's device follows the free memory;
+pruning's sort of the values alone is torch.sort's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from interp import attribution_graph
 from interp.foundation.fallbacks import reset_fallback_warnings
 from interp.graphs import attribute
-from interp.graphs.influence import partial_influences
+from interp.graphs.influence import _descending, find_threshold, partial_influences
 from interp.graphs.ranking import Ranking, ranking_device
 from tests.transcoder_folders import random_transcoders
 
@@ -125,3 +126,20 @@ def test_the_buffer_goes_on_a_cuda_device_where_it_fits(caplog):
         assert ranking_device(cuda, 101, 100) == torch.device("cpu")
         assert ranking_device(cuda, 1000, 100) == torch.device("cpu")  # said once
     assert len([r for r in caplog.records if "runs on the host" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pruning_sorts_the_values_alone_as_torch_sort(dtype):
+    """find_threshold's sort of the values without indices: torch.sort's order bit for bit,
+    ties and zeros included, and the threshold of the full sort."""
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.rand(300, 200, generator=gen, dtype=dtype)
+    scores[scores < 0.3] = 0
+    scores[::7] = scores[1]  # ties
+    flat = scores.flatten()
+    full = torch.sort(flat, descending=True).values
+    assert torch.equal(_descending(flat[flat > 0]), full[full > 0])
+    cumulative = torch.cumsum(full, 0) / full.sum()
+    for share in (0.0, 0.5, 0.8, 0.98, 1.0):
+        index = min(int(torch.searchsorted(cumulative, share)), len(full) - 1)
+        assert find_threshold(scores, share) == full[index]
