@@ -140,11 +140,13 @@ def prune_masks(
             raise ValueError(f"{name} must be between 0 and 1, got {value}")
     row_nodes = _row_nodes(adjacency, row_nodes)
     n = adjacency.shape[1]
-    influence = node_influence(adjacency, weights, row_nodes)
+    normalised = normalise_rows(adjacency)
+    influence = _series(normalised, weights, row_nodes)  # node_influence
     node_mask = influence >= find_threshold(influence, node_threshold)
     node_mask[-n_kept_tail:] = True
-    # the edge influence of the graph without the dropped nodes, in one copy of the rows
-    pruned = adjacency.abs()
+    # the edge influence of the graph without the dropped nodes, in one copy of the rows (the
+    # normalised one's memory, refilled: no second allocation of the rows' size)
+    pruned = torch.abs(adjacency, out=normalised)
     pruned[~node_mask[row_nodes]] = 0
     pruned[:, ~node_mask] = 0
     pruned.div_(pruned.sum(dim=1, keepdim=True).clamp(min=NORMALISE_CLAMP))
