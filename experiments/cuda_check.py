@@ -220,6 +220,9 @@ def graph_capped(model, extras):
     g = interp.attribution_graph(
         model, PROMPT, tc, max_n_logits=5, max_feature_nodes=CAP, batch_size=8
     )
+    # the ranking's normalised rows live on a CUDA model's device (interp.graphs.ranking)
+    if torch.device(g.info["ranking"]).type != device_of(model).type:
+        raise RuntimeError(f"ranked on {g.info['ranking']}, model on {device_of(model)}")
     nodes = g.nodes.select_dtypes("number").reset_index(drop=True)
     return {"nodes": nodes, "adjacency": g.adjacency, "scores": g.scores()}
 

@@ -4,7 +4,7 @@ tokens: same features, same logits, the entries, the scores and the pruned nodes
 circuit-tracer needs TransformerLens < 4, so this runs in two environments:
 
     python experiments/graph_vs_circuit_tracer.py write DIR [--kind cross-layer]  # interp's
-        [--positions 64 --d-tc 256 --input-hook ln2.hook_normalized]
+        [--positions 64 --d-tc 256 --input-hook ln2.hook_normalized] [--cap 1000]
     python experiments/graph_vs_circuit_tracer.py compare DIR                     # c.-tracer's
 
 ``write`` saves a tiny random GPT-2 (tests/zoo.py), a random transcoder folder and interp's graph
@@ -12,6 +12,8 @@ into DIR; ``compare`` loads the same checkpoint into circuit-tracer's
 ``TransformerLensReplacementModel`` (weights by TransformerLens 3's ``convert_gpt2_weights``),
 runs its ``attribute``, ``prune_graph`` and ``compute_graph_scores`` and prints the comparison.
 circuit-tracer has error nodes at position 0 (always zero); they are dropped before comparing.
+``--cap`` builds both graphs under ``max_feature_nodes`` (features ranked by influence in rounds
+of 4 x 64), so that the same features say the two rankings chose alike.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ def _tokens(out: Path) -> list[int]:
 
 
 def write(
-    out: Path, kind: str, n_pos: int | None = None, d_tc: int = 64, hook: str = "mlp.hook_in"
-) -> None:
+    out: Path, kind: str, n_pos: int | None = None, d_tc: int = 64, hook: str = "mlp.hook_in",
+    cap: int | None = None,
+) -> None:  # fmt: skip
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from interp import attribution_graph, load_model
     from tests.transcoder_folders import random_transcoders, write_raw_folder
@@ -58,13 +61,14 @@ def write(
         )
     attribution_graph(model, torch.tensor(_tokens(out))[:4], tc)  # warm up
     start = time.perf_counter()
-    g = attribution_graph(model, torch.tensor(_tokens(out)), tc)
+    g = attribution_graph(model, torch.tensor(_tokens(out)), tc, max_feature_nodes=cap)
     print(f"interp: {g.info['active_features']} features, {time.perf_counter() - start:.2f} s")
     p = g.prune()
     torch.save(
         {
             "kind": kind,
             "input_hook": hook,
+            "cap": cap,
             "adjacency": g.adjacency,
             "features": torch.tensor(
                 g.nodes[g.nodes.kind == "feature"][["layer", "pos", "feature"]].to_numpy()
@@ -125,7 +129,8 @@ def compare(out: Path) -> None:
     tokens = _tokens(out)
     attribute(torch.tensor(tokens[:4]), model, batch_size=64)  # warm up
     start = time.perf_counter()
-    g = attribute(torch.tensor(tokens), model, batch_size=64)
+    cap = {} if ours.get("cap") is None else {"max_feature_nodes": ours["cap"]}
+    g = attribute(torch.tensor(tokens), model, batch_size=64, **cap)
     print(f"circuit-tracer: {time.perf_counter() - start:.2f} s")
     n_pos, n_f = len(tokens), len(g.selected_features)
     keep = list(range(n_f))
@@ -173,6 +178,7 @@ if __name__ == "__main__":
         opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=False))
         n_pos = int(opts["--positions"]) if "--positions" in opts else None
         kind, d_tc = opts.get("--kind", "per-layer"), int(opts.get("--d-tc", 64))
-        write(where, kind, n_pos, d_tc, opts.get("--input-hook", "mlp.hook_in"))
+        cap = int(opts["--cap"]) if "--cap" in opts else None
+        write(where, kind, n_pos, d_tc, opts.get("--input-hook", "mlp.hook_in"), cap)
     else:
         compare(where)

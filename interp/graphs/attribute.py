@@ -39,8 +39,8 @@ from interp.engine.allocator import return_freed_memory
 from interp.graphs.budget import GraphPlan, estimate_graph_bytes, free_bytes, plan_graph
 from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
 from interp.graphs.graph import AttributionGraph
-from interp.graphs.influence import partial_influences
 from interp.graphs.nodes import Sources, node_table, read_sources, salient_logits
+from interp.graphs.ranking import Ranking, ranking_device
 from interp.graphs.task_graph import is_task, task_graph_of
 from interp.graphs.vjp import one_copy_backward
 from interp.transcoders.loading import check_transcoders_fit
@@ -105,30 +105,28 @@ def _kept_columns(
 @dataclass
 class _RowTable:
     """The rows computed so far (logits first, then features in the order visited), every
-    source's column; under a cap they rank the features still to visit."""
+    source's column; under a cap their ``ranking`` picks the features still to visit."""
 
     values: Float[Tensor, "row col"]  # on the host, whatever the device
     nodes: Int[Tensor, " row"]  # each row's node as a column (a logit's after the sources')
+    ranking: Ranking | None = None  # under a cap: the rows normalised, on the ranking's device
+    ranked_on: str | None = None  # that device (kept in the graph's info)
     filled: int = 0
 
     def add(self, rows: Float[Tensor, "batch col"], nodes: Int[Tensor, " batch"]) -> None:
         end = self.filled + len(nodes)
-        self.values[self.filled : end, : rows.shape[1]] = rows.cpu()
+        self.values[self.filled : end, : rows.shape[1]].copy_(rows)
         self.nodes[self.filled : end] = nodes
         self.filled = end
+        if self.ranking is not None:
+            self.ranking.add(rows, nodes)
 
-
-def _next_round(table: _RowTable, visited: Tensor, plan: GraphPlan, logit_p: Tensor) -> Tensor:
-    """The features to visit next: every one at once uncapped; under a cap the ``round_size``
-    most influential not visited yet (through the rows so far), in (layer, pos) order."""
-    if not plan.capped:
-        return torch.arange(plan.n_active)
-    influence = partial_influences(
-        table.values[: table.filled], logit_p, table.nodes[: table.filled]
-    )
-    rank = torch.argsort(influence[: plan.n_active], descending=True)
-    pending = rank[~visited[rank]][: min(plan.round_size, plan.n_rows - table.filled)]
-    return pending.sort().values  # (layer, pos) order: each batch then reaches fewer positions
+    def next_round(self, visited: Tensor, plan: GraphPlan) -> Tensor:
+        """The features to visit next: every one at once uncapped; under a cap the
+        ``round_size`` most influential not visited yet (through the rows so far)."""
+        if self.ranking is None:
+            return torch.arange(plan.n_active)
+        return self.ranking.next_round(visited, min(plan.round_size, plan.n_rows - self.filled))
 
 
 def _graph_rows(
@@ -138,11 +136,18 @@ def _graph_rows(
     """Every logit's and kept feature's row (through ``one_copy``'s recording, or one frozen
     pass of ``plan.batch`` rows where it is None), and which features were visited."""
     _, logit_p, logit_vecs = logits
-    n_pos, dtype = len(tokens), src.embed.dtype
+    n_pos, dtype, width = len(tokens), src.embed.dtype, src.n_cols + plan.n_logits
+    # every entry is written but the logits' columns' (no row reads a logit): only they are
+    # zeroed first, not gigabytes of table at long prompts
     table = _RowTable(
-        torch.zeros(plan.n_rows, src.n_cols + plan.n_logits, dtype=dtype),
-        torch.zeros(plan.n_rows, dtype=torch.long),
+        torch.empty(plan.n_rows, width, dtype=dtype), torch.zeros(plan.n_rows, dtype=torch.long)
     )
+    table.values[:, src.n_cols :] = 0
+    if plan.capped:  # the device holds the estimate less the row table (on the host)
+        on_device = plan.estimated_bytes - table.values.numel() * table.values.element_size()
+        where = ranking_device(model.cfg.device, on_device)
+        table.ranking = Ranking(plan.n_rows, width, logit_p, dtype=dtype, device=where)
+        table.ranked_on = str(where)
     visited = torch.zeros(plan.n_active, dtype=torch.bool)
     bar = tqdm(total=plan.keep, desc="attribution graph: features", disable=not progress)
     with no_param_grads(model):
@@ -157,7 +162,7 @@ def _graph_rows(
             end = torch.full((len(chunk),), n_pos - 1, device=device)
             table.add(rows_of(src, at, end, logit_vecs[chunk]), chunk + src.n_cols)
         while table.filled < plan.n_rows:
-            for batch in torch.split(_next_round(table, visited, plan, logit_p), plan.batch):
+            for batch in torch.split(table.next_round(visited, plan), plan.batch):
                 layers, positions = src.feat_layer[batch], src.feat_pos[batch]
                 vectors = src.encoders[batch.to(device)]
                 table.add(rows_of(src, layers.to(device), positions.to(device), vectors), batch)
@@ -165,6 +170,7 @@ def _graph_rows(
                 bar.update(len(batch))
         del rows_of
     bar.close()
+    table.ranking = None  # its buffer goes before the assembly
     return table, visited
 
 
@@ -194,6 +200,7 @@ def _assemble(
             "estimated_bytes": plan.estimated_bytes,
             "hook": FINAL_HOOK,
             "backward": "one-copy" if plan.one_copy else "batched",
+            "ranking": table.ranked_on,  # where the features were ranked (None: uncapped)
         },
         context={"model": model, "tc": tc},  # for head loadings and QK attribution
     )

@@ -16,9 +16,10 @@ The build holds, in the work dtype (float32, float64 for a float64 model) unless
   ``[batch pos d_model]`` gradients (``_ONE_COPY_BACKWARD``, work dtype) and block of rows;
 * a bfloat16/float16 model on CPU: the kernels oneDNN compiles and caches per shape, which
   grow with the passes (``_KERNELS``; the one-copy backward: one pass, its rows in float32);
-* under a cap, one copy of the rows while ranking (``partial_influences``) and the kept
-  columns' copy at the end; afterwards pruning needs one more copy of the kept rows and a
-  mask.
+* under a cap, the ranking's normalised copy of the rows (:mod:`interp.graphs.ranking`),
+  filled as the rows are and alive with the row step's working memory until the last row,
+  and the kept columns' copy at the end; afterwards pruning needs one more copy of the kept
+  rows and a mask.
 
 The coefficients were fitted to peaks measured by benchmarks/bench_graph_memory.py (host RSS
 of a fresh process with freed memory returned to the system at once; CUDA's
@@ -116,10 +117,10 @@ def graph_bytes(
         attention = _ONE_COPY_PASS * n_heads * n_pos * n_pos * item
         backward = token * work * _ONE_COPY_BACKWARD + batch * columns * work
     capped = keep < n_active
-    ranking = block if capped else 0
+    ranking = block if capped else 0  # on the host, or on a CUDA device (ranking_device)
     end = rows * kept_columns * work if capped else 0
     pruning = rows * kept_columns * (work + 1)
-    during = frozen + max(attention, backward, ranking)
+    during = frozen + ranking + max(attention, backward)
     kernels = 0.0
     if item < 4 and str(cfg.device).startswith("cpu"):
         # the one-copy backward runs one pass in the model's dtype (its rows in float32)

@@ -1,0 +1,97 @@
+"""The features to visit next under ``max_feature_nodes``: circuit-tracer's rounds, ranked by
+influence through the rows computed so far (its ``compute_partial_influences``), without
+normalising every row again each round.
+
+A row never changes once computed, so its normalised ``|row|`` (each row divided by its sum,
+clamped at circuit-tracer's ``1e-8``: :data:`interp.graphs.influence.RANKING_CLAMP`) is written
+once, as its batch comes, into a buffer of every row to come (:class:`Ranking`); a round only
+runs the series ``w R̂ + w R̂² + ...`` over the rows filled so far. The buffer lives on the
+model's device where it is CUDA and the device's free memory holds what the build puts there
+(:func:`ranking_device`; the series then runs there, as circuit-tracer's does), else on the host.
+On the host the result is bit for bit :func:`interp.graphs.influence.partial_influences` of the
+rows so far (the same operations on the same rows; tests/graphs/test_graph_ranking.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from interp.foundation.fallbacks import warn_fallback
+from interp.foundation.sizes import format_size
+from interp.graphs.budget import free_bytes
+from interp.graphs.influence import RANKING_CLAMP
+
+__all__ = ["Ranking", "ranking_device"]
+
+logger = logging.getLogger(__name__)
+
+
+class Ranking:
+    """The rows computed so far, normalised as they come, and the influence through them."""
+
+    def __init__(
+        self, n_rows: int, n_cols: int, logit_p: Float[Tensor, " logit"], *, dtype, device
+    ) -> None:
+        # filled by add, batch by batch (no pass to zero it first: rows of 1e5-1e6 columns)
+        self.normalised: Float[Tensor, "row col"] = torch.empty(
+            n_rows, n_cols, dtype=dtype, device=device
+        )
+        self.row_nodes: Int[Tensor, " row"] = torch.zeros(n_rows, dtype=torch.long, device=device)
+        self.weights = torch.zeros(n_cols, dtype=dtype, device=device)  # logits last
+        self.weights[-len(logit_p) :] = logit_p.to(device=device, dtype=dtype)
+        self.filled = 0
+
+    def add(self, rows: Float[Tensor, "batch col"], nodes: Int[Tensor, " batch"]) -> None:
+        """Rows (their first columns; the rest are zero) of nodes ``nodes``, normalised."""
+        end = self.filled + len(nodes)
+        block = self.normalised[self.filled : end]
+        block[:, : rows.shape[1]].copy_(rows)
+        block[:, rows.shape[1] :] = 0
+        block.abs_()
+        block.div_(block.sum(dim=1, keepdim=True).clamp(min=RANKING_CLAMP))
+        self.row_nodes[self.filled : end] = nodes
+        self.filled = end
+
+    def influence(self, max_iter: int = 128) -> Float[Tensor, " col"]:
+        """Each node's influence on the weighted logits through the rows so far."""
+        normalised, row_nodes = self.normalised[: self.filled], self.row_nodes[: self.filled]
+        influence = torch.zeros_like(self.weights)
+        prod = self.weights
+        for _ in range(max_iter):
+            prod = prod[row_nodes] @ normalised
+            if not prod.any():
+                return influence
+            influence += prod
+        raise RuntimeError("feature influence did not converge")
+
+    def next_round(self, visited: Bool[Tensor, " feature"], size: int) -> Int[Tensor, " round"]:
+        """The ``size`` most influential features not ``visited`` yet, in (layer, pos) order
+        (each batch then reaches fewer positions), on the host."""
+        influence = self.influence()[: len(visited)]
+        rank = torch.argsort(influence, descending=True)
+        pending = rank[~visited.to(rank.device)[rank]][:size].cpu()
+        return pending.sort().values
+
+
+def ranking_device(device: torch.device | str, need: int, free: int | None = None) -> torch.device:
+    """Where the ranking's buffer lives: on a CUDA ``device`` whose free memory (``free``, or
+    read now) holds what the build ``need``s there (its estimate, which counts the buffer, less
+    the row table, which stays on the host), else on the host (a warning, once, where a CUDA
+    device lacks the room: ranking on the host runs slower)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.device("cpu")
+    free = free_bytes(device) if free is None else free
+    if need <= free:
+        return device
+    warn_fallback(
+        logger, "graph-ranking-on-host",
+        "the ranking under max_feature_nodes runs on the host: the build needs about %s, more "
+        "than the %s free on %s (slower; lower max_feature_nodes or free device memory)",
+        format_size(need), format_size(free), device,
+    )  # fmt: skip
+    return torch.device("cpu")
