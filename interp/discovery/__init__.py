@@ -5,38 +5,26 @@ features as writers (``feature_edge_scores``)."""
 
 from __future__ import annotations
 
-from interp.discovery.circuit import CIRCUIT_METHODS, Circuit, discover_circuit
-from interp.discovery.evaluate import (
-    ABLATIONS,
-    CURVE_FRACTIONS,
-    CircuitEvaluation,
-    evaluate_circuit,
+from interp.foundation.doors import exports, lazy_package, moved
+
+# public name -> its module, imported on first use (importing the package stays cheap)
+_EXPORTS = exports(
+    __name__,
+    {
+        ".graph": ("EdgeGraph", "Reader", "edge_count", "edge_name", "split_edge"),
+        ".scores": ("edge_scores", "METHODS", "SCORE_COLUMNS"),
+        ".circuit": ("Circuit", "discover_circuit", "CIRCUIT_METHODS"),
+        ".evaluate": ("CircuitEvaluation", "evaluate_circuit", "CURVE_FRACTIONS", "ABLATIONS"),
+        ".features": ("feature_edge_scores", "FEATURE_METHODS"),
+    },
 )
-from interp.discovery.features import FEATURE_METHODS, feature_edge_scores
-from interp.discovery.graph import EdgeGraph, Reader, edge_count, edge_name, split_edge
-from interp.discovery.scores import METHODS, SCORE_COLUMNS, edge_scores
-from interp.foundation.doors import moved
 
-__all__ = [
-    "EdgeGraph",
-    "Reader",
-    "edge_count",
-    "edge_name",
-    "split_edge",
-    "edge_scores",
-    "METHODS",
-    "SCORE_COLUMNS",
-    "Circuit",
-    "discover_circuit",
-    "CIRCUIT_METHODS",
-    "CircuitEvaluation",
-    "evaluate_circuit",
-    "CURVE_FRACTIONS",
-    "ABLATIONS",
-    "feature_edge_scores",
-    "FEATURE_METHODS",
-]
+__all__ = sorted(_EXPORTS)
 
-
+_exported, __dir__ = lazy_package(__name__, _EXPORTS)
 # renamed in 0.6.0 (graphs.AttributionGraph is the other graph)
-__getattr__ = moved(__name__, {"Graph": "interp.discovery:EdgeGraph"})
+_renamed = moved(__name__, {"Graph": "interp.discovery:EdgeGraph"})
+
+
+def __getattr__(name: str):
+    return (_renamed if name == "Graph" else _exported)(name)

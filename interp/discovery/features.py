@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from interp.dictionaries.core import decoder_flag
+from interp.dictionaries.core import resid_pre_layer
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
 from interp.discovery.graph import EdgeGraph, edge_frame
 from interp.discovery.runs import _undefined, dataset_mean, task_inputs
@@ -36,7 +35,6 @@ from interp.tasks import Task, TaskTokens
 __all__ = ["FEATURE_METHODS", "feature_edge_scores", "feature_name", "error_name", "sae_layer"]
 
 FEATURE_METHODS = ("eap", "eap-ig")  # the methods feature_edge_scores runs
-_RESID_PRE = re.compile(r"^blocks\.(\d+)\.hook_resid_pre$")
 
 
 def feature_name(layer: int, feature: int) -> str:
@@ -52,20 +50,7 @@ def error_name(layer: int) -> str:
 def sae_layer(model, sae) -> int:
     """The layer ``L`` of an SAE at ``blocks.L.hook_resid_pre`` of ``model``; a ValueError
     for any other hook or a width that does not fit."""
-    odd = decoder_flag(sae)
-    if odd is not None:
-        raise ValueError(
-            f"feature edges split the stream into f_j W_dec[j], which an SAE with "
-            f"{odd[0]}={odd[1]!r} does not write; use an SAE without it"
-        )
-    found = _RESID_PRE.match(str(sae.hook_name))
-    if found is None:
-        raise ValueError(
-            f"feature edges need an SAE on the residual stream at a layer's start "
-            f"(blocks.L.hook_resid_pre), where every later reader sees its features; this one "
-            f"reads {sae.hook_name!r}"
-        )
-    layer = int(found.group(1))
+    layer = resid_pre_layer(sae, "feature edges")
     if layer >= int(model.cfg.n_layers) or sae.d_in != int(model.cfg.d_model):
         raise ValueError(
             f"the SAE at {sae.hook_name} (d_in {sae.d_in}) does not fit this model "

@@ -15,11 +15,8 @@ rescaled by ``n_j / c`` (``n_j = ||W_dec[j]||``), which leaves the reconstructio
 unchanged (ReLU and TopK commute with a positive scale that is equal for all features in the
 TopK case, where ``n_j = 1``). Its figures (L0, explained variance, MSE, dead features:
 :mod:`interp.saes.held_out`) are measured on held-out text (:data:`EVAL_TOKENS` tokens,
-:meth:`TokenRows.held_out` with seed :data:`EVAL_SEED`).
-
-With ``store=`` the activations come from the store instead (it adapts itself:
-:meth:`interp.ActivationStore.sae_source`; a folder path is opened as one), and with
-``max_bytes`` the whole call stays within it (:mod:`interp.stores.budget`).
+:meth:`TokenRows.held_out` with seed :data:`EVAL_SEED`). The activations may come from a store
+instead (``store=``, ``max_bytes``: :func:`train_sae`).
 """
 
 from __future__ import annotations
@@ -101,9 +98,8 @@ def _drawn(model, hook: str, rows: TokenRows, gen, size: int):
 
 
 def _source(model, hook, rows, gen, held_out_rows, store, max_bytes, **settings):
-    """``(buffers, held-out rows, budgeted)``: computed as training goes, or the store's (it
-    adapts itself, :meth:`interp.ActivationStore.sae_source`), the held-out rows split into
-    the passes ``max_bytes`` allows."""
+    """``(buffers, held-out rows, budgeted)``: computed as training goes, or the store's
+    (:func:`train_sae`'s ``store`` and ``max_bytes``)."""
     if store is None:
         if max_bytes is not None:
             raise ValueError("max_bytes bounds what is read from a store; pass store= as well")

@@ -1,15 +1,11 @@
 """Load transcoders from circuit-tracer's folders or SAELens's, and check that they fit a model.
 
-A folder holds ``config.yaml`` (:mod:`interp.transcoders.files` has the format) and
-
-- ``model_kind: transcoder_set``: ``layer_{l}.safetensors`` for ``l = 0 .. n-1``, or a
-  ``transcoders:`` list of per-layer files (relative to the folder; ``.safetensors`` or
-  Gemma Scope's ``.npz`` with ``W_enc [d_model d_tc]`` and ``threshold``);
-- ``model_kind: cross_layer_transcoder``: ``W_enc_{l}.safetensors`` and ``W_dec_{l}.safetensors``.
-
-The activation is ``config["activation"]`` (``relu``, ``topk`` with ``k``, ``jump_relu``) or,
-as circuit-tracer does without one, JumpReLU where the files hold thresholds and ReLU otherwise.
-The hooks are circuit-tracer's names inside a block, which the bridge has under the same names
+A folder is ``config.yaml`` and the files :mod:`interp.transcoders.files` writes; a per-layer
+set may list its files instead (``transcoders:``, relative to the folder: ``.safetensors``, or
+Gemma Scope's ``.npz`` with ``W_enc [d_model d_tc]`` and ``threshold``). The activation is
+``config["activation"]`` (``relu``, ``topk`` with ``k``, ``jump_relu``) or, as circuit-tracer
+does without one, JumpReLU where the files hold thresholds and ReLU otherwise. The hooks are
+circuit-tracer's names inside a block, which the bridge has under the same names
 (:data:`INPUT_HOOKS`, :data:`OUTPUT_HOOKS`).
 
 SAELens transcoders (one ``cfg.json`` + ``sae_weights.safetensors`` folder per layer: a folder

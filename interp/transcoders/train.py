@@ -9,12 +9,8 @@ and folding: :mod:`interp.transcoders.fit`). The result is a
 :class:`~interp.transcoders.TranscoderSet` in the model's units, saved (with ``out=``) in
 circuit-tracer's format. Its figures (FVU, L0, dead features: :mod:`interp.transcoders.held_out`)
 are measured per layer on held-out tokens (:data:`EVAL_TOKENS`, :meth:`TokenRows.held_out` with
-seed :data:`EVAL_SEED`).
-
-With ``store=`` (a store of every layer's MLP input and output, :func:`interp.stores.fill_store`)
-the pairs are read from disk in shuffled batches instead (:mod:`interp.stores.pairs`), the whole
-call holding at most ``max_bytes`` (:mod:`interp.stores.budget`); the held-out figures still come
-from the model.
+seed :data:`EVAL_SEED`). With ``store=`` the pairs are read from disk instead
+(:mod:`interp.stores.pairs`); the held-out figures still come from the model.
 """
 
 from __future__ import annotations
@@ -237,26 +233,21 @@ def train_transcoder(
 
 def _fit(fresh, shuffle, gen, n_layers, d_model, device, *, kind, activation, d_tc, **settings):
     """Scales from the first buffer of ``fresh`` (one per layer and side: mean norm
-    ``sqrt(d_model)``, fit's module docstring), the parameters' start, and the training:
-    ``(p, mask, c_in, c_out, history)``. ``shuffle``: the generator that shuffles each buffer
-    (None: a store's batches, shuffled already)."""
+    ``sqrt(d_model)``, fit's module docstring), the parameters' start
+    (:func:`interp.transcoders.fit.init_params`) with the mask of which layers each layer's
+    features write, and the training: ``(p, mask, c_in, c_out, history)``. ``shuffle``: the
+    generator that shuffles each buffer (None: a store's batches, shuffled already)."""
     first = next(fresh)
     c_in = d_model**0.5 / first[0].norm(dim=-1).mean(0).clamp_min(1e-12)
     c_out = d_model**0.5 / first[1].norm(dim=-1).mean(0).clamp_min(1e-12)
     buffers = _scaled(chain([first], fresh), c_in, c_out, shuffle)
     del first
-    p, mask = _start(n_layers, d_model, d_tc, kind, activation, gen, device)
-    history = fitting.fit(partial(next, buffers), p, mask, activation=activation, **settings)
-    return p, mask, c_in, c_out, history
-
-
-def _start(n_layers: int, d_model: int, d_tc: int, kind: str, activation: str, gen, device):
-    """The parameters at their start (:func:`interp.transcoders.fit.init_params`) on ``device``,
-    and which layers each layer's features write (the mask)."""
     cross = kind == "cross-layer"
     p = fitting.init_params(
         n_layers, d_model, d_tc, cross=cross, skip=kind == "skip", activation=activation, gen=gen
     )
     p = {key: t.to(device).requires_grad_() for key, t in p.items()}
     ones = torch.ones(n_layers, n_layers, device=device)
-    return p, ones.triu() if cross else torch.eye(n_layers, device=device)
+    mask = ones.triu() if cross else torch.eye(n_layers, device=device)
+    history = fitting.fit(partial(next, buffers), p, mask, activation=activation, **settings)
+    return p, mask, c_in, c_out, history
