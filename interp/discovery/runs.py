@@ -19,8 +19,9 @@ from torch import Tensor
 
 from interp.discovery.graph import EdgeGraph, Reader
 from interp.discovery.inputs import reader_hooks
-from interp.engine import RowMetricFn, check_eval, run_cached, run_patched
+from interp.engine import check_eval, run_cached, run_patched
 from interp.engine.estimates import _itemsize
+from interp.interventions.inputs import task_row_metric as row_metric
 from interp.models.norms import POST_NORMS, effective_weight, is_rms, param, post_norm
 from interp.tasks import Task, TaskMetric, TaskTokens
 
@@ -177,12 +178,6 @@ def task_inputs(
         raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
     batch = task.tokens(model) if isinstance(task, Task) else task
     return EdgeGraph.from_model(model), batch, batch.metric(metric)
-
-
-def row_metric(metric: TaskMetric) -> RowMetricFn:
-    """``metric`` as :func:`interp.engine.run_patched`'s row metric: batch row ``b`` read as task
-    row ``rows[b]`` (runs repeat the rows)."""
-    return lambda logits, rows: metric.select(rows)(logits)
 
 
 def patched_metrics(
