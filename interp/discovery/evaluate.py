@@ -186,9 +186,7 @@ def evaluate_circuit(
             or ``"zero"``.
         scores: an edge_scores frame; when given (or when ``edges`` is a Circuit with scores)
             the MIB curve, CPR and CMD are computed over edges ordered by ``|score|``.
-        metric: a :meth:`interp.tasks.TaskTokens.metric` kind.
-        max_rows, max_bytes: batch rows per pass, or a memory budget; the numbers do not
-            depend on either.
+        metric, max_rows, max_bytes: as :func:`interp.discovery.scores.edge_scores`'s.
 
     Every circuit run, the curve's and the empty circuit's, shares batched passes.
     """

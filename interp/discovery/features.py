@@ -145,13 +145,10 @@ def feature_edge_scores(
     Args:
         sae: an :class:`interp.saes.sae.SAE` at ``blocks.L.hook_resid_pre`` (other hooks are
             refused: a feature there is read by every later reader, nothing else is).
-        method: ``"eap"`` or ``"eap-ig"`` (``ig_steps`` points), as in
-            :func:`interp.discovery.scores.edge_scores`.
-        metric: a :meth:`interp.tasks.TaskTokens.metric` kind.
+        method: ``"eap"`` or ``"eap-ig"``; it, ``ig_steps``, ``metric``, ``max_rows`` and
+            ``max_bytes`` as :func:`interp.discovery.scores.edge_scores`'s.
         top_features: keep the edges of the ``top_features`` features with the largest
             ``sum |score|`` over their edges (default every feature); error edges are kept.
-        max_rows / max_bytes: task rows x steps per backward pass, or a budget they are
-            planned from; the scores do not depend on them.
         upstream: also score ``W -> SAE{L}.F{j}`` and ``W -> SAE{L}.error`` for each graph
             writer ``W`` before layer ``L`` (:mod:`interp.discovery.feature_gradients`).
 
