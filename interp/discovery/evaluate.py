@@ -181,9 +181,8 @@ def evaluate_circuit(
     Args:
         edges: a :class:`interp.discovery.circuit.Circuit` or an iterable of edge names
             (``SOURCE->TARGET``).
-        ablation: what the reader of an edge outside the circuit gets: ``"patch"`` (the
-            writer's corrupted output), ``"mean"`` (its mean over the clean rows' real tokens)
-            or ``"zero"``.
+        ablation: what the reader of an edge outside the circuit gets (module docstring):
+            ``"patch"``, ``"mean"`` or ``"zero"``.
         scores: an edge_scores frame; when given (or when ``edges`` is a Circuit with scores)
             the MIB curve, CPR and CMD are computed over edges ordered by ``|score|``.
         metric, max_rows, max_bytes: as :func:`interp.discovery.scores.edge_scores`'s.

@@ -7,9 +7,8 @@ the heads flattened into one vector when ``reshape_activations == "hook_z"``), t
 ``(x - mean) / (std + 1e-5)`` (``layer_norm``, ``std`` unbiased). With ``h = s W_enc + b_enc``:
 
 - ``standard``, ``jumprelu``, ``topk``, ``batchtopk``: ``f = act(h)``, the activation of
-  :mod:`interp.dictionaries.activations` (``standard`` is ``relu``) with SAELens's ``floor``
-  (JumpReLU is ``ReLU(h) * (h > threshold)``, TopK's kept values go through ReLU); for ``topk``
-  with ``rescale_acts_by_decoder_norm``, of ``h * |W_dec[j]|``;
+  :mod:`interp.dictionaries.activations` (``standard`` is ``relu``) with SAELens's ``floor``;
+  for ``topk`` with ``rescale_acts_by_decoder_norm``, of ``h * |W_dec[j]|``;
 - ``gated``: ``f = (s W_enc + b_gate > 0) * ReLU(s (W_enc * exp(r_mag)) + b_mag)``.
 
 The reconstruction is ``norm_out(f W_dec + b_dec)`` (``f / |W_dec[j]|`` first when rescaled),
@@ -17,9 +16,8 @@ The reconstruction is ``norm_out(f W_dec + b_dec)`` (``f / |W_dec[j]|`` first wh
 ``output_hook_name``) reads one hook and writes another: no ``norm_out``, and ``forward`` adds
 ``x W_skip^T`` when it has a skip connection. The maps are those of
 :class:`interp.dictionaries.Dictionary`; this class adds the hook, the input normalisation and
-gating. The tests transcribe each
-formula independently (tests/saes/test_sae_saelens.py); benchmarks/bench_saes.py compares with
-SAELens itself.
+gating. The tests transcribe each formula independently (tests/saes/test_sae_saelens.py);
+benchmarks/bench_saes.py compares with SAELens itself.
 """
 
 from __future__ import annotations

@@ -111,9 +111,8 @@ def fill_store(
 ) -> ActivationStore:
     """Run ``tokens`` (rows of token ids) through ``model`` and store the activations at ``hooks``
     in ``shards`` parts under ``path``, each shard on ``executor`` (an executor of
-    :mod:`interp.foundation.executors.backends`; None: one after the other here). A re-run with the
-    same
-    model, hooks and tokens does only the parts that are missing."""
+    :mod:`interp.foundation.executors.backends`; None: one after the other here). A re-run with
+    the same model, hooks and tokens does only the parts that are missing."""
     tokens = torch.as_tensor(tokens)
     if tokens.dim() != 2 or not 1 <= shards <= len(tokens):
         raise ValueError(
