@@ -186,12 +186,8 @@ class ActivationStore:
             read_rows(f, offset, out[0].nbytes if len(out) else 0, 0, out)
         return torch.from_numpy(out)
 
-    def sae_source(self, model, hook: str, rows, gen: torch.Generator, *, batch_tokens: int,
-                   d_sae: int, max_bytes, held_out: list[Tensor], chunk: int):  # fmt: skip
-        """What :func:`interp.train_sae` trains on from this store: ``(buffers, held_out)``
-        (:func:`interp.stores.sae_source.sae_source`)."""
-        return sae_source(self, model, hook, rows, gen, batch_tokens=batch_tokens, d_sae=d_sae,
-                          max_bytes=max_bytes, held_out=held_out, chunk=chunk)  # fmt: skip
+    # what interp.train_sae trains on from this store: interp.stores.sae_source.sae_source
+    sae_source = sae_source
 
     def tokens(self, index: int) -> np.ndarray:
         """Part ``index``'s token ids."""
