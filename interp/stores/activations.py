@@ -10,11 +10,10 @@ A store is a folder::
 
 :func:`fill_store` runs a token stream (rows of token ids) through the model in shards on any
 executor (:mod:`interp.foundation.executors`). Each shard's job carries only its own rows;
-it runs :data:`ROWS_PER_PASS` rows at a time, one forward pass for every hook, and appends
-each pass's activations to its part on disk as they come (:func:`interp.stores.parts.fill_part`:
-a shard holds one pass, whatever its size); its part appears whole or not at all, and the
-driver writes ``store.json`` last, so a store that has one is complete. A BOS token at
-position 0 is left out (:func:`interp.dictionaries.data.hook_activations` computes them).
+it runs :data:`ROWS_PER_PASS` rows at a time, one forward pass for every hook, into its part
+(:func:`interp.stores.parts.fill_part`), and the driver writes ``store.json`` last, so a
+store that has one is complete. A BOS token at position 0 is left out
+(:func:`interp.dictionaries.data.hook_activations` computes them).
 
 :meth:`ActivationStore.batches` reads it back shuffled without loading it, holding at most
 ``max_bytes`` (:mod:`interp.stores.reading` says what is counted).
