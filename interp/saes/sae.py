@@ -42,9 +42,8 @@ LAYER_NORM_EPS = 1e-5  # SAELens's run_time_activation_ln_in
 class SAE(Dictionary, torch.nn.Module):
     """A sparse autoencoder at one hook of a model, SAELens conventions.
 
-    Parameters ``W_enc [d_in d_sae]``, ``b_enc [d_sae]`` (None for ``gated``, which has
-    ``b_gate``, ``r_mag``, ``b_mag [d_sae]``), ``W_dec [d_sae d_out]``, ``b_dec [d_out]``,
-    ``threshold [d_sae]`` for ``jumprelu`` and ``W_skip [d_out d_in]`` for a skip transcoder.
+    Parameters as :class:`~interp.dictionaries.Dictionary`'s (``d_sae`` its ``d_dict``; a
+    ``gated`` SAE has ``b_gate``, ``r_mag``, ``b_mag [d_sae]`` in place of ``b_enc``), where
     ``d_out == d_in`` except for transcoders. ``hook_name`` is a TransformerLens hook name
     such as ``"blocks.1.hook_resid_pre"``; ``cfg`` is the saved config as read (kept, written
     back by :meth:`save`); ``source`` says which library's folder it came from.
