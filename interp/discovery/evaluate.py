@@ -186,8 +186,6 @@ def evaluate_circuit(
         scores: an edge_scores frame; when given (or when ``edges`` is a Circuit with scores)
             the MIB curve, CPR and CMD are computed over edges ordered by ``|score|``.
         metric, max_rows, max_bytes: as :func:`interp.discovery.scores.edge_scores`'s.
-
-    Every circuit run, the curve's and the empty circuit's, shares batched passes.
     """
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
