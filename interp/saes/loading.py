@@ -73,7 +73,9 @@ def _read(fmt: str, folder: Path, hook_name: str | None, factor: float | None) -
         from interp.saes.saelens import read_saelens
 
         cfg = _read_json(folder / "cfg.json")
-        if hook_name is not None and not _names_hook(cfg):
+        meta = cfg.get("metadata") or {}
+        named = cfg.get("hook_name") or cfg.get("hook_point") or meta.get("hook_name")
+        if hook_name is not None and not named:
             cfg = {**cfg, "hook_name": hook_name}
         tensors = read_tensors(folder / FORMATS[fmt][1])
         return read_saelens(folder, cfg, tensors, norm_scaling_factor=factor)
@@ -88,11 +90,6 @@ def _read(fmt: str, folder: Path, hook_name: str | None, factor: float | None) -
     from interp.saes.gemmascope import read_gemmascope
 
     return read_gemmascope(folder, hook_name)
-
-
-def _names_hook(cfg: dict) -> bool:
-    return bool(cfg.get("hook_name") or cfg.get("hook_point") or
-                (cfg.get("metadata") or {}).get("hook_name"))  # fmt: skip
 
 
 def sae_format(folder: str | Path) -> str | None:

@@ -121,17 +121,13 @@ def fill_store(
     spec = model_spec(model)
     rows = tokens.to(torch.int64).numpy()
     job = _FillShard(spec, tuple(hooks), rows, str(path))  # each shard is sent its rows only
-    digest = _digest(rows)
+    digest = hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()[:16]
     key = {"store": FORMAT, "model": spec["fingerprint"], "hooks": list(hooks), "tokens": digest}
     parts = run_shards(
         job, shards, executor or InlineExecutor(), path, key=key, progress=progress,
         desc="activation shards",
     )  # fmt: skip
     return write_meta(Path(path), spec, hooks, parts, {"kind": "tokens", "tokens_sha": digest})
-
-
-def _digest(rows: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()[:16]
 
 
 class ActivationStore:
