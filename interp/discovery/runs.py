@@ -113,10 +113,8 @@ def writer_outputs(
         _post_normed(model, run, lay, norm, run[f"blocks.{lay}.attn.hook_result"])
         for lay, norm in enumerate(post)
     )
-    outputs = WriterOutputs(
-        run["blocks.0.hook_resid_pre"], heads, tuple(run[name] for name in mlp_names)
-    )
-    return outputs, run.logits
+    mlps = tuple(run[name] for name in mlp_names)
+    return WriterOutputs(run["blocks.0.hook_resid_pre"], heads, mlps), run.logits
 
 
 def _post_normed(

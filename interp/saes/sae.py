@@ -96,11 +96,8 @@ class SAE(Dictionary, torch.nn.Module):
             self, param(W_enc), param(b_enc), param(W_dec), param(b_dec), activation=activation,
             threshold=param(threshold), k=k, W_skip=param(W_skip), what="SAE", width="d_sae",
         )  # fmt: skip
-        self.b_gate, self.r_mag, self.b_mag = (
-            (param(gate["b_gate"]), param(gate["r_mag"]), param(gate["b_mag"]))
-            if gate is not None
-            else (None, None, None)
-        )
+        gates = ("b_gate", "r_mag", "b_mag")  # a gated SAE's; None for the others
+        self.b_gate, self.r_mag, self.b_mag = (param((gate or {}).get(n)) for n in gates)
         # SAELens's batchtopk training state (not used to encode), kept so that save writes it
         self.register_buffer("topk_threshold", None)
         self.architecture, self.hook_name = architecture, hook_name
