@@ -164,10 +164,8 @@ def _needs() -> str:
 def _from_hub(repo: str, subfolder: str) -> tuple[Path, str]:
     """Download (or find in the local cache) the files of an SAE on the hub, trying each
     format's files in turn."""
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError as err:  # pragma: no cover - transformers depends on it
-        raise SAELoadError("loading an SAE by hub name needs huggingface_hub") from err
+    from huggingface_hub import hf_hub_download  # transformers depends on it
+
     where = f"{repo}/{subfolder}" if subfolder else repo
     for fmt, files in FORMATS.items():
         paths = []
