@@ -1,15 +1,11 @@
 """Load an SAE from a bundled name, a local folder, or a hub name, in any of four formats.
 
-The folder's files say its format (:data:`FORMATS`):
-
-- SAELens (``cfg.json`` + ``sae_weights.safetensors``): :mod:`interp.saes.saelens`;
-- EleutherAI sparsify (``cfg.json`` + ``sae.safetensors``): :mod:`interp.saes.sparsify`;
-- dictionary_learning (``ae.pt`` + ``config.json``): :mod:`interp.saes.dictionary_learning`;
-- Gemma Scope (``params.npz``): :mod:`interp.saes.gemmascope`.
-
-Each reader computes what its own library computes, or refuses in one line naming what
-interp does not compute. Tensors are read straight into the SAE's parameters (safetensors,
-memory-mapped ``torch.load``, ``np.load``), with no second copy of the weights.
+The folder's files say its format (:data:`FORMATS`), read by its module:
+:mod:`interp.saes.saelens`, :mod:`interp.saes.sparsify`, :mod:`interp.saes.dictionary_learning`
+or :mod:`interp.saes.gemmascope`. Each reader computes what its own library computes, or
+refuses in one line naming what interp does not compute. Tensors are read straight into the
+SAE's parameters (safetensors, memory-mapped ``torch.load``, ``np.load``), with no second copy
+of the weights.
 """
 
 from __future__ import annotations
