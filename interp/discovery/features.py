@@ -27,7 +27,7 @@ from torch import Tensor
 from interp.dictionaries.core import resid_pre_layer
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
 from interp.discovery.graph import EdgeGraph, edge_frame
-from interp.discovery.runs import _undefined, dataset_mean, task_inputs
+from interp.discovery.runs import WriterOutputs, _undefined, dataset_mean, task_inputs
 from interp.engine import run_cached
 from interp.engine.estimates import _itemsize
 from interp.tasks import Task, TaskTokens
@@ -70,12 +70,9 @@ def _decomposed(model, sae, tokens: Tensor, graph: EdgeGraph, layer: int, upstre
         features = sae.encode(x.to(sae.W_enc.dtype))
         error = x - sae.decode(features).to(x.dtype)
     writers = None
-    if upstream:  # embed, then each layer's heads and MLP: graph.writers' order
-        blocks = [embed.unsqueeze(0)]
-        for lay in range(layer):
-            blocks.append(run[f"blocks.{lay}.attn.hook_result"].permute(2, 0, 1, 3))
-            blocks += [run[f"blocks.{lay}.hook_mlp_out"].unsqueeze(0)] if graph.mlps else []
-        writers = torch.cat(blocks)
+    if upstream:  # the graph's writers before the layer
+        heads = tuple(run[f"blocks.{lay}.attn.hook_result"] for lay in range(layer))
+        writers = WriterOutputs(embed, heads, tuple(run[name] for name in mlps)).stacked()
     return embed, features, error, writers, run.logits
 
 

@@ -81,6 +81,14 @@ class WriterOutputs:
     def rows(self, lo: int, hi: int) -> WriterOutputs:
         return self.map(lambda t: t[lo:hi])
 
+    def stacked(self) -> Float[Tensor, "writer rows pos d_model"]:
+        """Every writer's output in graph order: ``embed``, then each layer's heads and MLP."""
+        blocks = [self.embed.unsqueeze(0)]
+        for layer, heads in enumerate(self.heads):
+            blocks.append(heads.permute(2, 0, 1, 3))
+            blocks += [self.mlps[layer].unsqueeze(0)] if self.mlps else []
+        return torch.cat(blocks)
+
 
 def writer_outputs(
     model, tokens: Int[Tensor, "rows pos"], graph: EdgeGraph, interventions: Sequence = ()
