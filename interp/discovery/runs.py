@@ -4,8 +4,7 @@ built on, and the start every discovery method shares (:func:`task_inputs`).
 A *run* is a set of edges ``(writer, reader)``. It is the corrupted run of every task row with
 each edge's reader given ``clean - corrupted`` of the writer's output (the two unpatched runs'
 values) at its input only (:mod:`interp.discovery.inputs`); everything else is recomputed. A
-run of every edge out of one writer is therefore that writer's output patched. Many runs share
-a forward pass, each a block of rows; rows split freely under ``max_bytes``.
+run of every edge out of one writer is therefore that writer's output patched.
 """
 
 from __future__ import annotations
