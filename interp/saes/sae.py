@@ -167,10 +167,8 @@ class SAE(Dictionary, torch.nn.Module):
                     "decode(acts, x) with the activation acts came from"
                 )
             scale, shift = self._stats(self._flat(x))
-            if self.normalize_activations == "constant_norm_rescale":
-                out = out / scale
-            else:
-                out = out * scale + shift
+            rescale = self.normalize_activations == "constant_norm_rescale"
+            out = out / scale if rescale else out * scale + shift
         if self.reshape_activations == "hook_z" and x is not None:
             out = out.unflatten(-1, x.shape[-2:])
         return out

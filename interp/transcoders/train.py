@@ -30,6 +30,7 @@ from interp.dictionaries.data import TokenRows, hook_activations
 from interp.dictionaries.training import BUFFER_BATCHES
 from interp.engine import trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
+from interp.saes.train import EVAL_CHUNK, EVAL_SEED  # train_sae's: the same held-out rows
 from interp.stores.budget import token_bytes
 from interp.stores.pairs import store_pairs
 from interp.transcoders import fit as fitting
@@ -40,9 +41,7 @@ __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TranscoderTrainingReport", "train_transc
 
 KINDS = ("per-layer", "skip", "cross-layer")  # a set's KINDS, "skip" a per-layer set with W_skip
 INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "mlp.hook_out"  # circuit-tracer's names
-EVAL_TOKENS = 16384  # held-out tokens the figures are measured on
-EVAL_CHUNK = 4096  # tokens encoded at a time for them
-EVAL_SEED = 12345  # the same held-out rows for every run on the same texts
+EVAL_TOKENS = 16384  # held-out tokens the figures are measured on (EVAL_CHUNK at a time)
 
 
 @dataclass(frozen=True)
