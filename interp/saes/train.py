@@ -177,7 +177,6 @@ def train_sae(
     device = torch.device(device if device is not None else model.cfg.device)
     gen = torch.Generator().manual_seed(seed)
     rows = TokenRows(model, texts, gen)
-    k = k if architecture == "topk" else None
     source, held_out_rows, budgeted = _source(
         model, hook, rows, gen, rows.held_out(EVAL_TOKENS, EVAL_SEED), store, max_bytes,
         batch_tokens=batch_tokens, d_sae=d_sae,
