@@ -1,9 +1,8 @@
 """Train transcoders on a model's MLPs: per-layer, with a skip term, or cross-layer.
 
 Every layer's MLP input (``blocks.L.mlp.hook_in``) and output (``blocks.L.mlp.hook_out``) are
-read in one pass per buffer of token rows (the texts given, or the bundled model's own
-training mix, as :func:`interp.train_sae`; a BOS token at position 0 is left out), and all
-layers train together on the same tokens, by the one loop of every dictionary
+read in one pass per buffer of token rows (drawn as :func:`interp.train_sae` draws them), and
+all layers train together on the same tokens, by the one loop of every dictionary
 (:mod:`interp.dictionaries.training`, whose docstring gives the losses; the parameters' start
 and folding: :mod:`interp.transcoders.fit`). The result is a
 :class:`~interp.transcoders.TranscoderSet` in the model's units, saved (with ``out=``) in
