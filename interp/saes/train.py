@@ -38,6 +38,7 @@ from interp.engine import check_hook_names, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes import held_out
 from interp.saes.sae import SAE
+from interp.stores import ActivationStore
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "train_sae"]
 
@@ -106,8 +107,6 @@ def _source(model, hook, rows, gen, held_out_rows, store, max_bytes, **settings)
         size = BUFFER_BATCHES * settings["batch_tokens"]
         return _drawn(model, hook, rows, gen, size), held_out_rows, False
     if isinstance(store, str | os.PathLike):  # a folder: opened here, as in 0.5
-        from interp.stores import ActivationStore
-
         store = ActivationStore(store)
     buffers, held_out_rows = store.sae_source(
         model, hook, rows, gen, max_bytes=max_bytes, held_out=held_out_rows, chunk=EVAL_CHUNK,

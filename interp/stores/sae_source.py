@@ -1,6 +1,6 @@
-"""What a store gives :func:`interp.train_sae` (through :meth:`ActivationStore.sae_source`: the
-store adapts itself to the trainer, which imports nothing of stores): buffers of activations,
-in the order training consumes them, and the held-out rows split as the budget allows.
+"""What a store gives :func:`interp.train_sae` (:meth:`ActivationStore.sae_source`): buffers of
+activations, in the order training consumes them, and the held-out rows split as the budget
+allows.
 
 - a store filled by :func:`interp.stores.training.fill_training_store`: the trainer's own
   draws, replayed (token draws cost no forward pass), with the activations read from the
