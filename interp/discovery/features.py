@@ -154,9 +154,8 @@ def feature_edge_scores(
     ``upstream``, one row per (writer, feature or error), features in index order then the
     error, each one's writers in graph order. A feature that is equal in the clean and
     corrupted runs at every row and position scores exactly 0 into its readers; one that
-    fires at no gradient point scores exactly 0 from its writers. ``attrs``:
-    ``clean_metric``, ``corrupted_metric``, ``method``, ``n_rows``, ``recovered_undefined``,
-    ``sae_layer``, ``active_features`` (how many changed).
+    fires at no gradient point scores exactly 0 from its writers. ``attrs``: edge_scores',
+    ``sae_layer`` and ``active_features`` (how many changed).
     """
     graph, batch, task_metric = task_inputs(
         model, task, metric, max_rows, max_bytes, method=method, methods=FEATURE_METHODS,
