@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from interp.foundation.doors import exports, lazy_package, moved
 
-# public name -> its module, imported on first use (importing the package stays cheap)
 _EXPORTS = exports(
     __name__,
     {
