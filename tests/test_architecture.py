@@ -123,7 +123,6 @@ def test_the_layers_place_what_the_docs_say(layers):
         layer_of(f"interp.{f}", layers)[0]
         for f in ("tasks", "stores", "circuits", "interventions", "saes", "attribution", "graphs")
     )  # the dictionary core is the bottom of the analyses
-    assert layer_of("interp.tasks.sharded", layers)[1] == OLD_PATHS
     assert layer_of("interp.engine.cache", layers)[1] == "2 engine"
     assert layer_of("interp.nowhere", layers) is None
 
@@ -275,7 +274,7 @@ def test_every_old_path_says_it_is_deprecated(layers):
                 isinstance(t, ast.Name) and t.id == "__deprecated__" for t in node.targets
             ):
                 marked.add(name)
-    listed = dict(layers)[OLD_PATHS]
+    listed = dict(layers).get(OLD_PATHS, [])  # none while no move is pending
     assert marked == set(listed), (marked, listed)
 
 

@@ -17,7 +17,6 @@ from torch import Tensor
 from interp.attribution.residual import ResidualParts, check_within
 from interp.engine import Prompt, TokenError, to_tokens
 from interp.engine import resolve_token as _resolve_token
-from interp.foundation.doors import moved
 from interp.models.layernorm import fold_info
 from interp.models.norms import effective_bias, effective_weight, is_rms, normalise, param, soft_cap
 
@@ -187,6 +186,3 @@ def _attribute(
         note=_note(model),
     )
     return frame
-
-
-__getattr__ = moved(__name__, {"resolve_token": "interp.engine.tokens:resolve_token"})

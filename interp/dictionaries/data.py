@@ -12,7 +12,7 @@ model was trained on.
 comes from the one ``torch.Generator`` it is given. :func:`hook_activations` reads their
 activations at hooks through the engine (``run_cached``), a BOS at position 0 left out (SAEs,
 transcoders and stores read them so). Moved here from ``interp.saes.data`` in 0.6.0 (the old
-path keeps working one release, with a DeprecationWarning).
+path went in 0.7.0).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ features as writers (``feature_edge_scores``)."""
 
 from __future__ import annotations
 
-from interp.foundation.doors import exports, lazy_package, moved
+from interp.foundation.doors import exports, lazy_package
 
 _EXPORTS = exports(
     __name__,
@@ -20,10 +20,4 @@ _EXPORTS = exports(
 
 __all__ = sorted(_EXPORTS)
 
-_exported, __dir__ = lazy_package(__name__, _EXPORTS)
-# renamed in 0.6.0 (graphs.AttributionGraph is the other graph)
-_renamed = moved(__name__, {"Graph": "interp.discovery:EdgeGraph"})
-
-
-def __getattr__(name: str):
-    return (_renamed if name == "Graph" else _exported)(name)
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)

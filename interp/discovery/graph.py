@@ -22,8 +22,6 @@ from functools import cached_property
 
 import pandas as pd
 
-from interp.foundation.doors import moved
-
 __all__ = ["EdgeGraph", "Reader", "edge_count", "edge_name", "split_edge", "edge_frame"]
 
 QKV = ("q", "k", "v")
@@ -179,6 +177,3 @@ def edge_count(model_or_config) -> int:
     """The number of edges of a model's (or a config's) graph."""
     loaded = hasattr(model_or_config, "hook_dict")
     return len((EdgeGraph.from_model if loaded else EdgeGraph.from_config)(model_or_config))
-
-
-__getattr__ = moved(__name__, {"Graph": "interp.discovery.graph:EdgeGraph"})

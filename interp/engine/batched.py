@@ -137,8 +137,11 @@ def _block_hooks(
         def hook(act: Tensor, hook) -> Tensor:
             if name == expand_at:
                 act = act.repeat(n_runs, *([1] * (act.ndim - 1)))  # run-major blocks of rows
+            # OPT's MLP flattens batch and position, and after the rows were repeated the
+            # bridge no longer restores them: a view of the run-major [rows pos ...] blocks
+            rows = act.view(n_runs * n_rows, -1, *act.shape[1:]) if act.ndim == 2 else act
             for p, fn in items:
-                fn(act[p * n_rows : (p + 1) * n_rows], hook)  # in place (see hooks._write)
+                fn(rows[p * n_rows : (p + 1) * n_rows], hook)  # in place (see hooks._write)
             return act
 
         return hook

@@ -125,6 +125,8 @@ def check_hook_names(model, names: Sequence[str]) -> None:
         reason = model._gated_hook_reason(name)
         if reason is not None:
             hint = "; pass head_outputs=True instead" if name.endswith("attn.hook_result") else ""
+            if not hint and callable(getattr(model, f"set_{reason}", None)):
+                hint = f"; model.set_{reason}(True) turns it on"
             raise KeyError(
                 f"hook '{name}' does not fire on this model as configured: {reason}{hint}"
             )

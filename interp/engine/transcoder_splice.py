@@ -23,7 +23,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.engine.passes import HookFn, hook_shape
-from interp.foundation.doors import moved
 
 if TYPE_CHECKING:
     from interp.engine.feature_edit import FeatureEdit
@@ -36,9 +35,6 @@ __all__ = [
 ]
 
 TRANSCODER_ACTS = "hook_transcoder_acts"  # the suffix feature activations are cached under
-
-
-__getattr__ = moved(__name__, {"FeatureEdit": "interp.engine.feature_edit:FeatureEdit"})
 
 
 def transcoder_acts_name(layer: int) -> str:

@@ -38,7 +38,6 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from interp.engine import FeatureEdit, forward, run_cached, to_tokens
-from interp.foundation.doors import moved
 from interp.graphs.frozen import FINAL_HOOK
 
 __all__ = ["FeatureRun", "FrozenRun", "feature_intervention", "frozen_feature_run"]
@@ -217,6 +216,3 @@ def frozen_feature_run(
     tc, pre, final, _ = _run(model, tokens, tc, edits, layers, True)
     W_U = model.W_U.detach().to(final.dtype)
     return FrozenRun(pre_activations=pre, logits=final[-1] @ W_U)
-
-
-__getattr__ = moved(__name__, {"FINAL": "interp.graphs.frozen:FINAL_HOOK"})

@@ -48,7 +48,13 @@ __all__ = ["QK_COLUMNS", "attention_pairs", "qk_attribution", "qk_parts"]
 # the columns of qk_attribution's table
 QK_COLUMNS = ("query_node", "key_node", "query_id", "key_id", "contribution")
 CONSTANTS = ("other", "constant", "bias")  # the named items after the nodes (module docstring)
-SCALE_RTOL = 1e-3  # the pattern recomputed from q and k: a wrong scale is off by far more
+# the pattern recomputed from q and k against the model's: at least this close (a wrong scale
+# is off by far more), and in half precision as close as its roundings allow (_pattern_rtol)
+SCALE_RTOL = 1e-3
+ROUNDINGS = 4  # the model's roundings of a score and of the pattern's entries, in its dtype
+# entries this small are not compared: near float32's underflow, or in float16 within a few
+# steps of its subnormals (whose spacing, 6e-8, is no longer relative to the entry)
+UNDERFLOW = 1e-30
 
 
 def _check_args(model, g, layer: int, head: int, query_pos: int, key_pos: int) -> None:
@@ -175,6 +181,19 @@ def _backward_rows(fp, src, layer: int, at: list, values: Tensor, through_x: Ten
     through_x[:b] = torch.einsum("bpd,pd->b", got[-1][:b].to(values.dtype), x).cpu()
 
 
+def _pattern_rtol(dtype: torch.dtype, scores: Tensor, pattern: Tensor, capped: bool) -> Tensor:
+    """How far each entry of the model's pattern row may be from ours, relative to itself. The
+    model rounds each score ``s_i`` (by ``u |s_i|``, ``u`` its dtype's unit roundoff; four times
+    where it soft-caps: the product, the division by the cap, tanh, the product by the cap) and
+    each entry; softmax turns score errors ``d`` into relative errors ``d_i - sum_j p_j d_j``, so
+    entry ``i`` may be off by ``u (ROUNDINGS + n (|s_i| + sum_j p_j |s_j|))`` of itself, ``n``
+    the score's roundings; in float32 and float64 never less than :data:`SCALE_RTOL`."""
+    u = torch.finfo(dtype).eps / 2
+    size = scores.detach().abs()
+    bound = u * (ROUNDINGS + (4 if capped else 1) * (size + (pattern * size).sum()))
+    return bound.clamp(min=SCALE_RTOL) if dtype in (torch.float32, torch.float64) else bound
+
+
 def _check_scale(model, pattern, q, k, scale: float, query_pos: int) -> None:
     """The query's row of the pattern from q, k and ``scale`` (soft-capped where the model
     caps), against the model's own: a scale read wrongly, or a score with terms this module
@@ -185,7 +204,10 @@ def _check_scale(model, pattern, q, k, scale: float, query_pos: int) -> None:
         scores = cap * torch.tanh(scores / cap)
     mine = torch.softmax(scores, dim=-1)
     want = pattern[query_pos, : query_pos + 1].float()
-    if not torch.allclose(mine, want, rtol=SCALE_RTOL, atol=SCALE_RTOL):
+    rtol = _pattern_rtol(pattern.dtype, scores, want, cap is not None)
+    info = torch.finfo(pattern.dtype)
+    atol = max(UNDERFLOW, ROUNDINGS * info.tiny * info.eps)
+    if not bool(((mine - want).abs() <= rtol * torch.maximum(mine, want) + atol).all()):
         raise NotImplementedError(
             f"{type(model).__name__}: the pattern is not softmax(c q·k) with c = {scale:.4g} "
             "(a score with other terms, or a scale read wrongly): QK attribution is not "

@@ -41,7 +41,7 @@ BACKWARDS = ("auto", "one-copy", "batched")  # attribution_graph's ``backward=``
 FINAL_HOOK = frozen.FINAL_HOOK  # the final norm's output
 _SITES = {  # what a transcoder's input hook holds, by its name inside a block
     "mlp.hook_in": "norm",
-    "hook_mlp_in": "norm",
+    "hook_mlp_in": "resid",  # the bridge fires it on the MLP block's input, before ln2
     "ln2.hook_out": "norm",
     "ln2.hook_normalized": "normalized",
     "hook_resid_mid": "resid",

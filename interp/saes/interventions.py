@@ -13,7 +13,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.engine import feature_edit
-from interp.foundation.doors import moved
 
 if TYPE_CHECKING:
     from interp.engine.feature_edit import FeatureEdit
@@ -32,6 +31,3 @@ def patch_feature(
     """Set ``feature`` to its activations in another run, ``source`` ``[batch pos]`` (e.g.
     ``run_cached(model, clean, saes=[sae])[f"{sae.hook_name}.hook_sae_acts"][..., j]``)."""
     return feature_edit.FeatureEdit(sae, feature, pos, source.detach())
-
-
-__getattr__ = moved(__name__, {"FeatureEdit": "interp.engine.feature_edit:FeatureEdit"})

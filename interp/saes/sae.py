@@ -30,7 +30,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.dictionaries.core import Dictionary
-from interp.foundation.doors import moved
 
 __all__ = ["ARCHITECTURES", "NORMALIZATIONS", "SAE"]
 
@@ -240,6 +239,3 @@ def _check(architecture: str, normalize: str, reshape: str) -> None:
         )
     if reshape not in ("none", "hook_z"):
         raise ValueError(f"reshape_activations={reshape!r} is not 'none' or 'hook_z'")
-
-
-__getattr__ = moved(__name__, {"decoder_flag": "interp.dictionaries.core:decoder_flag"})

@@ -89,21 +89,19 @@ def test_saes_and_transcoder_sets_are_built_on_it(zoo):
     assert tc.layers[0].W_enc.dtype == torch.float32  # and leaves the set as it was
 
 
-def test_one_feature_edit_and_the_old_paths_warn():
+def test_one_feature_edit_and_the_old_paths_are_gone():
+    """One FeatureEdit; 0.6's old names for it and the core's parts went in 0.7.0."""
     assert interp.FeatureEdit is interp.dictionaries.FeatureEdit is FeatureEdit
-    moved = {
-        "interp.saes.interventions": ("FeatureEdit", FeatureEdit),
-        "interp.engine.transcoder_splice": ("FeatureEdit", FeatureEdit),
-        "interp.saes.sae": ("decoder_flag", interp.dictionaries.decoder_flag),
-        "interp.saes.data": ("TokenRows", interp.dictionaries.TokenRows),
-        "interp.saes.safetensors_file": ("read_safetensors", interp.dictionaries.read_tensors),
+    old_names = {
+        "interp.saes.interventions": "FeatureEdit",
+        "interp.engine.transcoder_splice": "FeatureEdit",
+        "interp.saes.sae": "decoder_flag",
     }
-    for module, (name, new) in moved.items():
-        with pytest.warns(DeprecationWarning, match="0.7"):
-            assert getattr(importlib.import_module(module), name) is new
-    for name in ("activations_at", "repeated_random_tokens", "stdlib_sources", "SKIP_DIRS"):
-        with pytest.warns(DeprecationWarning):
-            assert getattr(interp.saes.data, name) is getattr(interp.dictionaries.data, name)
+    for module, name in old_names.items():
+        assert not hasattr(importlib.import_module(module), name), (module, name)
+    for module in ("interp.saes.data", "interp.saes.safetensors_file"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(module)
 
 
 def test_feature_edit_names_one_dictionary(bundled_model):

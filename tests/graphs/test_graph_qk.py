@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp.graphs.qk as qk_module
 from interp import attribution_graph, load_model
 from interp.graphs.heads import head_loadings
 from interp.graphs.qk import qk_attribution, qk_parts
@@ -210,3 +211,35 @@ def test_a_planted_qk_pair_is_the_top_pair(tmp_path):
     assert table.contribution.iloc[0] > 0.5 * table.attrs["score"]
     # the next pair is far behind: the planted pair is the mechanism
     assert abs(table.contribution.iloc[1]) < 0.05 * table.contribution.iloc[0]
+
+
+POINTS = [(1, 1, 7, 2), (1, 3, 8, 5), (0, 2, 6, 6), (1, 0, 8, 1), (0, 1, 8, 3)]  # layer head q k
+_half: dict = {}
+
+
+def _half_case(zoo, arch, dtype):
+    if (arch, dtype) not in _half:
+        model = load_model(zoo.directory(arch), device="cpu", dtype=dtype)
+        tc = random_transcoders(model, skip=True, d_tc=24, seed=3)
+        _half[arch, dtype] = model, tc, attribution_graph(model, TOKENS, tc)
+    return _half[arch, dtype]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma2"])  # learned, rotary GQA, soft-caps
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_pattern_check_takes_each_dtype_and_refuses_a_wrong_scale(
+    zoo, arch, dtype, monkeypatch
+):
+    """The pattern recomputed from q, k and the scale passes against the model's own in every
+    dtype (bfloat16 had been refused at a fixed 1e-3 at two of these points on GPT-2 and Llama:
+    its roundings alone move entries by ~0.5%), and a scale 10% wrong is refused at every point:
+    the tolerance follows the dtype's roundings, not the size of a mistake."""
+    model, tc, g = _half_case(zoo, arch, dtype)
+    for point in POINTS:
+        table = qk_attribution(model, tc, g, *point, top=5)
+        assert len(table) == 5
+    real = qk_module._scale
+    monkeypatch.setattr(qk_module, "_scale", lambda model, layer: 1.1 * real(model, layer))
+    for point in POINTS:
+        with pytest.raises(NotImplementedError, match="not softmax"):
+            qk_attribution(model, tc, g, *point, top=5)

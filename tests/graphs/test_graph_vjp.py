@@ -99,6 +99,23 @@ def test_every_input_site(zoo, hook, kind, skip):
     assert_rows_close(want, got, rows_rtol(torch.float32, model.cfg.d_model))
 
 
+def test_the_mlp_input_hook_is_read_as_the_residual(zoo):
+    """``hook_mlp_in`` fires only behind TransformerLens's flag (the refusal says how to turn it
+    on); the bridge fires it on the MLP block's input, before ln2, so both paths read it as the
+    residual, and the same weights there give the graph they give at ``hook_resid_mid`` (the
+    one-copy backward had taken it for the norm's output and refused every model)."""
+    model = load_model(zoo.directory("gpt2"), device="cpu")  # its own: the flag changes it
+    tc = random_transcoders(model, d_tc=16, seed=3, skip=True, input_hook="hook_mlp_in")
+    with pytest.raises(KeyError, match=r"set_use_hook_mlp_in\(True\)"):
+        attribution_graph(model, TOKENS, tc)
+    model.set_use_hook_mlp_in(True)
+    want, got = both(model, tc, max_feature_nodes=CAP)
+    assert_rows_close(want, got, rows_rtol(torch.float32, model.cfg.d_model))
+    resid = random_transcoders(model, d_tc=16, seed=3, skip=True, input_hook="hook_resid_mid")
+    at_resid = attribution_graph(model, TOKENS, resid, batch_size=5, max_feature_nodes=CAP)
+    assert torch.equal(at_resid.rows, got)
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_a_bfloat16_model_is_computed_in_float32(zoo, arch):
     model = load_model(zoo.directory(arch), device="cpu", dtype=torch.bfloat16)

@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from interp.cli import main
+from interp.dictionaries.data import TokenRows
 from interp.models.sources import BUNDLED_DIR, bundled_models
 from interp.saes.bundled import bundled_sae_info, bundled_sae_path, bundled_saes
-from interp.saes.data import TokenRows
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "tiny-induction-sae"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from interp.dictionaries.data import TokenRows
 from interp.models.loading import load_model
-from interp.saes.data import TokenRows
 from interp.saes.train import EVAL_SEED, EVAL_TOKENS, train_sae
 from tests.checkpoints import make_checkpoint
 

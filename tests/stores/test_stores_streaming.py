@@ -19,8 +19,8 @@ import torch
 
 import interp.engine.cache
 from interp import train_sae, train_transcoder
+from interp.dictionaries.data import activations_at
 from interp.foundation.executors import InlineExecutor
-from interp.saes.data import activations_at
 from interp.stores import fill_store
 from interp.stores.activations import ROWS_PER_PASS
 from interp.stores.training import fill_training_store

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.saes.data import TokenRows
+from interp.dictionaries.data import TokenRows
 from interp.transcoders import fit as fitting
 from interp.transcoders.loading import load_transcoders
 from interp.transcoders.train import EVAL_SEED, EVAL_TOKENS, train_transcoder

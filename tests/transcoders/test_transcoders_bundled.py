@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from interp.cli import main
+from interp.dictionaries.data import TokenRows
 from interp.models.sources import BUNDLED_DIR
-from interp.saes.data import TokenRows
 from interp.transcoders.loading import check_transcoders_fit, load_transcoders
 from interp.transcoders.train import EVAL_SEED, EVAL_TOKENS
 
