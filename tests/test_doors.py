@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOORS = (  # every package door: lazy_package (the root package's own, importing nothing)
     "interp",
     "interp.dictionaries",
+    "interp.discovery",
     "interp.foundation.executors",
     "interp.graphs",
     "interp.saes",

@@ -18,8 +18,6 @@ activations, so the model must not be folded already.
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 import torch
 
@@ -33,13 +31,12 @@ from interp.attribution.core import (
     logit_direction,
 )
 from interp.attribution.residual import check_within, residual_parts
-from interp.dictionaries.core import decoder_flag
+from interp.dictionaries.core import resid_pre_layer
 from interp.engine import Prompt, run_cached
 from interp.models.layernorm import fold_layernorm, is_folded
 
 __all__ = ["feature_attribution"]
 
-_RESID_PRE = re.compile(r"^blocks\.(\d+)\.hook_resid_pre$")
 SAE_COMPONENTS = ("sae_feature", "sae_b_dec", "sae_error")  # the rows that replace layers < L
 
 
@@ -105,24 +102,13 @@ def feature_attribution(
 def _sae_layer(model, sae) -> int:
     """The layer ``L`` of the SAE's ``blocks.L.hook_resid_pre``, after refusing an SAE or a
     model the attribution cannot split."""
-    odd = decoder_flag(sae)
-    if odd is not None:
-        raise ValueError(
-            f"feature attribution splits the stream into f_j W_dec[j], which an SAE with "
-            f"{odd[0]}={odd[1]!r} does not write; use an SAE without it"
-        )
-    found = _RESID_PRE.match(sae.hook_name)
-    if found is None:
-        raise ValueError(
-            f"feature attribution takes an SAE at blocks.L.hook_resid_pre (the stream the "
-            f"layers before L write), not {sae.hook_name}"
-        )
+    layer = resid_pre_layer(sae, "feature attributions")
     if is_folded(model):
         raise ValueError(
             "pass the unfolded model: the SAE reads the model's own activations, which folding "
             "changes; the attribution folds a copy itself"
         )
-    return int(found.group(1))
+    return layer
 
 
 def _sae_rows(model, sae, tokens, position: int, layer: int, direction, scale):

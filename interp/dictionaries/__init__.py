@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from interp.foundation.doors import exports, lazy_package
 
-# public name -> its module, imported on first use (importing the package stays cheap)
 _EXPORTS = exports(
     __name__,
     {

@@ -18,13 +18,15 @@ same tensors, and every format keeps its numbers bit for bit.
 
 from __future__ import annotations
 
+import re
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from interp.dictionaries.activations import activate, activation_name, check_activation
 
-__all__ = ["Dictionary", "decoder_flag"]
+__all__ = ["Dictionary", "decoder_flag", "resid_pre_layer"]
 
 
 class Dictionary:
@@ -115,3 +117,22 @@ def decoder_flag(dictionary) -> tuple[str, object] | None:
         "W_skip": "a skip connection" if getattr(dictionary, "W_skip", None) is not None else None,
     }
     return next(((k, v) for k, v in flags.items() if v not in ("none", False, None)), None)
+
+
+def resid_pre_layer(sae, what: str) -> int:
+    """The layer ``L`` of an SAE at ``blocks.L.hook_resid_pre``, for an analysis (``what``,
+    named in the refusals) that splits the stream there into ``f_j W_dec[j]``; a ValueError
+    for an SAE with a :func:`decoder_flag` or at another hook."""
+    odd = decoder_flag(sae)
+    if odd is not None:
+        raise ValueError(
+            f"{what} split the stream into f_j W_dec[j], which an SAE with "
+            f"{odd[0]}={odd[1]!r} does not write; use an SAE without it"
+        )
+    found = re.fullmatch(r"blocks\.(\d+)\.hook_resid_pre", str(sae.hook_name))
+    if found is None:
+        raise ValueError(
+            f"{what} take an SAE at blocks.L.hook_resid_pre (the stream the layers before L "
+            f"write, which every later reader reads), not {sae.hook_name!r}"
+        )
+    return int(found.group(1))

@@ -5,36 +5,19 @@ features as writers (``feature_edge_scores``)."""
 
 from __future__ import annotations
 
-from interp.discovery.circuit import CIRCUIT_METHODS, Circuit, discover_circuit
-from interp.discovery.evaluate import (
-    ABLATIONS,
-    CURVE_FRACTIONS,
-    CircuitEvaluation,
-    evaluate_circuit,
+from interp.foundation.doors import exports, lazy_package
+
+_EXPORTS = exports(
+    __name__,
+    {
+        ".graph": ("EdgeGraph", "Reader", "edge_count", "edge_name", "split_edge"),
+        ".scores": ("edge_scores", "METHODS", "SCORE_COLUMNS"),
+        ".circuit": ("Circuit", "discover_circuit", "CIRCUIT_METHODS"),
+        ".evaluate": ("CircuitEvaluation", "evaluate_circuit", "CURVE_FRACTIONS", "ABLATIONS"),
+        ".features": ("feature_edge_scores", "FEATURE_METHODS"),
+    },
 )
-from interp.discovery.features import FEATURE_METHODS, feature_edge_scores
-from interp.discovery.graph import EdgeGraph, Reader, edge_count, edge_name, split_edge
-from interp.discovery.scores import METHODS, SCORE_COLUMNS, edge_scores
 
-__all__ = [
-    "EdgeGraph",
-    "Reader",
-    "edge_count",
-    "edge_name",
-    "split_edge",
-    "edge_scores",
-    "METHODS",
-    "SCORE_COLUMNS",
-    "Circuit",
-    "discover_circuit",
-    "CIRCUIT_METHODS",
-    "CircuitEvaluation",
-    "evaluate_circuit",
-    "CURVE_FRACTIONS",
-    "ABLATIONS",
-    "feature_edge_scores",
-    "FEATURE_METHODS",
-]
+__all__ = sorted(_EXPORTS)
 
-
-# renamed in 0.6.0 (graphs.AttributionGraph is the other graph)
+__getattr__, __dir__ = lazy_package(__name__, _EXPORTS)

@@ -124,9 +124,8 @@ def acdc(
     Args:
         threshold: the largest ``|change|`` of the metric, as a fraction of ``C - K``, for
             which an edge is removed (0 removes only edges whose removal changes nothing).
-        metric: a :meth:`interp.tasks.TaskTokens.metric` kind.
-        max_rows, max_bytes: batch rows per pass, or a memory budget. Decisions read dataset
-            means, so rows split freely: the result does not depend on either.
+        metric, max_rows, max_bytes: as :func:`interp.discovery.scores.edge_scores`'s
+            (decisions read dataset means: the result does not depend on the split).
 
     Returns ``edge, source, target, score, in_circuit``, one row per edge in graph order;
     ``score`` as measured when the edge was tried. ``attrs``: ``clean_metric``,

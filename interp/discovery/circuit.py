@@ -60,8 +60,7 @@ def discover_circuit(
         method: ``"exact"``, ``"eap"``, ``"eap-ig"`` (scored: pass ``top_n`` or ``threshold``)
             or ``"acdc"`` (pass ``threshold``: the metric change, as a fraction of clean -
             corrupted, below which an edge is pruned).
-        top_n: keep the ``top_n`` edges by ``|score|``.
-        threshold: keep the edges with ``|score| >= threshold``.
+        top_n, threshold: the edges a scored method keeps (module docstring).
         metric, ig_steps, max_rows, max_bytes, progress: as :func:`edge_scores`.
         executor: scored methods over a :class:`interp.Task`: the scores in shards on an
             executor (``"local"``, ``"ray"``, ``"slurm"`` or an

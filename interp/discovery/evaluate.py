@@ -181,16 +181,11 @@ def evaluate_circuit(
     Args:
         edges: a :class:`interp.discovery.circuit.Circuit` or an iterable of edge names
             (``SOURCE->TARGET``).
-        ablation: what the reader of an edge outside the circuit gets: ``"patch"`` (the
-            writer's corrupted output), ``"mean"`` (its mean over the clean rows' real tokens)
-            or ``"zero"``.
+        ablation: what the reader of an edge outside the circuit gets (module docstring):
+            ``"patch"``, ``"mean"`` or ``"zero"``.
         scores: an edge_scores frame; when given (or when ``edges`` is a Circuit with scores)
             the MIB curve, CPR and CMD are computed over edges ordered by ``|score|``.
-        metric: a :meth:`interp.tasks.TaskTokens.metric` kind.
-        max_rows, max_bytes: batch rows per pass, or a memory budget; the numbers do not
-            depend on either.
-
-    Every circuit run, the curve's and the empty circuit's, shares batched passes.
+        metric, max_rows, max_bytes: as :func:`interp.discovery.scores.edge_scores`'s.
     """
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")

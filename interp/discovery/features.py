@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from interp.dictionaries.core import decoder_flag
+from interp.dictionaries.core import resid_pre_layer
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
 from interp.discovery.graph import EdgeGraph, edge_frame
-from interp.discovery.runs import _undefined, dataset_mean, task_inputs
+from interp.discovery.runs import WriterOutputs, _undefined, dataset_mean, task_inputs
 from interp.engine import run_cached
 from interp.engine.estimates import _itemsize
 from interp.tasks import Task, TaskTokens
@@ -36,7 +35,6 @@ from interp.tasks import Task, TaskTokens
 __all__ = ["FEATURE_METHODS", "feature_edge_scores", "feature_name", "error_name", "sae_layer"]
 
 FEATURE_METHODS = ("eap", "eap-ig")  # the methods feature_edge_scores runs
-_RESID_PRE = re.compile(r"^blocks\.(\d+)\.hook_resid_pre$")
 
 
 def feature_name(layer: int, feature: int) -> str:
@@ -52,20 +50,7 @@ def error_name(layer: int) -> str:
 def sae_layer(model, sae) -> int:
     """The layer ``L`` of an SAE at ``blocks.L.hook_resid_pre`` of ``model``; a ValueError
     for any other hook or a width that does not fit."""
-    odd = decoder_flag(sae)
-    if odd is not None:
-        raise ValueError(
-            f"feature edges split the stream into f_j W_dec[j], which an SAE with "
-            f"{odd[0]}={odd[1]!r} does not write; use an SAE without it"
-        )
-    found = _RESID_PRE.match(str(sae.hook_name))
-    if found is None:
-        raise ValueError(
-            f"feature edges need an SAE on the residual stream at a layer's start "
-            f"(blocks.L.hook_resid_pre), where every later reader sees its features; this one "
-            f"reads {sae.hook_name!r}"
-        )
-    layer = int(found.group(1))
+    layer = resid_pre_layer(sae, "feature edges")
     if layer >= int(model.cfg.n_layers) or sae.d_in != int(model.cfg.d_model):
         raise ValueError(
             f"the SAE at {sae.hook_name} (d_in {sae.d_in}) does not fit this model "
@@ -85,12 +70,9 @@ def _decomposed(model, sae, tokens: Tensor, graph: EdgeGraph, layer: int, upstre
         features = sae.encode(x.to(sae.W_enc.dtype))
         error = x - sae.decode(features).to(x.dtype)
     writers = None
-    if upstream:  # embed, then each layer's heads and MLP: graph.writers' order
-        blocks = [embed.unsqueeze(0)]
-        for lay in range(layer):
-            blocks.append(run[f"blocks.{lay}.attn.hook_result"].permute(2, 0, 1, 3))
-            blocks += [run[f"blocks.{lay}.hook_mlp_out"].unsqueeze(0)] if graph.mlps else []
-        writers = torch.cat(blocks)
+    if upstream:  # the graph's writers before the layer
+        heads = tuple(run[f"blocks.{lay}.attn.hook_result"] for lay in range(layer))
+        writers = WriterOutputs(embed, heads, tuple(run[name] for name in mlps)).stacked()
     return embed, features, error, writers, run.logits
 
 
@@ -160,13 +142,10 @@ def feature_edge_scores(
     Args:
         sae: an :class:`interp.saes.sae.SAE` at ``blocks.L.hook_resid_pre`` (other hooks are
             refused: a feature there is read by every later reader, nothing else is).
-        method: ``"eap"`` or ``"eap-ig"`` (``ig_steps`` points), as in
-            :func:`interp.discovery.scores.edge_scores`.
-        metric: a :meth:`interp.tasks.TaskTokens.metric` kind.
+        method: ``"eap"`` or ``"eap-ig"``; it, ``ig_steps``, ``metric``, ``max_rows`` and
+            ``max_bytes`` as :func:`interp.discovery.scores.edge_scores`'s.
         top_features: keep the edges of the ``top_features`` features with the largest
             ``sum |score|`` over their edges (default every feature); error edges are kept.
-        max_rows / max_bytes: task rows x steps per backward pass, or a budget they are
-            planned from; the scores do not depend on them.
         upstream: also score ``W -> SAE{L}.F{j}`` and ``W -> SAE{L}.error`` for each graph
             writer ``W`` before layer ``L`` (:mod:`interp.discovery.feature_gradients`).
 
@@ -175,9 +154,8 @@ def feature_edge_scores(
     ``upstream``, one row per (writer, feature or error), features in index order then the
     error, each one's writers in graph order. A feature that is equal in the clean and
     corrupted runs at every row and position scores exactly 0 into its readers; one that
-    fires at no gradient point scores exactly 0 from its writers. ``attrs``:
-    ``clean_metric``, ``corrupted_metric``, ``method``, ``n_rows``, ``recovered_undefined``,
-    ``sae_layer``, ``active_features`` (how many changed).
+    fires at no gradient point scores exactly 0 from its writers. ``attrs``: edge_scores',
+    ``sae_layer`` and ``active_features`` (how many changed).
     """
     graph, batch, task_metric = task_inputs(
         model, task, metric, max_rows, max_bytes, method=method, methods=FEATURE_METHODS,

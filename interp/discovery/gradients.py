@@ -219,15 +219,6 @@ def step_sums(
     return zeros.to(grad.device).index_add_(1, local, grad)
 
 
-def _stacked(part: WriterOutputs, graph: EdgeGraph) -> Float[Tensor, "writer rows pos d_model"]:
-    blocks = [part.embed.unsqueeze(0)]
-    for layer in range(graph.n_layers):
-        blocks.append(part.heads[layer].permute(2, 0, 1, 3))
-        if graph.mlps:
-            blocks.append(part.mlps[layer].unsqueeze(0))
-    return torch.cat(blocks)
-
-
 def _reader_groups(graph: EdgeGraph) -> tuple[dict, Tensor, Tensor]:
     """Per layer (None: logits) the readers' graph indices; each reader's number of writers
     (a prefix of ``graph.writers``); each edge's (writer, reader) indices."""
@@ -278,7 +269,7 @@ def gradient_scores(
     )  # fmt: skip
     for rows, local, gradients in points:
         part = deltas.rows(rows.start, rows.stop)
-        stacked = _stacked(part, graph).flatten(1)  # [writer rows*pos*d_model]
+        stacked = part.stacked().flatten(1)  # [writer rows*pos*d_model]
         for layer, grad in gradients:
             if n_steps > 1:
                 grad = step_sums(grad, local, rows.stop - rows.start)

@@ -8,10 +8,7 @@ from the unpatched clean output wherever an edge upstream of ``W`` was removed. 
 removed and ``ablated`` the corrupted outputs, every reader reads the corrupted stream: the run
 is the corrupted run. (Edge patching of single edges, :func:`interp.discovery.runs.
 patched_metrics`, may use the unpatched outputs: a single edge's writer is upstream of it.)
-
-The changes are built during the pass: after each group of writers (``embed``, a layer's
-heads, a layer's MLP) fires, the readers whose writers are now complete get
-``sum over removed W of ablated(W) - live(W)``, one block of batch rows per run.
+The changes are built during the pass, group of writers by group (:func:`_pass_hooks`).
 """
 
 from __future__ import annotations

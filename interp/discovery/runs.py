@@ -4,8 +4,7 @@ built on, and the start every discovery method shares (:func:`task_inputs`).
 A *run* is a set of edges ``(writer, reader)``. It is the corrupted run of every task row with
 each edge's reader given ``clean - corrupted`` of the writer's output (the two unpatched runs'
 values) at its input only (:mod:`interp.discovery.inputs`); everything else is recomputed. A
-run of every edge out of one writer is therefore that writer's output patched. Many runs share
-a forward pass, each a block of rows; rows split freely under ``max_bytes``.
+run of every edge out of one writer is therefore that writer's output patched.
 """
 
 from __future__ import annotations
@@ -19,8 +18,9 @@ from torch import Tensor
 
 from interp.discovery.graph import EdgeGraph, Reader
 from interp.discovery.inputs import reader_hooks
-from interp.engine import RowMetricFn, check_eval, run_cached, run_patched
+from interp.engine import check_eval, run_cached, run_patched
 from interp.engine.estimates import _itemsize
+from interp.interventions.inputs import task_row_metric as row_metric
 from interp.models.norms import POST_NORMS, effective_weight, is_rms, param, post_norm
 from interp.tasks import Task, TaskMetric, TaskTokens
 
@@ -80,6 +80,14 @@ class WriterOutputs:
     def rows(self, lo: int, hi: int) -> WriterOutputs:
         return self.map(lambda t: t[lo:hi])
 
+    def stacked(self) -> Float[Tensor, "writer rows pos d_model"]:
+        """Every writer's output in graph order: ``embed``, then each layer's heads and MLP."""
+        blocks = [self.embed.unsqueeze(0)]
+        for layer, heads in enumerate(self.heads):
+            blocks.append(heads.permute(2, 0, 1, 3))
+            blocks += [self.mlps[layer].unsqueeze(0)] if self.mlps else []
+        return torch.cat(blocks)
+
 
 def writer_outputs(
     model, tokens: Int[Tensor, "rows pos"], graph: EdgeGraph, interventions: Sequence = ()
@@ -112,10 +120,8 @@ def writer_outputs(
         _post_normed(model, run, lay, norm, run[f"blocks.{lay}.attn.hook_result"])
         for lay, norm in enumerate(post)
     )
-    outputs = WriterOutputs(
-        run["blocks.0.hook_resid_pre"], heads, tuple(run[name] for name in mlp_names)
-    )
-    return outputs, run.logits
+    mlps = tuple(run[name] for name in mlp_names)
+    return WriterOutputs(run["blocks.0.hook_resid_pre"], heads, mlps), run.logits
 
 
 def _post_normed(
@@ -177,12 +183,6 @@ def task_inputs(
         raise ValueError("pass max_rows or max_bytes (rows per pass are planned from it), not both")
     batch = task.tokens(model) if isinstance(task, Task) else task
     return EdgeGraph.from_model(model), batch, batch.metric(metric)
-
-
-def row_metric(metric: TaskMetric) -> RowMetricFn:
-    """``metric`` as :func:`interp.engine.run_patched`'s row metric: batch row ``b`` read as task
-    row ``rows[b]`` (runs repeat the rows)."""
-    return lambda logits, rows: metric.select(rows)(logits)
 
 
 def patched_metrics(

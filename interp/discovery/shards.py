@@ -84,10 +84,9 @@ def discovery_partial_sums(
 
 
 def merge_discovery_sums(parts: Sequence[dict]) -> pd.DataFrame:
-    """The :func:`interp.discovery.scores.edge_scores` frame of the whole task from the
-    partial sums of every shard: ``edge, source, target, score`` in graph order; ``attrs``:
-    ``clean_metric``, ``corrupted_metric``, ``method``, ``n_rows``, ``recovered_undefined``
-    (as edge_scores) and ``shards``; a ValueError naming a partial that does not fit."""
+    """The :func:`interp.discovery.scores.edge_scores` frame of the whole task (its columns and
+    ``attrs``, and ``shards``) from the partial sums of every shard; a ValueError naming a
+    partial that does not fit."""
     settings = check_one_run(parts, DISCOVER_FORMAT, "discover", "one task and method")
     edges = parts[0]["edges"]
     for number, part in enumerate(parts[1:], start=2):

@@ -142,12 +142,9 @@ def _padded(tensors: list[Tensor]) -> list[Tensor]:
 
 
 def _decoder(model):
+    """A token id's text ("" for the padding, -1)."""
     tokenizer = model.tokenizer
-
-    def decode(token_id: int) -> str:
-        return "" if token_id < 0 else tokenizer.decode([int(token_id)])
-
-    return decode
+    return lambda token_id: "" if token_id < 0 else tokenizer.decode([int(token_id)])
 
 
 def _contexts(tokens, acts: Float[Tensor, "rows pos"], n: int, window, decode) -> list:

@@ -1,11 +1,8 @@
 """Interventions on one SAE feature: set feature ``j`` of ``sae`` to a value (0 ablates it,
-another run's activation patches it) at one position or all.
-
-At the SAE's hook the activation ``x`` becomes ``x + (v - f_j) W_dec[j]`` with ``f = encode(x)``:
-exactly the stream the SAE writes with ``f_j`` replaced by ``v`` and everything else (the
-other features, ``b_dec``, the reconstruction error) unchanged. Both helpers make the one
-:class:`interp.dictionaries.FeatureEdit` (of an SAE), which ``run_cached(interventions=...)``,
-``interp.intervene`` and ``run_patched`` take beside :class:`interp.Intervention` objects.
+another run's activation patches it) at one position or all. Both helpers make the one
+:class:`interp.engine.feature_edit.FeatureEdit` (of an SAE; its docstring gives the change),
+which ``run_cached(interventions=...)``, ``interp.intervene`` and ``run_patched`` take beside
+:class:`interp.Intervention` objects.
 """
 
 from __future__ import annotations

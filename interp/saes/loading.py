@@ -1,15 +1,11 @@
 """Load an SAE from a bundled name, a local folder, or a hub name, in any of four formats.
 
-The folder's files say its format (:data:`FORMATS`):
-
-- SAELens (``cfg.json`` + ``sae_weights.safetensors``): :mod:`interp.saes.saelens`;
-- EleutherAI sparsify (``cfg.json`` + ``sae.safetensors``): :mod:`interp.saes.sparsify`;
-- dictionary_learning (``ae.pt`` + ``config.json``): :mod:`interp.saes.dictionary_learning`;
-- Gemma Scope (``params.npz``): :mod:`interp.saes.gemmascope`.
-
-Each reader computes what its own library computes, or refuses in one line naming what
-interp does not compute. Tensors are read straight into the SAE's parameters (safetensors,
-memory-mapped ``torch.load``, ``np.load``), with no second copy of the weights.
+The folder's files say its format (:data:`FORMATS`), read by its module:
+:mod:`interp.saes.saelens`, :mod:`interp.saes.sparsify`, :mod:`interp.saes.dictionary_learning`
+or :mod:`interp.saes.gemmascope`. Each reader computes what its own library computes, or
+refuses in one line naming what interp does not compute. Tensors are read straight into the
+SAE's parameters (safetensors, memory-mapped ``torch.load``, ``np.load``), with no second copy
+of the weights.
 """
 
 from __future__ import annotations
@@ -73,7 +69,9 @@ def _read(fmt: str, folder: Path, hook_name: str | None, factor: float | None) -
         from interp.saes.saelens import read_saelens
 
         cfg = _read_json(folder / "cfg.json")
-        if hook_name is not None and not _names_hook(cfg):
+        meta = cfg.get("metadata") or {}
+        named = cfg.get("hook_name") or cfg.get("hook_point") or meta.get("hook_name")
+        if hook_name is not None and not named:
             cfg = {**cfg, "hook_name": hook_name}
         tensors = read_tensors(folder / FORMATS[fmt][1])
         return read_saelens(folder, cfg, tensors, norm_scaling_factor=factor)
@@ -88,11 +86,6 @@ def _read(fmt: str, folder: Path, hook_name: str | None, factor: float | None) -
     from interp.saes.gemmascope import read_gemmascope
 
     return read_gemmascope(folder, hook_name)
-
-
-def _names_hook(cfg: dict) -> bool:
-    return bool(cfg.get("hook_name") or cfg.get("hook_point") or
-                (cfg.get("metadata") or {}).get("hook_name"))  # fmt: skip
 
 
 def sae_format(folder: str | Path) -> str | None:
@@ -167,10 +160,8 @@ def _needs() -> str:
 def _from_hub(repo: str, subfolder: str) -> tuple[Path, str]:
     """Download (or find in the local cache) the files of an SAE on the hub, trying each
     format's files in turn."""
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError as err:  # pragma: no cover - transformers depends on it
-        raise SAELoadError("loading an SAE by hub name needs huggingface_hub") from err
+    from huggingface_hub import hf_hub_download  # transformers depends on it
+
     where = f"{repo}/{subfolder}" if subfolder else repo
     for fmt, files in FORMATS.items():
         paths = []

@@ -7,9 +7,8 @@ the heads flattened into one vector when ``reshape_activations == "hook_z"``), t
 ``(x - mean) / (std + 1e-5)`` (``layer_norm``, ``std`` unbiased). With ``h = s W_enc + b_enc``:
 
 - ``standard``, ``jumprelu``, ``topk``, ``batchtopk``: ``f = act(h)``, the activation of
-  :mod:`interp.dictionaries.activations` (``standard`` is ``relu``) with SAELens's ``floor``
-  (JumpReLU is ``ReLU(h) * (h > threshold)``, TopK's kept values go through ReLU); for ``topk``
-  with ``rescale_acts_by_decoder_norm``, of ``h * |W_dec[j]|``;
+  :mod:`interp.dictionaries.activations` (``standard`` is ``relu``) with SAELens's ``floor``;
+  for ``topk`` with ``rescale_acts_by_decoder_norm``, of ``h * |W_dec[j]|``;
 - ``gated``: ``f = (s W_enc + b_gate > 0) * ReLU(s (W_enc * exp(r_mag)) + b_mag)``.
 
 The reconstruction is ``norm_out(f W_dec + b_dec)`` (``f / |W_dec[j]|`` first when rescaled),
@@ -17,9 +16,8 @@ The reconstruction is ``norm_out(f W_dec + b_dec)`` (``f / |W_dec[j]|`` first wh
 ``output_hook_name``) reads one hook and writes another: no ``norm_out``, and ``forward`` adds
 ``x W_skip^T`` when it has a skip connection. The maps are those of
 :class:`interp.dictionaries.Dictionary`; this class adds the hook, the input normalisation and
-gating. The tests transcribe each
-formula independently (tests/saes/test_sae_saelens.py); benchmarks/bench_saes.py compares with
-SAELens itself.
+gating. The tests transcribe each formula independently (tests/saes/test_sae_saelens.py);
+benchmarks/bench_saes.py compares with SAELens itself.
 """
 
 from __future__ import annotations
@@ -43,9 +41,8 @@ LAYER_NORM_EPS = 1e-5  # SAELens's run_time_activation_ln_in
 class SAE(Dictionary, torch.nn.Module):
     """A sparse autoencoder at one hook of a model, SAELens conventions.
 
-    Parameters ``W_enc [d_in d_sae]``, ``b_enc [d_sae]`` (None for ``gated``, which has
-    ``b_gate``, ``r_mag``, ``b_mag [d_sae]``), ``W_dec [d_sae d_out]``, ``b_dec [d_out]``,
-    ``threshold [d_sae]`` for ``jumprelu`` and ``W_skip [d_out d_in]`` for a skip transcoder.
+    Parameters as :class:`~interp.dictionaries.Dictionary`'s (``d_sae`` its ``d_dict``; a
+    ``gated`` SAE has ``b_gate``, ``r_mag``, ``b_mag [d_sae]`` in place of ``b_enc``), where
     ``d_out == d_in`` except for transcoders. ``hook_name`` is a TransformerLens hook name
     such as ``"blocks.1.hook_resid_pre"``; ``cfg`` is the saved config as read (kept, written
     back by :meth:`save`); ``source`` says which library's folder it came from.
@@ -98,11 +95,8 @@ class SAE(Dictionary, torch.nn.Module):
             self, param(W_enc), param(b_enc), param(W_dec), param(b_dec), activation=activation,
             threshold=param(threshold), k=k, W_skip=param(W_skip), what="SAE", width="d_sae",
         )  # fmt: skip
-        self.b_gate, self.r_mag, self.b_mag = (
-            (param(gate["b_gate"]), param(gate["r_mag"]), param(gate["b_mag"]))
-            if gate is not None
-            else (None, None, None)
-        )
+        gates = ("b_gate", "r_mag", "b_mag")  # a gated SAE's; None for the others
+        self.b_gate, self.r_mag, self.b_mag = (param((gate or {}).get(n)) for n in gates)
         # SAELens's batchtopk training state (not used to encode), kept so that save writes it
         self.register_buffer("topk_threshold", None)
         self.architecture, self.hook_name = architecture, hook_name
@@ -172,10 +166,8 @@ class SAE(Dictionary, torch.nn.Module):
                     "decode(acts, x) with the activation acts came from"
                 )
             scale, shift = self._stats(self._flat(x))
-            if self.normalize_activations == "constant_norm_rescale":
-                out = out / scale
-            else:
-                out = out * scale + shift
+            rescale = self.normalize_activations == "constant_norm_rescale"
+            out = out / scale if rescale else out * scale + shift
         if self.reshape_activations == "hook_z" and x is not None:
             out = out.unflatten(-1, x.shape[-2:])
         return out

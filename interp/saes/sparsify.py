@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from interp.dictionaries.files import check_names, read_tensors
 from interp.saes.sae import SAE
 
 __all__ = ["read_sparsify", "sparsify_hooks"]
@@ -53,8 +54,6 @@ def sparsify_hooks(hookpoint: str, *, transcode: bool) -> tuple[str, str | None]
 
 def read_sparsify(folder: Path, cfg: dict, hook_name: str | None) -> SAE:
     """A TopK :class:`SAE` (or transcoder) from a sparsify folder (the module docstring)."""
-    from interp.dictionaries.files import check_names, read_tensors
-
     activation = cfg.get("activation", "topk")
     if activation != "topk":
         raise ValueError(f"activation={activation!r}: interp computes sparsify's topk only")

@@ -15,11 +15,8 @@ rescaled by ``n_j / c`` (``n_j = ||W_dec[j]||``), which leaves the reconstructio
 unchanged (ReLU and TopK commute with a positive scale that is equal for all features in the
 TopK case, where ``n_j = 1``). Its figures (L0, explained variance, MSE, dead features:
 :mod:`interp.saes.held_out`) are measured on held-out text (:data:`EVAL_TOKENS` tokens,
-:meth:`TokenRows.held_out` with seed :data:`EVAL_SEED`).
-
-With ``store=`` the activations come from the store instead (it adapts itself:
-:meth:`interp.ActivationStore.sae_source`; a folder path is opened as one), and with
-``max_bytes`` the whole call stays within it (:mod:`interp.stores.budget`).
+:meth:`TokenRows.held_out` with seed :data:`EVAL_SEED`). The activations may come from a store
+instead (``store=``, ``max_bytes``: :func:`train_sae`).
 """
 
 from __future__ import annotations
@@ -41,6 +38,7 @@ from interp.engine import check_hook_names, trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
 from interp.saes import held_out
 from interp.saes.sae import SAE
+from interp.stores import ActivationStore
 
 __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TrainingReport", "train_sae"]
 
@@ -101,17 +99,14 @@ def _drawn(model, hook: str, rows: TokenRows, gen, size: int):
 
 
 def _source(model, hook, rows, gen, held_out_rows, store, max_bytes, **settings):
-    """``(buffers, held-out rows, budgeted)``: computed as training goes, or the store's (it
-    adapts itself, :meth:`interp.ActivationStore.sae_source`), the held-out rows split into
-    the passes ``max_bytes`` allows."""
+    """``(buffers, held-out rows, budgeted)``: computed as training goes, or the store's
+    (:func:`train_sae`'s ``store`` and ``max_bytes``)."""
     if store is None:
         if max_bytes is not None:
             raise ValueError("max_bytes bounds what is read from a store; pass store= as well")
         size = BUFFER_BATCHES * settings["batch_tokens"]
         return _drawn(model, hook, rows, gen, size), held_out_rows, False
     if isinstance(store, str | os.PathLike):  # a folder: opened here, as in 0.5
-        from interp.stores import ActivationStore
-
         store = ActivationStore(store)
     buffers, held_out_rows = store.sae_source(
         model, hook, rows, gen, max_bytes=max_bytes, held_out=held_out_rows, chunk=EVAL_CHUNK,
@@ -181,7 +176,6 @@ def train_sae(
     device = torch.device(device if device is not None else model.cfg.device)
     gen = torch.Generator().manual_seed(seed)
     rows = TokenRows(model, texts, gen)
-    k = k if architecture == "topk" else None
     source, held_out_rows, budgeted = _source(
         model, hook, rows, gen, rows.held_out(EVAL_TOKENS, EVAL_SEED), store, max_bytes,
         batch_tokens=batch_tokens, d_sae=d_sae,

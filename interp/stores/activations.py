@@ -10,11 +10,10 @@ A store is a folder::
 
 :func:`fill_store` runs a token stream (rows of token ids) through the model in shards on any
 executor (:mod:`interp.foundation.executors`). Each shard's job carries only its own rows;
-it runs :data:`ROWS_PER_PASS` rows at a time, one forward pass for every hook, and appends
-each pass's activations to its part on disk as they come (:func:`interp.stores.parts.fill_part`:
-a shard holds one pass, whatever its size); its part appears whole or not at all, and the
-driver writes ``store.json`` last, so a store that has one is complete. A BOS token at
-position 0 is left out (:func:`interp.dictionaries.data.hook_activations` computes them).
+it runs :data:`ROWS_PER_PASS` rows at a time, one forward pass for every hook, into its part
+(:func:`interp.stores.parts.fill_part`), and the driver writes ``store.json`` last, so a
+store that has one is complete. A BOS token at position 0 is left out
+(:func:`interp.dictionaries.data.hook_activations` computes them).
 
 :meth:`ActivationStore.batches` reads it back shuffled without loading it, holding at most
 ``max_bytes`` (:mod:`interp.stores.reading` says what is counted).
@@ -111,9 +110,8 @@ def fill_store(
 ) -> ActivationStore:
     """Run ``tokens`` (rows of token ids) through ``model`` and store the activations at ``hooks``
     in ``shards`` parts under ``path``, each shard on ``executor`` (an executor of
-    :mod:`interp.foundation.executors.backends`; None: one after the other here). A re-run with the
-    same
-    model, hooks and tokens does only the parts that are missing."""
+    :mod:`interp.foundation.executors.backends`; None: one after the other here). A re-run with
+    the same model, hooks and tokens does only the parts that are missing."""
     tokens = torch.as_tensor(tokens)
     if tokens.dim() != 2 or not 1 <= shards <= len(tokens):
         raise ValueError(
@@ -123,17 +121,13 @@ def fill_store(
     spec = model_spec(model)
     rows = tokens.to(torch.int64).numpy()
     job = _FillShard(spec, tuple(hooks), rows, str(path))  # each shard is sent its rows only
-    digest = _digest(rows)
+    digest = hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()[:16]
     key = {"store": FORMAT, "model": spec["fingerprint"], "hooks": list(hooks), "tokens": digest}
     parts = run_shards(
         job, shards, executor or InlineExecutor(), path, key=key, progress=progress,
         desc="activation shards",
     )  # fmt: skip
     return write_meta(Path(path), spec, hooks, parts, {"kind": "tokens", "tokens_sha": digest})
-
-
-def _digest(rows: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()[:16]
 
 
 class ActivationStore:
@@ -187,12 +181,8 @@ class ActivationStore:
             read_rows(f, offset, out[0].nbytes if len(out) else 0, 0, out)
         return torch.from_numpy(out)
 
-    def sae_source(self, model, hook: str, rows, gen: torch.Generator, *, batch_tokens: int,
-                   d_sae: int, max_bytes, held_out: list[Tensor], chunk: int):  # fmt: skip
-        """What :func:`interp.train_sae` trains on from this store: ``(buffers, held_out)``
-        (:func:`interp.stores.sae_source.sae_source`)."""
-        return sae_source(self, model, hook, rows, gen, batch_tokens=batch_tokens, d_sae=d_sae,
-                          max_bytes=max_bytes, held_out=held_out, chunk=chunk)  # fmt: skip
+    # what interp.train_sae trains on from this store: interp.stores.sae_source.sae_source
+    sae_source = sae_source
 
     def tokens(self, index: int) -> np.ndarray:
         """Part ``index``'s token ids."""

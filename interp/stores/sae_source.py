@@ -1,6 +1,6 @@
-"""What a store gives :func:`interp.train_sae` (through :meth:`ActivationStore.sae_source`: the
-store adapts itself to the trainer, which imports nothing of stores): buffers of activations,
-in the order training consumes them, and the held-out rows split as the budget allows.
+"""What a store gives :func:`interp.train_sae` (:meth:`ActivationStore.sae_source`): buffers of
+activations, in the order training consumes them, and the held-out rows split as the budget
+allows.
 
 - a store filled by :func:`interp.stores.training.fill_training_store`: the trainer's own
   draws, replayed (token draws cost no forward pass), with the activations read from the
@@ -24,7 +24,6 @@ from torch import Tensor
 
 from interp.dictionaries.data import kept
 from interp.dictionaries.training import BUFFER_BATCHES
-from interp.foundation.sizes import parse_size
 from interp.stores.budget import (
     TrainingBudget,
     evaluation_plan,
@@ -91,14 +90,6 @@ def sae_source(store, model, hook: str, rows, gen: torch.Generator, *, batch_tok
         max_bytes, held_out = budget.reading, split_rows(held_out, budget.eval_rows)
     if store.meta["filled"]["kind"] != "training":
         return store.batches(hook, batch_tokens, generator=gen, max_bytes=max_bytes), held_out
-    if max_bytes is not None and replay_bytes(store, hook) > parse_size(max_bytes):
-        need, limit = replay_bytes(store, hook), parse_size(max_bytes)
-        raise ValueError(
-            f"max_bytes {limit:,} is too small for {store.path}: it was filled with "
-            f"fill_training_store, whose draws are replayed whole ({need:,} bytes at once); "
-            "raise max_bytes to that, or train from a store filled with fill_store, read in "
-            "batches within any budget"
-        )
     return _replayed(store, model, hook, rows, gen, BUFFER_BATCHES * batch_tokens), held_out
 
 

@@ -1,15 +1,11 @@
 """Load transcoders from circuit-tracer's folders or SAELens's, and check that they fit a model.
 
-A folder holds ``config.yaml`` (:mod:`interp.transcoders.files` has the format) and
-
-- ``model_kind: transcoder_set``: ``layer_{l}.safetensors`` for ``l = 0 .. n-1``, or a
-  ``transcoders:`` list of per-layer files (relative to the folder; ``.safetensors`` or
-  Gemma Scope's ``.npz`` with ``W_enc [d_model d_tc]`` and ``threshold``);
-- ``model_kind: cross_layer_transcoder``: ``W_enc_{l}.safetensors`` and ``W_dec_{l}.safetensors``.
-
-The activation is ``config["activation"]`` (``relu``, ``topk`` with ``k``, ``jump_relu``) or,
-as circuit-tracer does without one, JumpReLU where the files hold thresholds and ReLU otherwise.
-The hooks are circuit-tracer's names inside a block, which the bridge has under the same names
+A folder is ``config.yaml`` and the files :mod:`interp.transcoders.files` writes; a per-layer
+set may list its files instead (``transcoders:``, relative to the folder: ``.safetensors``, or
+Gemma Scope's ``.npz`` with ``W_enc [d_model d_tc]`` and ``threshold``). The activation is
+``config["activation"]`` (``relu``, ``topk`` with ``k``, ``jump_relu``) or, as circuit-tracer
+does without one, JumpReLU where the files hold thresholds and ReLU otherwise. The hooks are
+circuit-tracer's names inside a block, which the bridge has under the same names
 (:data:`INPUT_HOOKS`, :data:`OUTPUT_HOOKS`).
 
 SAELens transcoders (one ``cfg.json`` + ``sae_weights.safetensors`` folder per layer: a folder
@@ -27,7 +23,7 @@ import torch
 import yaml
 
 from interp.dictionaries.activations import ALIASES
-from interp.dictionaries.files import read_tensors
+from interp.dictionaries.files import check_names, read_tensors
 from interp.engine.passes import hook_shape
 from interp.models.sources import BUNDLED_DIR
 from interp.transcoders.files import CONFIG
@@ -123,9 +119,10 @@ def _read_config(path: Path) -> dict:
     return config
 
 
-def _read_layer(path: Path) -> dict:
+def _read_layer(path: Path, needed: Sequence[str]) -> dict:
     try:
         raw = read_tensors(path)
+        check_names(raw, needed, str(path), known=raw)  # other tensors may be there too
     except ValueError as err:
         raise TranscoderLoadError(f"transcoder file {err}") from None
     if path.suffix == ".npz":  # Gemma Scope: W_enc [d_model d_tc], threshold
@@ -133,12 +130,6 @@ def _read_layer(path: Path) -> dict:
         if "threshold" in raw:
             raw["activation_function.threshold"] = raw.pop("threshold")
     return raw
-
-
-def _need(tensors: dict, key: str, where: Path) -> torch.Tensor:
-    if key not in tensors:
-        raise TranscoderLoadError(f"{where} has no tensor {key!r}")
-    return tensors[key]
 
 
 def _activation(config: dict, thresholds: list, folder: Path, saved_k=None) -> dict:
@@ -159,15 +150,15 @@ def _activation(config: dict, thresholds: list, folder: Path, saved_k=None) -> d
 
 
 def _per_layer(folder: Path, config: dict) -> dict:
-    layers = [(p, _read_layer(p)) for p in _per_layer_files(folder, config)]
     keys = ("W_enc", "b_enc", "W_dec", "b_dec")
-    out = {key: [_need(t, key, p) for p, t in layers] for key in keys}
-    skips = [t.get("W_skip") for _, t in layers]
+    layers = [_read_layer(p, keys) for p in _per_layer_files(folder, config)]
+    out = {key: [t[key] for t in layers] for key in keys}
+    skips = [t.get("W_skip") for t in layers]
     if any(s is None for s in skips) and any(s is not None for s in skips):
         raise TranscoderLoadError(f"{folder}: some layers have W_skip and others not")
     out["W_skip"] = None if skips[0] is None else skips
-    thresholds = [t.get("activation_function.threshold") for _, t in layers]
-    saved_k = layers[0][1].get("k")
+    thresholds = [t.get("activation_function.threshold") for t in layers]
+    saved_k = layers[0].get("k")
     return out | _activation(config, thresholds, folder, saved_k) | {"kind": "per-layer"}
 
 
@@ -176,13 +167,13 @@ def _cross_layer(folder: Path, config: dict) -> dict:
     if n == 0:
         raise TranscoderLoadError(f"{folder} has no W_enc_0.safetensors (a cross-layer set)")
     out = {key: [] for key in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold")}
+    keys = ("W_enc", "b_enc", "b_dec")
     for layer in range(n):
-        enc_path = folder / f"W_enc_{layer}.safetensors"
-        dec_path = folder / f"W_dec_{layer}.safetensors"
-        enc, dec = _read_layer(enc_path), _read_layer(dec_path)
-        for key in ("W_enc", "b_enc", "b_dec"):
-            out[key].append(_need(enc, f"{key}_{layer}", enc_path))
-        out["W_dec"].append(_need(dec, f"W_dec_{layer}", dec_path))
+        enc = _read_layer(folder / f"W_enc_{layer}.safetensors", [f"{k}_{layer}" for k in keys])
+        dec = _read_layer(folder / f"W_dec_{layer}.safetensors", [f"W_dec_{layer}"])
+        for key in keys:
+            out[key].append(enc[f"{key}_{layer}"])
+        out["W_dec"].append(dec[f"W_dec_{layer}"])
         out["threshold"].append(enc.get(f"threshold_{layer}"))
     thresholds = out.pop("threshold")
     return out | _activation(config, thresholds, folder) | {"kind": "cross-layer"}
@@ -206,9 +197,8 @@ def load_transcoders(
 
     Raises:
         TranscoderLoadError: a missing folder, file or tensor, or an unknown kind or
-            activation; for SAELens folders, also missing or repeated layers, mixed hooks,
-            widths or activations, an SAE that is not a transcoder, or what SAELens computes
-            that a set cannot hold (input normalisation, say), named in one line.
+            activation; for SAELens folders, also what :mod:`interp.transcoders.saelens`
+            refuses, named in one line.
     """
     if not isinstance(path_or_name, str | os.PathLike):  # a list of SAELens folders
         paths = [Path(p) for p in path_or_name]

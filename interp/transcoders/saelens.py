@@ -1,9 +1,8 @@
 """SAELens transcoders as a :class:`~interp.transcoders.transcoder.TranscoderSet`: one SAELens 6
 folder (``cfg.json`` + ``sae_weights.safetensors``) per layer.
 
-Each folder is read by interp's SAE loader (:func:`interp.saes.loading.load_sae`, which computes
-what SAELens computes: its defaults for missing keys, the pre-6 conversion, a folded
-``expected_average_only_in`` scale), then taken apart into the set's per-layer weights:
+Each folder is read by interp's SAE loader (:func:`interp.saes.loading.load_sae`: what SAELens
+computes), then taken apart into the set's per-layer weights:
 
 - the architecture must be one of SAELens's transcoders (``transcoder``, ``skip_transcoder``,
   ``jumprelu_transcoder``, ``jumprelu_skip_transcoder``): ReLU, or JumpReLU, whose
@@ -19,9 +18,6 @@ what SAELens computes: its defaults for missing keys, the pre-6 conversion, a fo
 What SAELens would compute that a set cannot hold is refused in one line naming the folder and
 the key: input normalisation (``normalize_activations``: ``constant_norm_rescale``,
 ``layer_norm``), one head's slice (``hook_head_index``) and ``d_in != d_out``.
-
-``ln2.hook_normalized`` (GPT-2's published transcoders read it: the MLP's norm before its weight
-and bias) is refused by ``check_transcoders_fit`` on models that have none or flatten it.
 """
 
 from __future__ import annotations

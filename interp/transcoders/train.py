@@ -1,20 +1,15 @@
 """Train transcoders on a model's MLPs: per-layer, with a skip term, or cross-layer.
 
 Every layer's MLP input (``blocks.L.mlp.hook_in``) and output (``blocks.L.mlp.hook_out``) are
-read in one pass per buffer of token rows (the texts given, or the bundled model's own
-training mix, as :func:`interp.train_sae`; a BOS token at position 0 is left out), and all
-layers train together on the same tokens, by the one loop of every dictionary
+read in one pass per buffer of token rows (drawn as :func:`interp.train_sae` draws them), and
+all layers train together on the same tokens, by the one loop of every dictionary
 (:mod:`interp.dictionaries.training`, whose docstring gives the losses; the parameters' start
 and folding: :mod:`interp.transcoders.fit`). The result is a
 :class:`~interp.transcoders.TranscoderSet` in the model's units, saved (with ``out=``) in
 circuit-tracer's format. Its figures (FVU, L0, dead features: :mod:`interp.transcoders.held_out`)
 are measured per layer on held-out tokens (:data:`EVAL_TOKENS`, :meth:`TokenRows.held_out` with
-seed :data:`EVAL_SEED`).
-
-With ``store=`` (a store of every layer's MLP input and output, :func:`interp.stores.fill_store`)
-the pairs are read from disk in shuffled batches instead (:mod:`interp.stores.pairs`), the whole
-call holding at most ``max_bytes`` (:mod:`interp.stores.budget`); the held-out figures still come
-from the model.
+seed :data:`EVAL_SEED`). With ``store=`` the pairs are read from disk instead
+(:mod:`interp.stores.pairs`); the held-out figures still come from the model.
 """
 
 from __future__ import annotations
@@ -34,6 +29,7 @@ from interp.dictionaries.data import TokenRows, hook_activations
 from interp.dictionaries.training import BUFFER_BATCHES
 from interp.engine import trim_freed_memory
 from interp.foundation.formatting import summary_html, table_html
+from interp.saes.train import EVAL_CHUNK, EVAL_SEED  # train_sae's: the same held-out rows
 from interp.stores.budget import token_bytes
 from interp.stores.pairs import store_pairs
 from interp.transcoders import fit as fitting
@@ -44,9 +40,7 @@ __all__ = ["EVAL_SEED", "EVAL_TOKENS", "TranscoderTrainingReport", "train_transc
 
 KINDS = ("per-layer", "skip", "cross-layer")  # a set's KINDS, "skip" a per-layer set with W_skip
 INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "mlp.hook_out"  # circuit-tracer's names
-EVAL_TOKENS = 16384  # held-out tokens the figures are measured on
-EVAL_CHUNK = 4096  # tokens encoded at a time for them
-EVAL_SEED = 12345  # the same held-out rows for every run on the same texts
+EVAL_TOKENS = 16384  # held-out tokens the figures are measured on (EVAL_CHUNK at a time)
 
 
 @dataclass(frozen=True)
@@ -237,26 +231,21 @@ def train_transcoder(
 
 def _fit(fresh, shuffle, gen, n_layers, d_model, device, *, kind, activation, d_tc, **settings):
     """Scales from the first buffer of ``fresh`` (one per layer and side: mean norm
-    ``sqrt(d_model)``, fit's module docstring), the parameters' start, and the training:
-    ``(p, mask, c_in, c_out, history)``. ``shuffle``: the generator that shuffles each buffer
-    (None: a store's batches, shuffled already)."""
+    ``sqrt(d_model)``, fit's module docstring), the parameters' start
+    (:func:`interp.transcoders.fit.init_params`) with the mask of which layers each layer's
+    features write, and the training: ``(p, mask, c_in, c_out, history)``. ``shuffle``: the
+    generator that shuffles each buffer (None: a store's batches, shuffled already)."""
     first = next(fresh)
     c_in = d_model**0.5 / first[0].norm(dim=-1).mean(0).clamp_min(1e-12)
     c_out = d_model**0.5 / first[1].norm(dim=-1).mean(0).clamp_min(1e-12)
     buffers = _scaled(chain([first], fresh), c_in, c_out, shuffle)
     del first
-    p, mask = _start(n_layers, d_model, d_tc, kind, activation, gen, device)
-    history = fitting.fit(partial(next, buffers), p, mask, activation=activation, **settings)
-    return p, mask, c_in, c_out, history
-
-
-def _start(n_layers: int, d_model: int, d_tc: int, kind: str, activation: str, gen, device):
-    """The parameters at their start (:func:`interp.transcoders.fit.init_params`) on ``device``,
-    and which layers each layer's features write (the mask)."""
     cross = kind == "cross-layer"
     p = fitting.init_params(
         n_layers, d_model, d_tc, cross=cross, skip=kind == "skip", activation=activation, gen=gen
     )
     p = {key: t.to(device).requires_grad_() for key, t in p.items()}
     ones = torch.ones(n_layers, n_layers, device=device)
-    return p, ones.triu() if cross else torch.eye(n_layers, device=device)
+    mask = ones.triu() if cross else torch.eye(n_layers, device=device)
+    history = fitting.fit(partial(next, buffers), p, mask, activation=activation, **settings)
+    return p, mask, c_in, c_out, history

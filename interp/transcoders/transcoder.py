@@ -3,15 +3,10 @@ circuit-tracer's conventions.
 
 A *per-layer* set has one transcoder per layer ``l``: with ``x`` the MLP's input (the hook
 ``input_hook(l)``), the pre-activation is ``h = x @ W_enc(l).T + b_enc(l)`` and the features
-``f = act(h)`` with
-
-- ``relu``: ``max(h, 0)``;
-- ``jumprelu``: ``h * (h > threshold(l))`` (circuit-tracer's JumpReLU: no ReLU besides the
-  threshold, so a negative threshold lets negative values through);
-- ``topk``: the ``k`` largest entries of ``h`` kept as they are, every other feature 0;
-
-the activations of :mod:`interp.dictionaries.activations` without SAELens's ``floor``. Each
-layer is an :class:`interp.dictionaries.Dictionary` (:attr:`TranscoderSet.layers`).
+``f = act(h)``, ``relu``, ``jumprelu`` or ``topk`` of :mod:`interp.dictionaries.activations`
+without SAELens's ``floor`` (circuit-tracer's: a negative JumpReLU threshold lets negative
+values through, and TopK keeps the ``k`` largest of ``h`` as they are). Each layer is an
+:class:`interp.dictionaries.Dictionary` (:attr:`TranscoderSet.layers`).
 
 It writes ``f @ W_dec(l) + b_dec(l)`` (plus ``x @ W_skip(l).T`` for a skip transcoder) where
 the MLP wrote (``output_hook(l)``). A *cross-layer* transcoder (CLT) has the same encoders,
