@@ -16,7 +16,8 @@ The build holds, in the work dtype (float32, float64 for a float64 model) unless
   ``[batch pos d_model]`` gradients (``_ONE_COPY_BACKWARD``, work dtype) and block of rows;
 * a bfloat16/float16 model on CPU: the kernels oneDNN compiles and caches per shape, which
   grow with the passes (``_KERNELS``; the one-copy backward: one pass, its rows in float32);
-* under a cap, the ranking's normalised copy of the rows (:mod:`interp.graphs.ranking`),
+* under a cap, the ranking's normalised copy of the rows and its ``[row row]`` block at the
+  rows' own nodes (:mod:`interp.graphs.ranking`),
   filled as the rows are and alive with the row step's working memory until the last row,
   and the kept columns' copy at the end; afterwards pruning needs one more copy of the kept
   rows and a mask.
@@ -117,7 +118,9 @@ def graph_bytes(
         attention = _ONE_COPY_PASS * n_heads * n_pos * n_pos * item
         backward = token * work * _ONE_COPY_BACKWARD + batch * columns * work
     capped = keep < n_active
-    ranking = block if capped else 0  # on the host, or on a CUDA device (ranking_device)
+    # the normalised rows and their [row row] block at the rows' own nodes, on the host or on
+    # a CUDA device (ranking_device)
+    ranking = block + rows * rows * work if capped else 0
     end = rows * kept_columns * work if capped else 0
     pruning = rows * kept_columns * (work + 1)
     during = frozen + ranking + max(attention, backward)
