@@ -17,7 +17,9 @@ shortest case). ``circuit-tracer`` loads the same files into circuit-tracer's
 ``TransformerLensReplacementModel`` (experiments/graph_vs_circuit_tracer.py's loader), times
 its ``attribute`` with the same batch size and cap, and prints both side by side: seconds, the
 same features and logits, the largest entry difference and the scores. Run them one after the
-other on the same machine (the figures are side by side only then).
+other on the same machine (the figures are side by side only then). circuit-tracer with a
+smaller ``--batch`` than interp was asked for ranks in the same rounds (its
+``update_interval`` is 4 x interp's batch / its own), so both keep the same features.
 """
 
 from __future__ import annotations
@@ -185,6 +187,9 @@ def run_circuit_tracer(out: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] not in ("interp", "circuit-tracer"):
+        print(__doc__)  # --help, or a mode or folder missing: the usage
+        sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
     mode, where = sys.argv[1], Path(sys.argv[2])
     opts = dict(zip(sys.argv[3::2], sys.argv[4::2], strict=False))
     THREADS = int(opts.get("--threads", 0))  # one thread: CPU seconds that load inflates less
