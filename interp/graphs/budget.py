@@ -75,20 +75,21 @@ _BACKWARD = (0.5, 4.0)  # (per layer, fixed) [batch pos d_model] tensors of one 
 # (interp.engine.return_freed_memory; 1 MiB elsewhere). A small graph's transients, [batch pos
 # d_model] at 16-64 positions (128 KiB-1 MiB), otherwise came from glibc's heap, whose freed
 # holes stayed resident in a layout that moved from run to run: a 64-position graph budgeted at
-# 10.4 MB peaked at 10.1-12.9 MB in four fresh processes, 10.0-10.4 MB with 256 KiB
+# 9.96 MiB peaked at 10.1-12.9 MiB in four fresh processes, 10.0-10.4 MiB with 256 KiB
 FREED_AT = 256 * 2**10
 # max_bytes bounds the peak; the estimate is a fit to it. The planner keeps HEADROOM of max_bytes
 # unplanned for what a small graph's first build allocates that the estimate cannot foresee:
-# MKL keeps the buffers of a float32 matmul at a size it first meets (1-4 MiB on two threads,
-# 0.4 with MKL_DISABLE_FAST_MM=1) and glibc's heap moves by ~0.5 MiB run to run; a 32-position
-# graph planned at 4.5 MiB peaked at 6.0. Negligible against a large graph's budget
+# MKL keeps the buffers of a float32 matmul at a size it first meets (~4 MiB more mmapped after
+# a 32-position build, 0.4 with MKL_DISABLE_FAST_MM=1) and glibc's heap moves by ~0.5 MiB run to
+# run; a 32-position graph planned at 4.6 MiB peaked at 6.0. Negligible at a large graph's size
 HEADROOM = 2 * 2**20
 # the one-copy backward (interp.graphs.vjp): [head pos pos] tensors alive at one layer's
 # attention in its one-row recording pass (as _ATTENTION, for one row), [batch pos d_model]
 # tensors (work dtype) alive in its backward (the residual's gradient, the attention's and a
 # norm's transposes, the skip term's), and the allocator's own (no autograd graph: less than
-# _FIXED). Fitted to 20 points of 32 to 256 positions (per-layer and cross-layer, float32 and
-# bfloat16; docs/graphs.md): within 4% from 64 positions, 16% at 32 (peaks of 7-13 MiB)
+# _FIXED: 1 MiB once blocks of FREED_AT went back at once, 2 before). On the grid of 16 to
+# 2,048 positions (per-layer and cross-layer, float32 and bfloat16; docs/graphs.md) every
+# estimate is within 0.89-1.12 of its peak
 _ONE_COPY_PASS = 3.0
 _ONE_COPY_BACKWARD = 5.0
 _FIXED_ONE_COPY = 1 * 2**20
