@@ -89,6 +89,23 @@ def test_max_bytes_keeps_the_headroom():
         plan(least + budget.HEADROOM - 1)
 
 
+def test_a_build_under_max_bytes_only_lowers_the_threshold(monkeypatch):
+    """return_freed_memory sets glibc's mmap threshold once and afterwards only lowers it: a
+    graph's FREED_AT after a run_cached budget's 1 MiB holds, and 1 MiB after it changes
+    nothing."""
+    from interp.engine import allocator
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setattr(allocator, "_FREED_MEMORY_RETURNED", 0)
+    if not allocator.return_freed_memory(2**20):
+        pytest.skip("no glibc here")
+    assert allocator._FREED_MEMORY_RETURNED == 2**20
+    assert allocator.return_freed_memory(budget.FREED_AT)
+    assert allocator._FREED_MEMORY_RETURNED == budget.FREED_AT < 2**20
+    assert allocator.return_freed_memory(2**20)
+    assert allocator._FREED_MEMORY_RETURNED == budget.FREED_AT
+
+
 def _child(tmp_path, **spec) -> dict:
     spec = {"device": "cpu", "layers": 2, "d_model": 128, "d_tc": 512, "dir": str(tmp_path)} | spec
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
