@@ -9,21 +9,24 @@ reset just before the call through ``/proc/self/clear_refs``) less the resident 
 it; on CUDA ``torch.cuda.max_memory_allocated`` less the memory allocated before it. The
 estimate is ``estimate_graph_bytes`` with the prompt's active features and the batch the build
 chose. Budgeted points run with ``max_bytes`` halfway between the least estimate of a smaller
-batch and the unbudgeted estimate (so the batch must shrink) and report the peak against it. Every
-point frees memory back to the system at once (glibc's ``M_MMAP_THRESHOLD``, what interp does
-under ``max_bytes``), so the resident size is the use.
+batch and the unbudgeted estimate, plus the planner's ``HEADROOM`` (``interp.graphs.budget``:
+the estimate fills at most ``max_bytes`` less it), so the batch must shrink, and report the
+peak against that ``max_bytes``. Every point frees blocks of ``FREED_AT`` bytes or more back
+to the system at once (glibc's ``M_MMAP_THRESHOLD``, what interp sets under ``max_bytes``), so
+the resident size is the use.
 
     python benchmarks/bench_graph_memory.py [--quick] [--device cuda] [--layers 2]
         [--d-model 128] [--heads 4] [--d-tc 512] [--positions 16,64] [--uncapped-up-to 64]
         [--cap 256]
         [--kinds per-layer,cross-layer] [--dtypes float32,bfloat16]
-        [--backwards one-copy,batched] [--budget no]
+        [--backwards one-copy,batched] [--budget no] [--json FILE]
 
 Prints one line per point (estimate / measured, peak / budget) and a summary: the largest
 deviation of the estimate and the largest peak over a budget. ``--backwards`` runs each point
 once per row step (``attribution_graph(backward=...)``; default ``auto``), one after the other,
 and prints their peaks and times side by side with the ratio batched / one-copy;
-``--budget no`` skips the budgeted runs.
+``--budget no`` skips the budgeted runs; ``--json FILE`` appends each point's figures to FILE
+(one JSON line: the spec, the unbudgeted run, the budget, the budgeted run).
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ QUICK = {
 def _child(spec: dict) -> dict:
     sys.path.insert(0, str(ROOT))
     from benchmarks.memory_child import Peak, free_at_once, random_transcoders
+    from interp.graphs.budget import FREED_AT
 
-    free_at_once()
+    free_at_once(FREED_AT)  # what a build under max_bytes sets
     import torch
 
     from interp import attribution_graph, estimate_graph_bytes, load_model
@@ -117,6 +121,7 @@ def main(argv: list[str]) -> None:
     grid = dict(QUICK if "--quick" in argv else FULL)
     grid["backwards"] = opts.get("--backwards", "auto").split(",")
     budgeted = opts.get("--budget", "yes") != "no"
+    record = opts.get("--json")
     for key in ("positions", "kinds", "dtypes"):  # e.g. --positions 16,64 --kinds per-layer
         if f"--{key}" in opts:
             grid[key] = [int(v) if key == "positions" else v for v in opts[f"--{key}"].split(",")]
@@ -127,6 +132,9 @@ def main(argv: list[str]) -> None:
             "d_model": int(opts.get("--d-model", 128)), "d_tc": int(opts.get("--d-tc", 512)),
             "heads": int(opts.get("--heads", 4)),
             "dir": opts.get("--dir") or tempfile.mkdtemp(prefix="graph-memory-")}  # fmt: skip
+    sys.path.insert(0, str(ROOT))
+    from interp.graphs.budget import HEADROOM
+
     worst_estimate, worst_budget = 0.0, 0.0
     print("kind dtype positions cap backward | batch active | estimate measured ratio | seconds | "
           "budget peak/budget")  # fmt: skip
@@ -143,15 +151,22 @@ def main(argv: list[str]) -> None:
                         r = side[backward] = _run(spec)
                         ratio = r["estimate"] / r["peak"]
                         worst_estimate = max(worst_estimate, abs(ratio - 1))
-                        budget = (r["estimate"] + r["one"]) // 2  # fits, with a smaller batch
+                        # the planner fills max_bytes less HEADROOM: halfway between a smaller
+                        # batch's least estimate and this one's, plus HEADROOM, fits a smaller batch
+                        budget = (r["estimate"] + r["one"]) // 2 + HEADROOM
                         b = None
                         if budgeted and r["batch"] > 1:
                             b = _run(dict(spec, max_bytes=budget))
                         over = ""
                         if b is not None:
-                            over = f"{budget / 2**20:.0f} MiB {b['peak'] / budget:.2f} "
-                            over += f"(batch {b['batch']})"
+                            over = f"{budget / 2**20:.1f} MiB {b['peak'] / budget:.2f} "
+                            over += f"(batch {b['batch']}: estimate / measured "
+                            over += f"{b['estimate'] / b['peak']:.2f})"
                             worst_budget = max(worst_budget, b["peak"] / budget - 1)
+                        if record:  # every figure of the point, one JSON line
+                            with open(record, "a") as f:
+                                f.write(json.dumps({"spec": spec, "free": r, "budget": budget,
+                                                    "budgeted": b}) + "\n")  # fmt: skip
                         print(f"{kind} {dtype} {n_pos} {cap} {r['backward']} | {r['batch']} "
                               f"{r['active']} | {r['estimate'] / 2**20:.1f} MiB "
                               f"{r['peak'] / 2**20:.1f} MiB {ratio:.2f} | {r['seconds']:.1f} s | "

@@ -14,12 +14,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_at_once() -> None:
-    """glibc's ``M_MMAP_THRESHOLD`` fixed: freed tensors go back to the system at once, so the
-    resident size is the use (what interp does under ``max_bytes``)."""
+def free_at_once(threshold: int = 2**20) -> None:
+    """glibc's ``M_MMAP_THRESHOLD`` fixed: freed tensors of ``threshold`` bytes or more go back
+    to the system at once, so the resident size is the use (what interp does under
+    ``max_bytes``: 1 MiB, an attribution graph ``interp.graphs.budget.FREED_AT``)."""
     import ctypes
 
-    ctypes.CDLL("libc.so.6").mallopt(-3, 2**20)
+    ctypes.CDLL("libc.so.6").mallopt(-3, int(threshold))
 
 
 def random_transcoders(

@@ -14,7 +14,7 @@ import os
 __all__ = ["drop_retained_patterns", "release_retained", "return_freed_memory", "trim_freed_memory"]
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-_FREED_MEMORY_RETURNED = False
+_FREED_MEMORY_RETURNED = 0  # the threshold set (0: none yet)
 
 
 def drop_retained_patterns(model) -> list[tuple[str, object]]:
@@ -52,12 +52,16 @@ def return_freed_memory(threshold: int = 2**20) -> bool:
     what is in use, at the price of page faults on fresh memory (a scan ran 1.3-1.5x slower).
     Process-wide and harmless to results; interp calls it only where splitting cannot help:
     a ``run_cached`` budget under twice its estimate, or chunks where one row with glibc's
-    slack would not fit. It leaves a ``MALLOC_MMAP_THRESHOLD_`` the user set alone. Returns
-    False where there is no glibc (macOS, Windows, musl).
+    slack would not fit. It leaves a ``MALLOC_MMAP_THRESHOLD_`` the user set alone; a later
+    call only lowers the threshold (an attribution graph under ``max_bytes`` asks for less:
+    :data:`interp.graphs.budget.FREED_AT`). Returns False where there is no glibc (macOS,
+    Windows, musl).
     """
     global _FREED_MEMORY_RETURNED
-    if _FREED_MEMORY_RETURNED or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
-        return True  # done already, or the user chose glibc's threshold
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return True  # the user chose glibc's threshold
+    if _FREED_MEMORY_RETURNED and _FREED_MEMORY_RETURNED <= threshold:
+        return True  # done already, at this threshold or a lower one
     import ctypes
     import ctypes.util
 
@@ -66,10 +70,11 @@ def return_freed_memory(threshold: int = 2**20) -> bool:
         mallopt, trim = libc.mallopt, libc.malloc_trim
     except (OSError, AttributeError):
         return False
-    _FREED_MEMORY_RETURNED = bool(mallopt(_M_MMAP_THRESHOLD, int(threshold)))
-    if _FREED_MEMORY_RETURNED:
-        trim(0)  # and hand back what the heap holds now
-    return _FREED_MEMORY_RETURNED
+    if not mallopt(_M_MMAP_THRESHOLD, int(threshold)):
+        return False
+    _FREED_MEMORY_RETURNED = int(threshold)
+    trim(0)  # and hand back what the heap holds now
+    return True
 
 
 def trim_freed_memory() -> bool:

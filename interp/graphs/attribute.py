@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from interp.engine import run_cached, to_tokens
 from interp.engine.allocator import return_freed_memory
-from interp.graphs.budget import GraphPlan, estimate_graph_bytes, free_bytes, plan_graph
+from interp.graphs.budget import FREED_AT, GraphPlan, estimate_graph_bytes, free_bytes, plan_graph
 from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
 from interp.graphs.graph import AttributionGraph
 from interp.graphs.nodes import Sources, node_table, read_sources, salient_logits
@@ -295,6 +295,6 @@ def attribution_graph(
         one_copy=one_copy is not None,
     )  # fmt: skip
     if max_bytes is not None:
-        return_freed_memory()  # freed blocks go back at once: the process's size is its use
+        return_freed_memory(FREED_AT)  # freed blocks go back at once: the size is the use
     table, visited = _graph_rows(model, tokens, tc, src, plan, logits, progress, one_copy)
     return _assemble(model, tokens, tc, src, plan, logits, table, visited, start)

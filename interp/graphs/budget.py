@@ -43,6 +43,8 @@ from interp.graphs.vjp import BACKWARDS, one_copy_fits
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "FREED_AT",
+    "HEADROOM",
     "GraphPlan",
     "choose_batch",
     "estimate_graph_bytes",
@@ -71,15 +73,28 @@ _KERNELS = 4.2 * 2**20
 _FROZEN = (2.0, 2.0)
 _ATTENTION = 2.5  # [batch head pos pos] tensors alive at one layer's attention
 _BACKWARD = (0.5, 4.0)  # (per layer, fixed) [batch pos d_model] tensors of one backward pass
+# under max_bytes, freed blocks of FREED_AT bytes or more go back to the system at once
+# (interp.engine.return_freed_memory; 1 MiB elsewhere). A small graph's transients, [batch pos
+# d_model] at 16-64 positions (128 KiB-1 MiB), otherwise came from glibc's heap, whose freed
+# holes stayed resident in a layout that moved from run to run: a 64-position graph budgeted at
+# 9.96 MiB peaked at 10.1-12.9 MiB in four fresh processes, 10.0-10.4 MiB with 256 KiB
+FREED_AT = 256 * 2**10
+# max_bytes bounds the peak; the estimate is a fit to it. The planner keeps HEADROOM of max_bytes
+# unplanned for what a small graph's first build allocates that the estimate cannot foresee:
+# MKL keeps the buffers of a float32 matmul at a size it first meets (~4 MiB more mmapped after
+# a 32-position build, 0.4 with MKL_DISABLE_FAST_MM=1) and glibc's heap moves by ~0.5 MiB run to
+# run; a 32-position graph planned at 4.6 MiB peaked at 6.0. Negligible at a large graph's size
+HEADROOM = 2 * 2**20
 # the one-copy backward (interp.graphs.vjp): [head pos pos] tensors alive at one layer's
 # attention in its one-row recording pass (as _ATTENTION, for one row), [batch pos d_model]
 # tensors (work dtype) alive in its backward (the residual's gradient, the attention's and a
 # norm's transposes, the skip term's), and the allocator's own (no autograd graph: less than
-# _FIXED). Fitted to 20 points of 32 to 256 positions (per-layer and cross-layer, float32 and
-# bfloat16; docs/graphs.md): within 4% from 64 positions, 16% at 32 (peaks of 7-13 MiB)
+# _FIXED: 1 MiB once blocks of FREED_AT went back at once, 2 before). On the grid of 16 to
+# 2,048 positions (per-layer and cross-layer, float32 and bfloat16; docs/graphs.md) every
+# estimate is within 0.89-1.12 of its peak
 _ONE_COPY_PASS = 3.0
 _ONE_COPY_BACKWARD = 5.0
-_FIXED_ONE_COPY = 2 * 2**20
+_FIXED_ONE_COPY = 1 * 2**20
 
 
 def graph_bytes(
@@ -241,9 +256,10 @@ def plan_graph(
 ) -> GraphPlan:
     """The plan of a graph of ``n_active`` active features and ``n_logits`` logits (arguments as
     :func:`interp.attribution_graph`'s; ``free``: the memory free on the device, which bounds the
-    batch without ``max_bytes``; ``one_copy``: the row step is the one-copy backward). A graph
-    that ``max_bytes`` cannot hold even at its smallest batch is refused
-    (``MemoryBudgetError``); one the free memory cannot hold is warned of."""
+    batch without ``max_bytes``; ``one_copy``: the row step is the one-copy backward). Under
+    ``max_bytes`` the estimate fills at most ``max_bytes - HEADROOM`` (see ``HEADROOM``); a
+    graph that cannot fit even at its smallest batch is refused (``MemoryBudgetError``); one
+    the free memory cannot hold is warned of."""
     keep = n_active if max_feature_nodes is None else min(int(max_feature_nodes), n_active)
 
     def sized(batch: int) -> int:
@@ -255,16 +271,17 @@ def plan_graph(
     asked = 64 if batch_size is None else int(batch_size)
     batch = max(1, min(asked, keep + n_logits))
     if max_bytes is not None:
-        budget = parse_size(max_bytes)
+        room = parse_size(max_bytes) - HEADROOM  # what the estimate may fill (HEADROOM)
         need = least_bytes(sized, batch)
-        if need > budget:
+        if need > room:
             n_nodes = keep + int(tc.n_layers) * (n_pos - 1) + n_pos + n_logits
+            need += HEADROOM
             raise MemoryBudgetError(
                 f"this graph ({n_nodes} nodes, {n_pos} positions) needs at least {need} bytes "
-                f"({format_size(need)}) at its smallest batch; raise max_bytes to {need} or "
-                "lower max_feature_nodes"
+                f"({format_size(need)}, {format_size(HEADROOM)} of it headroom) at its smallest "
+                f"batch; raise max_bytes to {need} or lower max_feature_nodes"
             )
-        batch = choose_batch(sized, batch, budget)
+        batch = choose_batch(sized, batch, room)
     else:
         batch = _batch_in_free_memory(sized, batch, free, model.cfg.device, batch_size is None)
     return GraphPlan(n_active, keep, n_logits, batch, 4 * asked, sized(batch), one_copy)
