@@ -67,7 +67,7 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 
 def __getattr__(name: str):
