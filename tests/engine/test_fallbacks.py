@@ -10,6 +10,7 @@ import logging
 import pytest
 import torch
 
+import interp.engine.batch_plan as batch_plan
 import interp.engine.batched as batched
 import interp.engine.passes as passes
 import interp.engine.suffix as suffix
@@ -112,9 +113,9 @@ def test_suffix_states_over_budget_fall_back_with_one_warning(gpt2_model, monkey
     fast = run_patched(gpt2_model, tokens, runs, row_metric=row_metric, read_at=read_at)
     assert calls  # the suffix passes ran
     calls.clear()
-    monkeypatch.setattr(batched, "state_bytes", lambda *a: 10**15)
+    monkeypatch.setattr(batch_plan, "state_bytes", lambda *a: 10**15)
     dense = []
-    with caplog.at_level(logging.WARNING, logger="interp.engine.batched"):
+    with caplog.at_level(logging.WARNING, logger="interp.engine.batch_plan"):
         for _ in range(2):
             dense.append(
                 run_patched(
@@ -127,6 +128,6 @@ def test_suffix_states_over_budget_fall_back_with_one_warning(gpt2_model, monkey
                 )  # fmt: skip
             )
     assert not calls  # the dense passes ran
-    said = _warnings(caplog, "interp.engine.batched")
+    said = _warnings(caplog, "interp.engine.batch_plan")
     assert len(said) == 1 and "dense passes" in said[0], said
     torch.testing.assert_close(dense[0], fast, atol=1e-5, rtol=0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp.engine.batch_plan as batch_plan
 import interp.engine.batched as batched
 from interp.engine import Intervention, Site, run_cached, run_patched
 from interp.engine.suffix import run_offset, suffix_like_forward
@@ -131,7 +132,7 @@ def test_the_bundled_model_gives_the_dense_numbers(bundled_model, monkeypatch):
 
 
 def test_a_model_the_check_refuses_falls_back(gpt2_model, monkeypatch):
-    monkeypatch.setattr(batched, "suffix_like_forward", lambda *args: False)
+    monkeypatch.setattr(batch_plan, "suffix_like_forward", lambda *args: False)
     calls, _, _ = _check_task(gpt2_model, monkeypatch)
     assert calls == []
 
