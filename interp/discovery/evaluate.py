@@ -26,12 +26,12 @@ from interp.discovery.graph import EdgeGraph
 from interp.discovery.removal import removed_metrics
 from interp.discovery.runs import (
     WriterOutputs,
-    _undefined,
     deltas_bytes,
     task_inputs,
     writer_outputs,
 )
 from interp.engine import run_logits
+from interp.interventions.grids import undefined as _undefined  # too close to divide by
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["CircuitEvaluation", "evaluate_circuit", "CURVE_FRACTIONS", "ABLATIONS", "ranked_edges"]

@@ -27,9 +27,10 @@ from torch import Tensor
 from interp.dictionaries.core import resid_pre_layer
 from interp.discovery.feature_gradients import FeatureDeltas, feature_tables
 from interp.discovery.graph import EdgeGraph, edge_frame
-from interp.discovery.runs import WriterOutputs, _undefined, dataset_mean, task_inputs
+from interp.discovery.runs import WriterOutputs, dataset_mean, task_inputs
 from interp.engine import run_cached
 from interp.engine.estimates import _itemsize
+from interp.interventions.grids import undefined as _undefined  # too close to divide by
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["FEATURE_METHODS", "feature_edge_scores", "feature_name", "error_name", "sae_layer"]

@@ -38,11 +38,6 @@ METRICS = ("logit_diff", "prob_diff")  # the task metrics discovery reads
 POST_NORM_RTOL = 1e-4  # float32: the heads' post-normed outputs against the model's attn output
 
 
-def _undefined(c: float, k: float) -> bool:
-    """True when the means ``c`` (clean) and ``k`` (corrupted) are too close to divide by."""
-    return not abs(c - k) > 1e-6 * max(1.0, abs(c), abs(k))
-
-
 def dataset_mean(metric: TaskMetric, logits: Tensor) -> float:
     """The metric's mean over the task's rows, summed in float64."""
     return float(metric(logits).double().mean())

@@ -27,7 +27,6 @@ from interp.discovery.acdc import acdc
 from interp.discovery.gradients import gradient_scores
 from interp.discovery.graph import EdgeGraph, edge_frame
 from interp.discovery.runs import (
-    _undefined,
     dataset_mean,
     deltas_bytes,
     patched_metrics,
@@ -35,6 +34,7 @@ from interp.discovery.runs import (
     writer_outputs,
 )
 from interp.engine import HookFn
+from interp.interventions.grids import undefined as _undefined  # too close to divide by
 from interp.tasks import Task, TaskTokens
 
 __all__ = ["edge_scores", "edge_changes", "METHODS", "SCORED_METHODS", "SCORE_COLUMNS"]

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 import pandas as pd
 
 from interp.discovery.graph import edge_frame, split_edge
-from interp.discovery.runs import _undefined
 from interp.discovery.scores import SCORED_METHODS, edge_changes
 from interp.foundation.executors.sharding import Sharding, as_sharding
 from interp.foundation.partials import check_one_run, check_shards
+from interp.interventions.grids import undefined as _undefined  # too close to divide by
 from interp.interventions.shards import shard_rows, task_fingerprint
 from interp.tasks import Task
 from interp.tasks.shard_jobs import run_task_shards, task_shard

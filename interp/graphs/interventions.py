@@ -117,7 +117,7 @@ def _change(tc, edits, acts: dict[int, Tensor], out_layer: int, n_pos: int) -> T
         old = acts[edit.layer][:, edit.feature]  # [pos]
         new = old.clone()
         where = slice(None) if edit.pos is None else edit.pos
-        new[where] = edit.value if edit.value is not None else new[where] * edit.scale
+        new[where] = edit.target(old[None])[0, where]  # FeatureEdit's own rule (value or scale)
         row = tc.decoder_rows(edit.layer, torch.tensor([edit.feature]), out_layer)  # [1 d_model]
         change += (new - old)[:, None] * row
     return change

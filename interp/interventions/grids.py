@@ -86,8 +86,9 @@ def grid_sites(
 
 
 def undefined(clean: float, corrupted: float) -> bool:
-    """Whether ``recovered`` is undefined: the two metrics are numerically equal."""
-    return abs(clean - corrupted) <= EQUAL_RTOL * max(1.0, abs(clean), abs(corrupted))
+    """Whether ``recovered`` is undefined: the two metrics are numerically equal (or one is
+    NaN). The rule of every recovered share (patching, path patching, circuit discovery)."""
+    return not abs(clean - corrupted) > EQUAL_RTOL * max(1.0, abs(clean), abs(corrupted))
 
 
 def recovered(values: Tensor, clean: float, corrupted: float) -> tuple[list[float], bool]:

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from interp.foundation.formatting import number, summary_html, table_html
+from interp.interventions.grids import undefined
 
 __all__ = [
     "Sender",
@@ -138,7 +139,7 @@ def _has_mlps(model) -> bool:
 
 
 def _recoverable(clean: float, corrupted: float) -> bool:
-    return abs(clean - corrupted) > 1e-6 * max(1.0, abs(clean), abs(corrupted))
+    return not undefined(clean, corrupted)
 
 
 @dataclass(frozen=True)
