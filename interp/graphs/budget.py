@@ -149,7 +149,9 @@ def graph_bytes(
     pruning = rows * kept_columns * (work + 1)
     sparse = capped and entries is not None
     if sparse:  # no rows over every column; the kept rows computed again beside the row step
-        ranking = sparse_ranking_bytes(rows, columns, n_active, batch, entries, work)
+        ranking = sparse_ranking_bytes(
+            rows, columns, n_active, batch, entries, work, n_layers, n_pos
+        )
         block, end = 0, end + frozen + max(attention, backward)
     during = frozen + ranking + max(attention, backward)
     kernels = 0.0
@@ -206,7 +208,9 @@ def estimate_graph_bytes(
             one_copy=one_copy, entries=entries,
         )  # fmt: skip
 
-    room = free_bytes(model.cfg.device) if max_bytes is None else parse_size(max_bytes) - HEADROOM
+    room = parse_size(max_bytes) - HEADROOM if max_bytes is not None else None
+    if room is None and ranking == "auto" and keep < n_active:  # the build's own room
+        room = free_bytes(model.cfg.device)
     least = lambda e: least_bytes(functools.partial(sized, entries=e), batch)  # noqa: E731
     return sized(batch, choose_entries(ranking, keep < n_active, least, room))
 

@@ -13,18 +13,19 @@ every row's node so far exactly, from its batch; an old row's entry at a new row
 from its kept entries (0 where dropped). The influence is the dense ranking's series run on the
 block, then one sparse product with the kept entries (:meth:`SparseRanking.bounds`).
 
-Bounds. Every normalised entry is ``>= 0`` and a dropped one is ``< tau`` and at most its row's
-dropped mass, so ``0 <= dropped <= e_i = min(tau, dropped mass of row i at feature columns)``.
-The series with the truncated block and rows gives a lower bound of the dense influence at every
-column (all terms nonnegative). An upper bound: the same series with every entry not known
-exactly raised by ``e_i``, where row ``i`` can read the node at all, a feature of a lower layer
-and no later position (the frozen model is causal in layers and positions: a target at layer
-``l`` reads the MLP outputs below ``l``; each batch is checked for it). That block is strictly
-lower in layers, so its series ends; at the columns, ``upper = s_up R_kept + sum_i s_up[i] e_i``
-over the rows that can read the column and did not keep it (a ``[layer pos]`` grid of suffix
-sums). Both are summed in float64 (the kept values are the float32 numbers the dense ranking
-normalises, the same operations), so they bracket the exact influence through those numbers up
-to a float64 rounding margin (:func:`_margin`).
+Bounds. Every normalised entry is ``>= 0``, and a dropped one of row ``i`` at a feature of
+layer ``l`` is at most ``e_il``, the largest entry the row dropped among layer ``l``'s features
+(kept per row and layer as the batch comes; ``< tau``). The series with the truncated block and
+rows gives a lower bound of the dense influence at every column (all terms nonnegative). An
+upper bound: the same series with every block entry not known exactly raised by ``e_il`` where
+row ``i`` can read the node at all, a feature of a lower layer and no later position (the frozen
+model is causal in layers and positions: a target at layer ``l`` reads the MLP outputs below
+``l``; each batch is checked for it). That block is strictly lower in layers, so its series
+ends; at a column of layer ``l``, ``upper = s_up R_kept + sum_i s_up[i] e_il`` over the rows
+that can read it and did not keep it (``[layer pos layer]`` suffix sums). Both are summed in
+float64 (the kept values are the float32 numbers the dense ranking normalises, by the same
+operations), so they bracket the exact influence through those numbers up to a float64
+rounding margin (:func:`_margin`).
 
 Certificate. A round picks the ``size`` unvisited features of largest lower bound; it is
 *certified* when the least lower bound it picks exceeds the largest upper bound it leaves (both
@@ -85,16 +86,17 @@ def warn_sparse(dense: int, room: int, where: str, entries: int) -> None:
 
 
 def sparse_ranking_bytes(rows: int, columns: int, n_active: int, batch: int, entries: int,
-                         work: int) -> int:  # fmt: skip
+                         work: int, n_layers: int, n_pos: int) -> int:  # fmt: skip
     """What the sparse ranking holds at its peak beside the row step: the kept entries (at most
     ``entries`` a row), the float64 block with its known-mask and the upper block's transient,
-    a batch's normalised copy with its masks and entry indices, the columns' node map and the
-    bounds (float64) with their sort."""
+    a batch's normalised copy with its masks and entry indices, the columns' node map, the
+    bounds (float64) with their sort and the upper bound's ``[layer pos layer]`` sums."""
     kept = rows * min(entries, columns) * (4 + work)
-    block = rows * rows * (8 + 8 + 1 + 1)
+    block = rows * rows * (3 * 8 + 2) + rows * n_layers * 8
     per_batch = batch * columns * (2 * work + 2) + batch * min(entries, columns) * (16 + work)
     per_column = columns * 4 + n_active * (3 * 8 + 8 + 1)
-    return kept + block + per_batch + per_column
+    grid = (n_layers + 2) * n_pos * n_layers * 8
+    return kept + block + per_batch + per_column + grid
 
 
 def _series(q: Tensor, block: Tensor, max_iter: int = 128) -> tuple[Tensor, int]:
@@ -137,7 +139,10 @@ class SparseRanking:
         self.row_pos = torch.zeros(n_rows, dtype=torch.long, device=self.device)
         self.batch_start = torch.zeros(n_rows, dtype=torch.long, device=self.device)
         self.node_row = torch.full((self.width,), -1, dtype=torch.int32, device=self.device)
-        self.slack = torch.zeros(n_rows, **f64)  # e_i: the most a dropped entry of row i holds
+        # e_il: the largest entry row i dropped among layer l's features (< tau)
+        self.slack = torch.zeros(n_rows, n_layers, **f64)
+        counts = torch.bincount(self.feat_layer, minlength=n_layers).tolist()
+        self.layer_ends = torch.tensor(counts).cumsum(0).tolist()  # features are layer-major
         self.block = torch.zeros(n_rows, n_rows, **f64)
         self.known = torch.zeros(n_rows, n_rows, dtype=torch.bool, device=self.device)
         # per batch: (first row, entries per row [b], columns int32 [nnz], values [nnz])
@@ -185,8 +190,13 @@ class SparseRanking:
         self.block[start:end, :end] = normalised[:, self.row_nodes[:end]]  # exact
         self.known[start:end, :end] = True
         keep = normalised >= self.tau if self.tau > 0 else normalised > 0
-        dropped = normalised.masked_fill(keep, 0)[:, : self.n_active].sum(1, dtype=torch.float64)
-        self.slack[start:end] = dropped.clamp(max=self.tau)
+        dropped = normalised[:, : self.n_active].masked_fill(keep[:, : self.n_active], 0)
+        begin = 0
+        for layer_, stop in enumerate(self.layer_ends):
+            if stop > begin:
+                self.slack[start:end, layer_] = dropped[:, begin:stop].amax(1)
+            begin = stop
+        del dropped
         r, c = torch.nonzero(keep, as_tuple=True)
         self.kept.append((start, keep.sum(1), c.to(torch.int32), normalised[r, c]))
         self.filled = end
@@ -210,20 +220,28 @@ class SparseRanking:
             self.known[rows[hit], j[hit]] = True
         self.linked = self.filled
 
-    def _product(self, reach: Tensor, slack: Tensor) -> Float[Tensor, " feature"]:
-        """``reach R_kept`` less ``slack`` at each kept entry, at the feature columns."""
+    def _product(self, reach: Tensor, slack: Tensor | None = None) -> Float[Tensor, " feature"]:
+        """``reach R_kept`` at the feature columns, less ``slack[row, column's layer]`` at each
+        kept entry (where given)."""
         out = torch.zeros(self.width, dtype=torch.float64, device=self.device)
         for rows, cols, values in self._entries():
-            out.index_add_(0, cols, values.double() * reach[rows] - slack[rows])
+            terms = values.double() * reach[rows]
+            if slack is not None:
+                feature = cols < self.n_active
+                rows, cols, terms = rows[feature], cols[feature], terms[feature]
+                terms -= slack[rows, self.feat_layer[cols]]
+            out.index_add_(0, cols, terms)
         return out[: self.n_active]
 
-    def _dominated(self, t: Float[Tensor, " row"], n: int) -> Float[Tensor, " feature"]:
-        """At each feature column, ``sum_i t_i`` over the rows that can read it (a later layer,
-        no earlier position): a ``[layer pos]`` grid of suffix sums."""
-        grid = torch.zeros(self.n_layers + 2, self.n_pos, dtype=torch.float64, device=self.device)
+    def _dominated(self, t: Float[Tensor, "row layer"], n: int) -> Float[Tensor, " feature"]:
+        """At each feature column of layer ``l``, ``sum_i t_il`` over the rows that can read it
+        (a later layer, no earlier position): ``[layer pos layer]`` suffix sums."""
+        grid = torch.zeros(
+            self.n_layers + 2, self.n_pos, self.n_layers, dtype=torch.float64, device=self.device
+        )
         grid.index_put_((self.row_layer[:n], self.row_pos[:n]), t, accumulate=True)
         grid = grid.flip(1).cumsum(1).flip(1).flip(0).cumsum(0).flip(0)
-        return grid[self.feat_layer + 1, self.feat_pos]
+        return grid[self.feat_layer + 1, self.feat_pos, self.feat_layer]
 
     def bounds(self) -> tuple[Float[Tensor, " feature"], Float[Tensor, " feature"], float]:
         """Lower and upper bounds of each feature's influence through the rows so far (the dense
@@ -235,9 +253,10 @@ class SparseRanking:
         layer, pos = self.row_layer[:n], self.row_pos[:n]
         readable = (layer[None, :] < layer[:, None]) & (pos[None, :] <= pos[:, None])
         unknown = readable & ~self.known[:n, :n]
-        up, up_steps = _series(q, block + self.slack[:n, None] * unknown)
-        lower = self._product(low, torch.zeros_like(low))
-        t = self.slack[:n] * up
+        node_layer = layer.clamp(max=self.n_layers - 1)  # a logit's column is never readable
+        up, up_steps = _series(q, block + self.slack[:n][:, node_layer] * unknown)
+        lower = self._product(low)
+        t = self.slack[:n] * up[:, None]  # [row layer]
         upper = self._product(up, t) + self._dominated(t, n)
         return lower, upper, _margin(n, max(steps, up_steps))
 
