@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 # the most entries a row keeps (tau = 1 / ENTRIES): 8 bytes each (int32 column, float32 value),
 # 4.3 GB over Gemma's 8,202 rows at most; a row narrower than this keeps every nonzero (tau 0)
 ENTRIES = 2**16
+# rows normalised at once as a batch comes: a full-width float copy, its masks and a float temp
+# (~10 bytes a column a row: 2.8 GB for 8 rows of Gemma's 35M columns at 8,192 positions)
+ADD_ROWS = 8
 RANKINGS = ("auto", "dense", "sparse")  # attribution_graph's ranking= under max_feature_nodes
 
 
@@ -93,7 +96,8 @@ def sparse_ranking_bytes(rows: int, columns: int, n_active: int, batch: int, ent
     bounds (float64) with their sort and the upper bound's ``[layer pos layer]`` sums."""
     kept = rows * min(entries, columns) * (4 + work)
     block = rows * rows * (3 * 8 + 2) + rows * n_layers * 8
-    per_batch = batch * columns * (2 * work + 2) + batch * min(entries, columns) * (16 + work)
+    per_batch = min(batch, ADD_ROWS) * columns * (2 * work + 2)
+    per_batch += min(batch, ADD_ROWS) * min(entries, columns) * (16 + work)
     per_column = columns * 4 + n_active * (3 * 8 + 8 + 1)
     grid = (n_layers + 2) * n_pos * n_layers * 8
     return kept + block + per_batch + per_column + grid
@@ -172,34 +176,41 @@ class SparseRanking:
 
     def add(self, rows: Float[Tensor, "batch col"], nodes: Int[Tensor, " batch"]) -> None:
         """Rows (their first columns; the rest are zero) of nodes ``nodes``: normalised as the
-        dense ranking normalises them, the block's new entries written, the large ones kept."""
+        dense ranking normalises them, ``ADD_ROWS`` at a time (a full-width copy of a few rows
+        at once, not of the batch), the block's new entries written, the large ones kept."""
         start, end = self.filled, self.filled + len(nodes)
-        normalised = torch.empty(len(nodes), self.width, dtype=rows.dtype, device=self.device)
-        normalised[:, : rows.shape[1]].copy_(rows)
-        normalised[:, rows.shape[1] :] = 0
-        normalised.abs_()
-        normalised.div_(normalised.sum(dim=1, keepdim=True).clamp(min=RANKING_CLAMP))
         nodes = nodes.to(self.device)
         layer, pos = self._place(nodes)
-        self._check_causal(normalised, layer, pos)
         self.row_nodes[start:end], self.row_layer[start:end], self.row_pos[start:end] = (
             nodes, layer, pos,
         )  # fmt: skip
         self.node_row[nodes] = torch.arange(start, end, dtype=torch.int32, device=self.device)
         self.batch_start[start:end] = start
-        self.block[start:end, :end] = normalised[:, self.row_nodes[:end]]  # exact
         self.known[start:end, :end] = True
+        for i in range(0, len(nodes), ADD_ROWS):
+            part = slice(i, min(i + ADD_ROWS, len(nodes)))
+            self._add_rows(rows[part], start + i, layer[part], pos[part], end)
+        self.filled = end
+
+    def _add_rows(self, rows: Tensor, start: int, layer: Tensor, pos: Tensor, end: int) -> None:
+        normalised = torch.empty(len(rows), self.width, dtype=rows.dtype, device=self.device)
+        normalised[:, : rows.shape[1]].copy_(rows)
+        normalised[:, rows.shape[1] :] = 0
+        normalised.abs_()
+        normalised.div_(normalised.sum(dim=1, keepdim=True).clamp(min=RANKING_CLAMP))
+        self._check_causal(normalised, layer, pos)
+        stop_row = start + len(rows)
+        self.block[start:stop_row, :end] = normalised[:, self.row_nodes[:end]]  # exact
         keep = normalised >= self.tau if self.tau > 0 else normalised > 0
         dropped = normalised[:, : self.n_active].masked_fill(keep[:, : self.n_active], 0)
         begin = 0
         for layer_, stop in enumerate(self.layer_ends):
             if stop > begin:
-                self.slack[start:end, layer_] = dropped[:, begin:stop].amax(1)
+                self.slack[start:stop_row, layer_] = dropped[:, begin:stop].amax(1)
             begin = stop
         del dropped
         r, c = torch.nonzero(keep, as_tuple=True)
         self.kept.append((start, keep.sum(1), c.to(torch.int32), normalised[r, c]))
-        self.filled = end
 
     def _entries(self):
         """Each batch's kept entries: (rows [nnz], columns int32 [nnz], values [nnz])."""
