@@ -4,19 +4,20 @@ with bounds on the dense ranking's influence and a certificate for each round.
 The dense ranking (:class:`interp.graphs.ranking.Ranking`) keeps every row normalised over
 every active feature: ``rows x n_active`` numbers, 143 GB at Gemma-2-2B's 1,024 positions. Here
 each new row is normalised exactly (``|row| / max(sum, 1e-8)``, from the whole row of its batch,
-which exists while the batch does) and only its entries ``>= tau = 1 / entries`` are kept
-(int32 columns, values in the work dtype, appended batch by batch): a normalised row sums to at
-most 1, so it keeps at most ``entries`` of them whatever the number of active features.
+which exists while the batch does) and only its ``entries`` largest entries are kept (int32
+columns, values in the work dtype, appended batch by batch): ``rows x entries x 8`` bytes at
+most, whatever the number of active features. A normalised row sums to at most 1, so every
+entry ``>= 1 / entries`` is among them (a threshold ``tau = 1 / entries`` would keep a subset).
 
 The ``[row row]`` block (what each row passes to each row's node) holds a new row's entries at
 every row's node so far exactly, from its batch; an old row's entry at a new row's node comes
 from its kept entries (0 where dropped). The influence is the dense ranking's series run on the
 block, then one sparse product with the kept entries (:meth:`SparseRanking.bounds`).
 
-Bounds. Every normalised entry is ``>= 0``, and a dropped one of row ``i`` at a feature of
-layer ``l`` is at most ``e_il``, the largest entry the row dropped among layer ``l``'s features
-(kept per row and layer as the batch comes; ``< tau``). The series with the truncated block and
-rows gives a lower bound of the dense influence at every column (all terms nonnegative). An
+Bounds. Every normalised entry is ``>= 0``, and a dropped one of row ``i`` at a feature of layer
+``l`` is at most ``e_il``, the largest entry the row dropped among layer ``l``'s features (kept
+per row and layer as the batch comes; ``< 1 / entries``). The series with the truncated block
+and rows gives a lower bound of the dense influence at every column (all terms nonnegative). An
 upper bound: the same series with every block entry not known exactly raised by ``e_il`` where
 row ``i`` can read the node at all, a feature of a lower layer and no later position (the frozen
 model is causal in layers and positions: a target at layer ``l`` reads the MLP outputs below
@@ -24,8 +25,8 @@ model is causal in layers and positions: a target at layer ``l`` reads the MLP o
 ends; at a column of layer ``l``, ``upper = s_up R_kept + sum_i s_up[i] e_il`` over the rows
 that can read it and did not keep it (``[layer pos layer]`` suffix sums). Both are summed in
 float64 (the kept values are the float32 numbers the dense ranking normalises, by the same
-operations), so they bracket the exact influence through those numbers up to a float64
-rounding margin (:func:`_margin`).
+operations), so they bracket the exact influence through those numbers up to a float64 rounding
+margin (:func:`_margin`).
 
 Certificate. A round picks the ``size`` unvisited features of largest lower bound; it is
 *certified* when the least lower bound it picks exceeds the largest upper bound it leaves (both
@@ -50,8 +51,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# the most entries a row keeps (tau = 1 / ENTRIES): 8 bytes each (int32 column, float32 value),
-# 4.3 GB over Gemma's 8,202 rows at most; a row narrower than this keeps every nonzero (tau 0)
+# the entries a row keeps (its largest): 8 bytes each (int32 column, float32 value), 4.3 GB over
+# Gemma's 8,202 rows; a row of no more columns than this keeps every nonzero (nothing dropped)
 ENTRIES = 2**16
 # rows normalised at once as a batch comes: a full-width float copy, its masks and a float temp
 # (~10 bytes a column a row: 2.8 GB for 8 rows of Gemma's 35M columns at 8,192 positions)
@@ -80,8 +81,8 @@ def warn_sparse(dense: int, room: int, where: str, entries: int) -> None:
     warn_fallback(
         logger, "graph-sparse-ranking",
         "max_feature_nodes: the dense ranking needs about %s, more than the %s %s: features are "
-        "ranked through a sparse copy of the rows instead (each row's entries of at least 1/%d "
-        "of it), the kept rows computed again, exactly; the kept features are the dense "
+        "ranked through a sparse copy of the rows instead (each row's %d largest normalised "
+        "entries), the kept rows computed again, exactly; the kept features are the dense "
         "ranking's wherever its rounds are certified (graph.info['ranking_certified']; a "
         "warning says when some are not). ranking='dense' keeps the dense ranking",
         format_size(dense), format_size(max(room, 0)), where, entries,
@@ -132,7 +133,7 @@ class SparseRanking:
         self.n_cols, self.width = n_cols, n_cols + len(logit_p)  # logits' columns: zero
         self.n_active, self.n_layers, self.n_pos = len(feat_layer), n_layers, n_pos
         self.entries = entries
-        self.tau = 0.0 if entries >= n_cols else 1.0 / entries  # tau 0: every nonzero kept
+        self.drops = entries < n_cols  # else every nonzero is kept: the bounds are equal
         self.device = torch.device(device)
         self.feat_layer, self.feat_pos = feat_layer.to(self.device), feat_pos.to(self.device)
         f64 = dict(dtype=torch.float64, device=self.device)
@@ -143,7 +144,7 @@ class SparseRanking:
         self.row_pos = torch.zeros(n_rows, dtype=torch.long, device=self.device)
         self.batch_start = torch.zeros(n_rows, dtype=torch.long, device=self.device)
         self.node_row = torch.full((self.width,), -1, dtype=torch.int32, device=self.device)
-        # e_il: the largest entry row i dropped among layer l's features (< tau)
+        # e_il: the largest entry row i dropped among layer l's features (< 1 / entries)
         self.slack = torch.zeros(n_rows, n_layers, **f64)
         counts = torch.bincount(self.feat_layer, minlength=n_layers).tolist()
         self.layer_ends = torch.tensor(counts).cumsum(0).tolist()  # features are layer-major
@@ -201,7 +202,13 @@ class SparseRanking:
         self._check_causal(normalised, layer, pos)
         stop_row = start + len(rows)
         self.block[start:stop_row, :end] = normalised[:, self.row_nodes[:end]]  # exact
-        keep = normalised >= self.tau if self.tau > 0 else normalised > 0
+        if self.drops:  # the row's `entries` largest (every entry >= 1/entries among them)
+            largest = normalised.topk(self.entries, dim=1)
+            keep = torch.zeros_like(normalised, dtype=torch.bool)
+            keep.scatter_(1, largest.indices, largest.values > 0)
+            del largest
+        else:
+            keep = normalised > 0
         dropped = normalised[:, : self.n_active].masked_fill(keep[:, : self.n_active], 0)
         begin = 0
         for layer_, stop in enumerate(self.layer_ends):

@@ -97,8 +97,9 @@ def test_the_bounds_hold_the_dense_influence_at_every_column(seed, entries):
         assert (exact <= upper + tol).all(), float((exact - upper).max())
         gaps.append(float((upper - lower).max()))
     assert max(gaps) > 1e-3  # entries were dropped: the bounds are not trivially equal
-    for _, counts, _, values in ranking.kept:  # at most `entries` a row, each >= 1/entries
-        assert int(counts.max()) <= entries and bool((values >= 1 / entries).all())
+    for _, counts, _, _ in ranking.kept:  # at most `entries` a row
+        assert int(counts.max()) <= entries
+    assert bool((ranking.slack < 1 / entries).all())  # every entry >= 1/entries kept
 
 
 def test_with_nothing_dropped_the_bounds_are_the_dense_influence():
@@ -106,7 +107,7 @@ def test_with_nothing_dropped_the_bounds_are_the_dense_influence():
     ranking = _ranking(rows, nodes, logit_p, layer, pos, n_layers, n_pos, entries=rows.shape[1])
     ranking.add(rows[:9], nodes[:9])
     ranking.add(rows[9:], nodes[9:])
-    assert ranking.tau == 0.0
+    assert not ranking.drops
     lower, upper, _ = ranking.bounds()
     exact = _reference(rows, nodes, logit_p, len(nodes))[: len(layer)]
     torch.testing.assert_close(lower, exact, rtol=BOUND_RTOL, atol=0)
@@ -128,24 +129,25 @@ def _one_logit(entries: dict[int, float], keep: int):
 
 
 def test_a_round_is_certified_where_the_bounds_separate_it():
-    # tau 1/4: A (0.3) kept, B (0.2) and F1..F5 (0.1 each) dropped: each dropped one may hold
-    # up to min(1/4, 0.7) = 0.25 < 0.3, so A is the dense ranking's first whatever they hold
-    entries = {0: 0.3, 1: 0.2, **{f: 0.1 for f in range(2, 7)}}
-    ranking = _one_logit(entries, keep=4)
+    # the two largest kept: A (0.3), B (0.2); dropped C (0.15), D..H (0.07 each): each dropped
+    # one may hold up to 0.15 (the largest dropped), less than A's and B's exact 0.3 and 0.2
+    entries = {0: 0.3, 1: 0.2, 2: 0.15, **{f: 0.07 for f in range(3, 8)}}
+    ranking = _one_logit(entries, keep=2)
     nothing = torch.zeros(8, dtype=torch.bool)
     assert ranking.next_round(nothing, 1).tolist() == [0]
-    assert (ranking.rounds, ranking.certified) == (1, 1)
-    # two: the second is among the dropped ones, ranked by a lower bound of 0 each, and the
-    # dense ranking's second (B) is not told apart from the rest: not certified
-    ranking.next_round(nothing, 2)
-    assert (ranking.rounds, ranking.certified) == (2, 1)
-    # tau 1/8: A and B kept, each of the rest <= 0.125 < 0.2: certified
-    wider = _one_logit(entries, keep=8)
-    assert wider.next_round(nothing, 2).tolist() == [0, 1]
+    assert ranking.next_round(nothing, 2).tolist() == [0, 1]
+    assert (ranking.rounds, ranking.certified) == (2, 2)
+    # three: the third is among the dropped ones, each ranked by a lower bound of 0, and the
+    # dense ranking's third (C) is not told apart from the rest: not certified
+    ranking.next_round(nothing, 3)
+    assert (ranking.rounds, ranking.certified) == (3, 2)
+    # three kept: C's 0.15 exceeds what any dropped one may hold (0.07): certified
+    wider = _one_logit(entries, keep=3)
+    assert wider.next_round(nothing, 3).tolist() == [0, 1, 2]
     assert (wider.rounds, wider.certified) == (1, 1)
     # every unvisited feature picked: nothing left to tell apart
     assert ranking.next_round(torch.arange(8) < 2, 6).tolist() == [2, 3, 4, 5, 6, 7]
-    assert ranking.certified == 2
+    assert ranking.certified == 3
 
 
 def test_a_row_reading_a_later_layer_breaks_the_bounds_premise_and_is_refused():
