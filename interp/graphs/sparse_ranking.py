@@ -57,6 +57,7 @@ ENTRIES = 2**16
 # rows normalised at once as a batch comes: a full-width float copy, its masks and a float temp
 # (~10 bytes a column a row: 2.8 GB for 8 rows of Gemma's 35M columns at 8,192 positions)
 ADD_ROWS = 8
+MERGED = 2**22  # kept entries merged into groups of up to this many (SparseRanking._compact)
 RANKINGS = ("auto", "dense", "sparse")  # attribution_graph's ranking= under max_feature_nodes
 
 
@@ -219,8 +220,24 @@ class SparseRanking:
         r, c = torch.nonzero(keep, as_tuple=True)
         self.kept.append((start, keep.sum(1), c.to(torch.int32), normalised[r, c]))
 
+    def _compact(self) -> None:
+        """Consecutive groups of kept entries (each covers the rows after the previous one's)
+        merged up to ``MERGED`` entries: a round's passes over them take a few large steps,
+        not one per 8 rows (each a handful of kernels on a GPU)."""
+        merged: list = []
+        for group in self.kept:
+            if merged and len(merged[-1][2]) + len(group[2]) <= MERGED:
+                start, *parts = merged[-1]
+                merged[-1] = (
+                    start,
+                    *(torch.cat([a, b]) for a, b in zip(parts, group[1:], strict=True)),
+                )
+            else:
+                merged.append(group)
+        self.kept = merged
+
     def _entries(self):
-        """Each batch's kept entries: (rows [nnz], columns int32 [nnz], values [nnz])."""
+        """Each group's kept entries: (rows [nnz], columns int32 [nnz], values [nnz])."""
         for start, counts, cols, values in self.kept:
             ids = torch.arange(start, start + len(counts), device=self.device)
             yield torch.repeat_interleave(ids, counts), cols, values
@@ -264,6 +281,7 @@ class SparseRanking:
     def bounds(self) -> tuple[Float[Tensor, " feature"], Float[Tensor, " feature"], float]:
         """Lower and upper bounds of each feature's influence through the rows so far (the dense
         ranking's ``partial_influences``), and their relative rounding margin."""
+        self._compact()
         self._link()
         n = self.filled
         block, q = self.block[:n, :n], self.weights[self.row_nodes[:n]]
