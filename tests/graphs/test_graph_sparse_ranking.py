@@ -221,13 +221,24 @@ def _rounds_of(monkeypatch, build):
     return graph, rounds
 
 
-@pytest.mark.parametrize("backward", ["one-copy", "batched"])
-def test_the_kept_rows_are_the_dense_paths_rows_bit_for_bit(zoo, monkeypatch, backward):
+@pytest.mark.parametrize(
+    "arch, kind, skip, backward",
+    [
+        ("gpt2", "per-layer", False, "one-copy"),
+        ("gpt2", "per-layer", False, "batched"),
+        ("llama", "per-layer", True, "batched"),
+        ("gemma2", "cross-layer", False, "one-copy"),
+    ],
+)
+def test_the_kept_rows_are_the_dense_paths_rows_bit_for_bit(
+    zoo, monkeypatch, arch, kind, skip, backward
+):
     """With few entries a row (features near the cap's edge may differ from the dense
     ranking's), the dense path visiting the sparse ranking's rounds gives the same graph: the
-    kept rows are computed again by the same row step in the same batches."""
-    model = zoo.model("gpt2")
-    tc = random_transcoders(model, d_tc=48, seed=2)
+    kept rows are computed again by the same row step in the same batches. Every row passes
+    the bound's causal check on the way (per-layer and cross-layer, skip terms, post-norms)."""
+    model = zoo.model(arch)
+    tc = random_transcoders(model, d_tc=48, seed=2, kind=kind, skip=skip)
     monkeypatch.setattr(sparse_ranking, "ENTRIES", 8)
     options = dict(CAPPED, backward=backward)
     sparse, rounds = _rounds_of(
