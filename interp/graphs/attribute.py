@@ -22,16 +22,16 @@ logits, then features in rounds, each batch of targets turned into rows by one c
 step: :func:`_rows` over the batched frozen pass, or :meth:`interp.graphs.one_copy.OneCopy.rows`)
 and the assembly (:func:`_assemble`: the kept columns, the node table, the graph). Under a cap
 the dense ranking keeps every row over every column; the sparse one
-(:mod:`interp.graphs.sparse_ranking`, where the dense one does not fit) keeps each row's large
+(:mod:`interp.graphs.sparse_ranking`, where the dense one does not fit) keeps each row's largest
 normalised entries only, and once the features are chosen the same batches are computed again
-(:func:`_kept_rows`) with only the kept columns stored: the graph's rows are exact either way.
+(:func:`interp.graphs.row_table.kept_rows`) with only the kept columns stored: the graph's rows
+are exact either way.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import logging
 import time
 
 import torch
@@ -53,8 +53,6 @@ from interp.graphs.vjp import one_copy_backward
 from interp.transcoders.loading import check_transcoders_fit
 
 __all__ = ["attribution_graph", "estimate_graph_bytes"]
-
-logger = logging.getLogger(__name__)
 
 
 def _source_bytes(src: Sources) -> int:
