@@ -353,3 +353,22 @@ def test_the_estimate_of_the_sparse_ranking_holds_no_row_over_every_feature():
         model, tc, 64, 32, n_active=2000, backward="batched", ranking="dense")  # fmt: skip
     assert estimate_graph_bytes(model, tc, 1024, 8192, n_active=4_360_000, backward="batched",
                                 max_bytes="80 GiB") == estimate(4_360_000, "sparse")  # fmt: skip
+
+
+def test_a_tasks_rows_are_ranked_as_asked():
+    """``ranking`` reaches each row's graph of a Task (graphs.task_graph passes it on)."""
+    import interp
+    from interp.graphs.task_graph import task_graph
+    from interp.tasks import induction
+
+    model = interp.load_model("tiny-induction")
+    task = induction(model, 2, seed=3, seq_len=3)
+    asked = []
+
+    def one_graph(model, tokens, tc, **options):
+        asked.append(options["ranking"])
+        raise StopIteration  # the options are all this test reads
+
+    with pytest.raises(StopIteration):
+        task_graph(one_graph, model, task, None, max_feature_nodes=4, ranking="sparse")
+    assert asked == ["sparse"]
