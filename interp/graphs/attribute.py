@@ -17,20 +17,25 @@ target's vector (circuit-tracer's phases: logits first, then features, ranked by
 rounds under ``max_feature_nodes``).
 
 The build reads as three steps: the plan (:func:`interp.graphs.budget.plan_graph`: features
-kept, batch, rounds, under the memory budget), the rows (:func:`_graph_rows`: logits, then
-features in rounds, each batch of targets turned into rows by one call of the row step:
-:func:`_rows` over the batched frozen pass, or :meth:`interp.graphs.one_copy.OneCopy.rows`) and
-the assembly (:func:`_assemble`: the kept columns, the node table, the graph).
+kept, batch, rounds, the ranking, under the memory budget), the rows (:func:`_graph_rows`:
+logits, then features in rounds, each batch of targets turned into rows by one call of the row
+step: :func:`_rows` over the batched frozen pass, or :meth:`interp.graphs.one_copy.OneCopy.rows`)
+and the assembly (:func:`_assemble`: the kept columns, the node table, the graph). Under a cap
+the dense ranking keeps every row over every column; the sparse one
+(:mod:`interp.graphs.sparse_ranking`, where the dense one does not fit) keeps each row's largest
+normalised entries only, and once the features are chosen the same batches are computed again
+(:func:`interp.graphs.row_table.kept_rows`) with only the kept columns stored: the graph's rows
+are exact either way.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import time
-from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -40,7 +45,9 @@ from interp.graphs.budget import FREED_AT, GraphPlan, estimate_graph_bytes, free
 from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
 from interp.graphs.graph import AttributionGraph
 from interp.graphs.nodes import Sources, node_table, read_sources, salient_logits
-from interp.graphs.ranking import Ranking, ranking_device
+from interp.graphs.row_table import RowTable as _RowTable  # tests/graphs patch its next_round
+from interp.graphs.row_table import certified, kept_columns, kept_rows, new_table
+from interp.graphs.sparse_ranking import RANKINGS
 from interp.graphs.task_graph import is_task, task_graph_of
 from interp.graphs.vjp import one_copy_backward
 from interp.transcoders.loading import check_transcoders_fit
@@ -88,45 +95,22 @@ def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) 
     return out
 
 
-def _kept_columns(
-    computed: Tensor, row_nodes: Tensor, selected: Tensor, n_feat: int, chunk: int = 256
-) -> tuple[Tensor, Tensor]:
-    """The rows with only the kept features' columns (and every other node's), and their
-    nodes' indices in the graph."""
-    columns = torch.cat([selected, torch.arange(n_feat, computed.shape[1])])
-    out = torch.empty(computed.shape[0], len(columns), dtype=computed.dtype)
-    for i in range(0, len(out), chunk):
-        out[i : i + chunk] = computed[i : i + chunk][:, columns]
-    moved = torch.full((computed.shape[1],), -1, dtype=torch.long)
-    moved[columns] = torch.arange(len(columns))
-    return out, moved[row_nodes]
+def _logit_targets(src: Sources, plan: GraphPlan, logits: tuple, n_layers: int, n_pos: int):
+    """The logits' batches of targets: (layers, positions, vectors) and their nodes."""
+    device = src.embed.device
+    for i in range(0, plan.n_logits, plan.batch):
+        chunk = torch.arange(i, min(i + plan.batch, plan.n_logits))
+        at = torch.full((len(chunk),), n_layers, device=device)  # the final norm's output
+        end = torch.full((len(chunk),), n_pos - 1, device=device)
+        yield (at, end, logits[2][chunk]), chunk + src.n_cols
 
 
-@dataclass
-class _RowTable:
-    """The rows computed so far (logits first, then features in the order visited), every
-    source's column; under a cap their ``ranking`` picks the features still to visit."""
-
-    values: Float[Tensor, "row col"]  # on the host, whatever the device
-    nodes: Int[Tensor, " row"]  # each row's node as a column (a logit's after the sources')
-    ranking: Ranking | None = None  # under a cap: the rows normalised, on the ranking's device
-    ranked_on: str | None = None  # that device (kept in the graph's info)
-    filled: int = 0
-
-    def add(self, rows: Float[Tensor, "batch col"], nodes: Int[Tensor, " batch"]) -> None:
-        end = self.filled + len(nodes)
-        self.values[self.filled : end, : rows.shape[1]].copy_(rows)
-        self.nodes[self.filled : end] = nodes
-        self.filled = end
-        if self.ranking is not None:
-            self.ranking.add(rows, nodes)
-
-    def next_round(self, visited: Tensor, plan: GraphPlan) -> Tensor:
-        """The features to visit next: every one at once uncapped; under a cap the
-        ``round_size`` most influential not visited yet (through the rows so far)."""
-        if self.ranking is None:
-            return torch.arange(plan.n_active)
-        return self.ranking.next_round(visited, min(plan.round_size, plan.n_rows - self.filled))
+def _feature_targets(src: Sources, batch: Int[Tensor, " batch"]) -> tuple:
+    """A batch of features' targets: their layers, positions and encoder rows."""
+    device = src.embed.device
+    layers, positions = src.feat_layer[batch], src.feat_pos[batch]
+    vectors = src.encoders[batch.to(device)]
+    return layers.to(device), positions.to(device), vectors
 
 
 def _graph_rows(
@@ -135,19 +119,8 @@ def _graph_rows(
 ) -> tuple[_RowTable, Tensor]:  # fmt: skip
     """Every logit's and kept feature's row (through ``one_copy``'s recording, or one frozen
     pass of ``plan.batch`` rows where it is None), and which features were visited."""
-    _, logit_p, logit_vecs = logits
-    n_pos, dtype, width = len(tokens), src.embed.dtype, src.n_cols + plan.n_logits
-    # every entry is written but the logits' columns' (no row reads a logit): only they are
-    # zeroed first, not gigabytes of table at long prompts
-    table = _RowTable(
-        torch.empty(plan.n_rows, width, dtype=dtype), torch.zeros(plan.n_rows, dtype=torch.long)
-    )
-    table.values[:, src.n_cols :] = 0
-    if plan.capped:  # the device holds the estimate less the row table (on the host)
-        on_device = plan.estimated_bytes - table.values.numel() * table.values.element_size()
-        where = ranking_device(model.cfg.device, on_device)
-        table.ranking = Ranking(plan.n_rows, width, logit_p, dtype=dtype, device=where)
-        table.ranked_on = str(where)
+    n_pos = len(tokens)
+    table = new_table(model, tc, src, plan, logits[1], n_pos)
     visited = torch.zeros(plan.n_active, dtype=torch.bool)
     bar = tqdm(total=plan.keep, desc="attribution graph: features", disable=not progress)
     with no_param_grads(model):
@@ -155,22 +128,24 @@ def _graph_rows(
             rows_of = functools.partial(_rows, frozen_pass(model, tokens, tc, plan.batch))
         else:
             rows_of = one_copy
-        device = src.embed.device
-        for i in range(0, plan.n_logits, plan.batch):
-            chunk = torch.arange(i, min(i + plan.batch, plan.n_logits))
-            at = torch.full((len(chunk),), tc.n_layers, device=device)  # the final norm's output
-            end = torch.full((len(chunk),), n_pos - 1, device=device)
-            table.add(rows_of(src, at, end, logit_vecs[chunk]), chunk + src.n_cols)
+        for targets, nodes in _logit_targets(src, plan, logits, tc.n_layers, n_pos):
+            table.add(rows_of(src, *targets), nodes)
         while table.filled < plan.n_rows:
             for batch in torch.split(table.next_round(visited, plan), plan.batch):
-                layers, positions = src.feat_layer[batch], src.feat_pos[batch]
-                vectors = src.encoders[batch.to(device)]
-                table.add(rows_of(src, layers.to(device), positions.to(device), vectors), batch)
+                table.add(rows_of(src, *_feature_targets(src, batch)), batch)
+                table.batches.append(batch)
                 visited[batch] = True
                 bar.update(len(batch))
+        bar.close()
+        table.rounds = certified(table.ranking)
+        table.ranking = None  # its buffer goes before the assembly (or the kept rows)
+        if plan.sparse:  # the same batches again, the kept columns stored
+            again = itertools.chain(
+                _logit_targets(src, plan, logits, tc.n_layers, n_pos),
+                ((_feature_targets(src, b), b) for b in table.batches),
+            )
+            kept_rows(table, rows_of, src, plan, again, visited)
         del rows_of
-    bar.close()
-    table.ranking = None  # its buffer goes before the assembly
     return table, visited
 
 
@@ -182,8 +157,8 @@ def _assemble(
     logit_ids, logit_p, _ = logits
     selected = torch.nonzero(visited).flatten()
     rows, row_nodes = table.values, table.nodes
-    if plan.capped:  # the unvisited features' columns go: the rows in place, chunk by chunk
-        rows, row_nodes = _kept_columns(rows, row_nodes, selected, plan.n_active)
+    if plan.capped and not table.kept:  # the unvisited features' columns go, chunk by chunk
+        rows, row_nodes = kept_columns(rows, row_nodes, selected, plan.n_active)
     return AttributionGraph(
         nodes=node_table(src, selected, tc.n_layers, tokens, logit_ids, logit_p),
         rows=rows,
@@ -201,9 +176,22 @@ def _assemble(
             "hook": FINAL_HOOK,
             "backward": "one-copy" if plan.one_copy else "batched",
             "ranking": table.ranked_on,  # where the features were ranked (None: uncapped)
+            # dense (every row over every column), sparse (interp.graphs.sparse_ranking)
+            "ranking_mode": None if not plan.capped else "sparse" if plan.sparse else "dense",
+            **table.rounds,  # the sparse ranking's rounds, and how many were certified
         },
         context={"model": model, "tc": tc},  # for head loadings and QK attribution
     )
+
+
+def _check_ranking(ranking: str, max_feature_nodes: int | None) -> None:
+    if ranking not in RANKINGS:
+        raise ValueError(f"ranking must be one of {', '.join(RANKINGS)}, got {ranking!r}")
+    if ranking == "sparse" and max_feature_nodes is None:
+        raise ValueError(
+            "ranking='sparse' ranks features under max_feature_nodes: pass max_feature_nodes "
+            "(or leave ranking='auto')"
+        )
 
 
 def _prompt(model, tokens_or_text) -> Int[Tensor, " pos"]:
@@ -243,6 +231,7 @@ def attribution_graph(
     max_bytes: int | str | None = None,
     progress: bool = False,
     backward: str = "auto",
+    ranking: str = "auto",
 ) -> AttributionGraph:
     """The attribution graph of one prompt through transcoders ``tc`` (module docstring).
 
@@ -267,6 +256,13 @@ def attribution_graph(
             from one pass of the prompt (:mod:`interp.graphs.vjp`), ``"batched"`` backward
             passes through ``batch_size`` copies of it (:mod:`interp.graphs.frozen`),
             ``"auto"`` the first where the model is covered (a warning says when not).
+        ranking: how features are ranked under ``max_feature_nodes``: ``"dense"`` through every
+            row over every active feature (circuit-tracer's ranking), ``"sparse"`` through each
+            row's large normalised entries (:mod:`interp.graphs.sparse_ranking`: bounded memory,
+            the row step run twice, the rows exact, the features the dense ranking's wherever
+            ``graph.info["ranking_certified"]`` equals ``info["ranking_rounds"]``), ``"auto"``
+            the dense one wherever its estimate fits ``max_bytes`` (or the memory free on the
+            model's device), else the sparse one (a warning says so).
 
     Given an :class:`interp.Task`, the task graph of its rows (:mod:`interp.graphs.task_graph`).
     """
@@ -279,6 +275,7 @@ def attribution_graph(
         return graphs_of_prompts(attribution_graph, model, tokens_or_text, tc, options)
     if is_task(tokens_or_text):  # a Task: its rows' graphs aligned and averaged
         return task_graph_of(attribution_graph, locals())
+    _check_ranking(ranking, max_feature_nodes)
     start = time.perf_counter()
     tokens = _prompt(model, tokens_or_text)
     check_transcoders_fit(model, tc)
@@ -292,7 +289,7 @@ def attribution_graph(
         source_bytes=_source_bytes(src), max_feature_nodes=max_feature_nodes,
         batch_size=batch_size, max_bytes=max_bytes,
         free=free_bytes(model.cfg.device) if max_bytes is None else None,
-        one_copy=one_copy is not None,
+        one_copy=one_copy is not None, ranking=ranking,
     )  # fmt: skip
     if max_bytes is not None:
         return_freed_memory(FREED_AT)  # freed blocks go back at once: the size is the use

@@ -20,7 +20,12 @@ The build holds, in the work dtype (float32, float64 for a float64 model) unless
   rows' own nodes (:mod:`interp.graphs.ranking`),
   filled as the rows are and alive with the row step's working memory until the last row,
   and the kept columns' copy at the end; afterwards pruning needs one more copy of the kept
-  rows and a mask.
+  rows and a mask;
+* with the sparse ranking instead (:mod:`interp.graphs.sparse_ranking`, where the dense one does
+  not fit): no rows over every column, but each row's kept entries (at most ``entries``), the
+  block in float64, a batch's normalised copy (:func:`sparse_ranking_bytes`, an upper bound: a
+  row keeps at most ``entries``), then the kept rows computed again into the kept columns'
+  table beside the row step's working memory (the row step runs twice).
 
 The coefficients were fitted to peaks measured by benchmarks/bench_graph_memory.py (host RSS
 of a fresh process with freed memory returned to the system at once; CUDA's
@@ -30,6 +35,7 @@ starts: the features kept, the batch and the rounds (:class:`GraphPlan`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -38,6 +44,7 @@ import torch
 from interp.engine.estimates import parse_size
 from interp.engine.plan import MemoryBudgetError
 from interp.foundation.sizes import available_host_bytes, format_size
+from interp.graphs.sparse_ranking import choose_entries, sparse_ranking_bytes, warn_sparse
 from interp.graphs.vjp import BACKWARDS, one_copy_fits
 
 logger = logging.getLogger(__name__)
@@ -108,10 +115,12 @@ def graph_bytes(
     batch: int,
     source_bytes: int | None = None,
     one_copy: bool = False,
+    entries: int | None = None,
 ) -> int:
     """Bytes the build of a graph of ``n_active`` active features (``keep`` kept) holds at its
     peak (module docstring); ``source_bytes``: the sources' exact size where known;
-    ``one_copy``: rows by the one-copy backward (:mod:`interp.graphs.vjp`)."""
+    ``one_copy``: rows by the one-copy backward (:mod:`interp.graphs.vjp`); ``entries``: under
+    a cap, ranked by the sparse ranking keeping at most this many entries a row (None: dense)."""
     cfg = model.cfg
     d, n_heads, n_layers = int(cfg.d_model), int(cfg.n_heads), int(tc.n_layers)
     work = 8 if cfg.dtype == torch.float64 else 4
@@ -138,11 +147,17 @@ def graph_bytes(
     ranking = block + rows * rows * work if capped else 0
     end = rows * kept_columns * work if capped else 0
     pruning = rows * kept_columns * (work + 1)
+    sparse = capped and entries is not None
+    if sparse:  # no rows over every column; the kept rows computed again beside the row step
+        ranking = sparse_ranking_bytes(
+            rows, columns, n_active, batch, entries, work, n_layers, n_pos
+        )
+        block, end = 0, end + frozen + max(attention, backward)
     during = frozen + ranking + max(attention, backward)
     kernels = 0.0
     if item < 4 and str(cfg.device).startswith("cpu"):
         # the one-copy backward runs one pass in the model's dtype (its rows in float32)
-        passes = 1 if one_copy else -(-n_logits // batch) + -(-keep // batch)
+        passes = 1 if one_copy else (-(-n_logits // batch) + -(-keep // batch)) * (1 + sparse)
         kernels = _KERNELS * min(passes, 1024) ** 0.5
     fixed = _FIXED_ONE_COPY if one_copy else _FIXED.get(item, _FIXED[4])
     return int(fixed + kernels + source_bytes + block + max(during, end, pruning))
@@ -158,6 +173,8 @@ def estimate_graph_bytes(
     n_active: int | None = None,
     n_logits: int = 10,
     backward: str = "auto",
+    ranking: str = "auto",
+    max_bytes: int | str | None = None,
 ) -> int:
     """Bytes :func:`interp.attribution_graph` holds at its peak for a prompt of ``n_pos`` tokens
     through transcoders ``tc`` (the model's own weights not counted).
@@ -170,6 +187,9 @@ def estimate_graph_bytes(
         n_logits: the logit nodes (at most ``max_n_logits``).
         backward: the row step (``attribution_graph``'s): ``"auto"`` counts the one-copy
             backward where the model's hooks fit it (:func:`interp.graphs.vjp.one_copy_fits`).
+        ranking, max_bytes: the ranking under a cap (``attribution_graph``'s): ``"auto"``
+            counts the sparse one where the dense one needs more than ``max_bytes`` (or, without
+            it, the memory free on the model's device).
     """
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {', '.join(BACKWARDS)}, got {backward!r}")
@@ -181,10 +201,18 @@ def estimate_graph_bytes(
     keep = n_active if max_feature_nodes is None else min(int(max_feature_nodes), n_active)
     batch = 64 if batch_size is None else int(batch_size)
     batch = max(1, min(batch, keep + n_logits))
-    return graph_bytes(
-        model, tc, n_pos, n_active=n_active, keep=keep, n_logits=n_logits, batch=batch,
-        one_copy=one_copy,
-    )  # fmt: skip
+
+    def sized(batch: int, entries: int | None = None) -> int:
+        return graph_bytes(
+            model, tc, n_pos, n_active=n_active, keep=keep, n_logits=n_logits, batch=batch,
+            one_copy=one_copy, entries=entries,
+        )  # fmt: skip
+
+    room = parse_size(max_bytes) - HEADROOM if max_bytes is not None else None
+    if room is None and ranking == "auto" and keep < n_active:  # the build's own room
+        room = free_bytes(model.cfg.device)
+    least = lambda e: least_bytes(functools.partial(sized, entries=e), batch)  # noqa: E731
+    return sized(batch, choose_entries(ranking, keep < n_active, least, room))
 
 
 def free_bytes(device: torch.device | str) -> int | None:
@@ -228,6 +256,9 @@ class GraphPlan:
     round_size: int
     estimated_bytes: int  # graph_bytes at ``batch``
     one_copy: bool = False  # rows by the one-copy backward (interp.graphs.vjp), not batched
+    # under a cap, the sparse ranking's most entries a row (interp.graphs.sparse_ranking), where
+    # it ranks (the dense ranking does not fit, or it was asked for); None: the dense ranking
+    entries: int | None = None
 
     @property
     def n_rows(self) -> int:
@@ -238,6 +269,12 @@ class GraphPlan:
     def capped(self) -> bool:
         """Whether features are ranked by influence (some active ones get no row)."""
         return self.keep < self.n_active
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the sparse ranking ranks the features (and the kept rows are computed
+        again)."""
+        return self.capped and self.entries is not None
 
 
 def plan_graph(
@@ -253,25 +290,37 @@ def plan_graph(
     max_bytes: int | str | None,
     free: int | None,
     one_copy: bool = False,
+    ranking: str = "auto",
 ) -> GraphPlan:
     """The plan of a graph of ``n_active`` active features and ``n_logits`` logits (arguments as
     :func:`interp.attribution_graph`'s; ``free``: the memory free on the device, which bounds the
     batch without ``max_bytes``; ``one_copy``: the row step is the one-copy backward). Under
     ``max_bytes`` the estimate fills at most ``max_bytes - HEADROOM`` (see ``HEADROOM``); a
     graph that cannot fit even at its smallest batch is refused (``MemoryBudgetError``); one
-    the free memory cannot hold is warned of."""
+    the free memory cannot hold is warned of. ``ranking`` (``attribution_graph``'s) under a
+    cap: ``"auto"`` the dense ranking where it fits the room, else the sparse one (a warning,
+    once)."""
     keep = n_active if max_feature_nodes is None else min(int(max_feature_nodes), n_active)
 
-    def sized(batch: int) -> int:
+    def any_ranking(batch: int, entries: int | None = None) -> int:
         return graph_bytes(
             model, tc, n_pos, n_active=n_active, keep=keep, n_logits=n_logits, batch=batch,
-            source_bytes=source_bytes, one_copy=one_copy,
+            source_bytes=source_bytes, one_copy=one_copy, entries=entries,
         )  # fmt: skip
 
     asked = 64 if batch_size is None else int(batch_size)
     batch = max(1, min(asked, keep + n_logits))
+    room = free if max_bytes is None else parse_size(max_bytes) - HEADROOM  # (HEADROOM)
+    least = lambda e: least_bytes(functools.partial(any_ranking, entries=e), batch)  # noqa: E731
+    entries = choose_entries(ranking, keep < n_active, least, room)
+    if entries is not None and ranking == "auto":
+        where = "max_bytes allows" if max_bytes is not None else f"free on {model.cfg.device}"
+        warn_sparse(least(None), room, where, entries)
+
+    def sized(batch: int) -> int:
+        return any_ranking(batch, entries)
+
     if max_bytes is not None:
-        room = parse_size(max_bytes) - HEADROOM  # what the estimate may fill (HEADROOM)
         need = least_bytes(sized, batch)
         if need > room:
             n_nodes = keep + int(tc.n_layers) * (n_pos - 1) + n_pos + n_logits
@@ -284,7 +333,7 @@ def plan_graph(
         batch = choose_batch(sized, batch, room)
     else:
         batch = _batch_in_free_memory(sized, batch, free, model.cfg.device, batch_size is None)
-    return GraphPlan(n_active, keep, n_logits, batch, 4 * asked, sized(batch), one_copy)
+    return GraphPlan(n_active, keep, n_logits, batch, 4 * asked, sized(batch), one_copy, entries)
 
 
 def _batch_in_free_memory(sized, batch: int, free: int | None, device, default: bool) -> int:

@@ -234,6 +234,7 @@ def task_graph(
     max_bytes: int | str | None = None,
     progress: bool = False,
     backward: str = "auto",
+    ranking: str = "auto",
 ) -> TaskGraph:
     """The task graph (module docstring): ``one_graph`` (``attribution_graph``, passed in so
     this module sits below it) builds each row's graph with the other arguments (its own)."""
@@ -245,6 +246,7 @@ def task_graph(
         max_bytes=max_bytes,
         progress=progress,
         backward=backward,
+        ranking=ranking,
     )
     task: Task = tokens_or_text
     batch = task.tokens(model)  # every row checked before any graph
