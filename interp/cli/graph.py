@@ -86,6 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="memory budget of the graph (adjacency, rows, frozen pass), e.g. 2GB",
     )
     parser.add_argument(
+        "--ranking",
+        choices=("auto", "dense", "sparse"),
+        default="auto",
+        help="how features are ranked under --max-feature-nodes: dense (every row over every "
+        "active feature, circuit-tracer's), sparse (each row's largest entries, bounded; the "
+        "kept rows exact), auto (dense where it fits, default)",
+    )
+    parser.add_argument(
         "--text",
         type=Path,
         default=None,
@@ -165,6 +173,10 @@ def _check_args(args: argparse.Namespace) -> list[str] | None:
     if args.tokens is not None and len(args.tokens) < 2:
         raise UsageError(
             "--tokens: the prompt needs at least 2 tokens (position 0 has no feature nodes)"
+        )
+    if args.ranking == "sparse" and args.max_feature_nodes is None:
+        raise UsageError(
+            "--ranking sparse ranks features under a cap: pass --max-feature-nodes N as well"
         )
     if args.prompts is not None:
         from interp.cli.graph_prompts import read_prompts

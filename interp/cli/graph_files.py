@@ -123,4 +123,10 @@ def _summary(args, graph, pruned, prompt, logit_strings, n_edges, reading, score
         "node_threshold": args.node_threshold,
         "edge_threshold": args.edge_threshold,
         "max_feature_nodes": args.max_feature_nodes,
+        # how the kept features were ranked (None: uncapped), and the sparse ranking's rounds
+        # certified to pick the dense ranking's features (docs/graphs.md)
+        "ranking": {
+            key: graph.info.get(f"ranking_{key}")
+            for key in ("mode", "entries", "rounds", "certified")
+        },
     }

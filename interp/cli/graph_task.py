@@ -27,6 +27,7 @@ def graph_settings(args) -> dict:
         "max_feature_nodes": args.max_feature_nodes,
         "max_bytes": args.max_bytes,
         "batch_size": args.batch_size,
+        "ranking": args.ranking,
     }
 
 

@@ -62,6 +62,17 @@ def test_token_ids_are_taken_as_they_are(gpt2_dir, tc_dir, tmp_path):
     assert summary["tokens"] == [5, 9, 0, 7]  # a 0 (BOS/pad) mid-prompt is a token like others
     assert summary["nodes_by_kind"]["all"]["feature"] <= 4
     assert summary["max_feature_nodes"] == 4
+    assert summary["ranking"]["mode"] == "dense" and summary["ranking"]["rounds"] is None
+
+
+@pytest.mark.slow
+def test_ranking_sparse_is_reported(gpt2_dir, tc_dir, tmp_path):
+    out = tmp_path / "out"
+    extra = ["--tokens", "5,9,0,7,3,8", "--max-feature-nodes", "4", "--ranking", "sparse"]
+    assert main(argv(gpt2_dir, tc_dir, out, *extra)) == 0
+    ranking = json.loads((out / "summary.json").read_text())["ranking"]
+    assert ranking["mode"] == "sparse" and ranking["entries"] >= 1
+    assert 0 <= ranking["certified"] <= ranking["rounds"] >= 1
 
 
 REFUSED = [
@@ -70,6 +81,7 @@ REFUSED = [
     (["--tokens", "1,x"], "expected comma-separated token ids"),
     (["--prompt", "a", "--tokens", "1,2"], "not allowed with argument"),
     (["--max-feature-nodes", "0"], "must be at least 1"),
+    (["--ranking", "top"], "invalid choice: 'top'"),
 ]
 
 
@@ -88,6 +100,7 @@ def test_bad_options_exit_2_before_loading(extra, message, tc_dir, tmp_path, cap
         (["--prompt", " "], None, "--prompt is empty"),
         ([], "no-such-set", "--transcoders no-such-set: no such folder or bundled"),
         (["--text", "missing.txt"], None, "--text missing.txt: cannot read it"),
+        (["--ranking", "sparse"], None, "--ranking sparse ranks features under a cap: pass"),
     ],
 )
 @pytest.mark.usefixtures("no_loading")
