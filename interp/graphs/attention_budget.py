@@ -85,10 +85,9 @@ def _nbytes(*tensors) -> int:
 
 
 def _source_bytes(src) -> int:
-    tensors = [src.encoders, src.errors, src.embed, src.activation, src.feat_layer]
-    tensors += [src.feat_pos, src.feat_index]
-    tensors += [v for v, _ in src.writers] + [c for _, c in src.writers]
-    return _nbytes(*tensors)
+    # what the sources hold and, alive while a pass's gradients are contracted, their largest
+    # writer block (interp.graphs.nodes: no vector per feature is held)
+    return src.held_bytes + src.block_bytes
 
 
 def heads_bytes(src, loads, residual, n_edges: int) -> Held:
