@@ -149,10 +149,10 @@ def _by_position(columns: Tensor, pos: Tensor, n_pos: int) -> Tensor:
 
 
 def read_sources(
-    model, tc, clean: CachedRun, dtype: torch.dtype, chunk_bytes: int = CHUNK_BYTES
+    model, tc, clean: CachedRun, dtype: torch.dtype, chunk_bytes: int | None = None
 ) -> Sources:
     """Active features (position 0 excluded), the writers' layout, errors and embeddings;
-    ``chunk_bytes``: a writer block's vectors at most."""
+    ``chunk_bytes``: a writer block's vectors at most (None: ``CHUNK_BYTES``)."""
     n_layers = tc.n_layers
     xs = [clean[tc.input_hook(lay)][0].to(dtype) for lay in range(n_layers)]
     acts = []
@@ -191,7 +191,7 @@ def read_sources(
         errors=torch.stack(errors),
         embed=clean["hook_embed"][0].to(dtype),
         tc=tc,
-        chunk_bytes=int(chunk_bytes),
+        chunk_bytes=CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes),
     )
 
 
