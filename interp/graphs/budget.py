@@ -99,6 +99,10 @@ HEADROOM = 2 * 2**20
 _ONE_COPY_PASS = 3.0
 _ONE_COPY_BACKWARD = 5.0
 _FIXED_ONE_COPY = 1 * 2**20
+# [batch pos d_model] tensors (work dtype) alive beside a writer block while a layer's gradient
+# is contracted with it (interp.graphs.nodes.Sources.add_writer_scores): the gradient and the
+# matmul's contiguous copy of it
+_AT_BLOCK = 2.0
 # a layer's writers at a position over their mean, the slots of a layout padded to the fullest
 # position (interp.graphs.nodes): ~1.25 at 1% of features active (Poisson counts of 20-160)
 _PADDING = 1.25
@@ -141,7 +145,9 @@ def graph_bytes(
         frozen = n_layers * n_heads * n_pos * n_pos * item
         attention = _ONE_COPY_PASS * n_heads * n_pos * n_pos * item
         backward = token * work * _ONE_COPY_BACKWARD + batch * columns * work
-    backward += block_bytes  # a writer block and the decoder rows gathered into it
+    # a row step contracts at one layer at a time, beside fewer of its gradients than its
+    # peak holds: a writer block and the rows gathered into it show only when they outgrow those
+    backward = max(backward, token * work * _AT_BLOCK + block_bytes + batch * columns * work)
     capped = keep < n_active
     # the normalised rows and their [row row] block at the rows' own nodes, on the host or on
     # a CUDA device (ranking_device)
@@ -172,12 +178,16 @@ def _sources_held(tc, n_pos: int, n_active: int, d: int, work: int) -> int:
 
 
 def _writer_block(tc, n_pos: int, n_active: int, d: int, work: int) -> int:
-    """What a row step's writer block adds: the largest layer's writers' vectors (per-layer:
-    an even share of the features; cross-layer: the last layer's, every feature), padded, at
-    most ``CHUNK_BYTES``, and the decoder rows gathered into it (as many again)."""
-    share = 1 / int(tc.n_layers) if tc.kind == "per-layer" else 1.0
+    """What a row step's writer block adds (:attr:`interp.graphs.nodes.Sources.block_bytes`):
+    the largest layer's writers' vectors (per-layer: an even share of the features; cross-layer:
+    the last layer's, every feature), padded, at most ``CHUNK_BYTES`` (one position at least),
+    and one source layer's decoder rows gathered into it (``n_active / n_layers`` features in
+    that block's share)."""
+    n_layers = int(tc.n_layers)
+    share = 1 / n_layers if tc.kind == "per-layer" else 1.0
     vectors = _PADDING * n_active * share * d * work
-    return int(2 * min(vectors, max(CHUNK_BYTES, _PADDING * n_active * share / n_pos * d * work)))
+    block = min(vectors, max(CHUNK_BYTES, vectors / n_pos))
+    return int(block * (1 + 1 / (_PADDING * n_layers * share)))
 
 
 def estimate_graph_bytes(

@@ -71,11 +71,14 @@ class Sources:
     @property
     def block_bytes(self) -> int:
         """Bytes a row step's contraction adds at most: the largest writer block and the
-        decoder rows gathered into it."""
+        decoder rows of one source layer gathered into it (its share of that layer's active
+        features)."""
         item = torch.promote_types(self.activation.dtype, self.tc.dtype).itemsize
-        d = self.embed.shape[1]
-        sizes = [min(self.chunk(j), len(c)) * c.shape[1] for j, c in enumerate(self.layout)]
-        return 2 * max(sizes, default=0) * d * item
+        widest = max(range(len(self.layout)), key=lambda j: self.layout[j].numel())
+        cols = self.layout[widest]
+        vecs = min(self.chunk(widest), len(cols)) * cols.shape[1] * self.embed.shape[1] * item
+        one_layer = int(torch.bincount(self.feat_layer).max()) if self.n_features else 0
+        return int(vecs * (1 + one_layer / cols.numel()))
 
     def chunk(self, layer: int) -> int:
         """Positions per writer block of MLP output ``layer`` (at most ``chunk_bytes``)."""

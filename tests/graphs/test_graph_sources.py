@@ -141,9 +141,11 @@ def test_the_contraction_is_todays_block_by_block(zoo, kind):
             src.add_writer_scores(short, j, g[:, :4])
             assert torch.equal(short, short_want)
         assert src.chunk(j) == 3
-    src.chunk_bytes = nodes.CHUNK_BYTES  # one block per layer: the widest layer's, twice
+    # one block per layer: the widest layer's vectors and one source layer's rows
+    src.chunk_bytes = nodes.CHUNK_BYTES
     widest = max(c.numel() for c in src.layout)
-    assert src.block_bytes == 2 * widest * model.cfg.d_model * 4
+    one_layer = max(int((src.feat_layer == s).sum()) for s in range(tc.n_layers))
+    assert src.block_bytes == (widest + one_layer) * model.cfg.d_model * 4
 
 
 def _graph_three_ways(monkeypatch, model, tc, **options):
@@ -219,10 +221,13 @@ def test_the_estimate_counts_the_layout_and_one_block(zoo, kind):
     held = budget._sources_held(tc, 1024, n_active, d, 4) - (tc.n_layers + 1) * 1024 * d * 4
     writes = 1 if kind == "per-layer" else (tc.n_layers + 1) / 2
     assert held == n_active * (3 * 8 + 4 + 8 * budget._PADDING * writes)
-    assert budget._writer_block(tc, 1024, n_active, d, 4) == 2 * nodes.CHUNK_BYTES
-    few = budget._writer_block(tc, 1024, 1_000, d, 4)  # the largest layer's, padded, twice
+    # the largest layer's vectors (padded), bounded, and one source layer's rows
     share = 1 / tc.n_layers if kind == "per-layer" else 1
-    assert few == int(2 * budget._PADDING * 1_000 * share * d * 4)
+    rows = 1 / (budget._PADDING * tc.n_layers * share)  # over the vectors
+    bounded = budget._writer_block(tc, 1024, n_active, d, 4)
+    assert bounded == int(nodes.CHUNK_BYTES * (1 + rows))
+    few = budget._writer_block(tc, 1024, 1_000, d, 4)
+    assert few == int(budget._PADDING * 1_000 * share * d * 4 * (1 + rows))
     kw = dict(keep=100, n_logits=10, batch=8, n_active=1_000)
     none = budget.graph_bytes(model, tc, 64, **kw, source_bytes=0, block_bytes=0)
     held = budget.graph_bytes(model, tc, 64, **kw, block_bytes=0)
