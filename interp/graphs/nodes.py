@@ -157,19 +157,26 @@ def read_sources(
     """Active features (position 0 excluded), the writers' layout, errors and embeddings;
     ``chunk_bytes``: a writer block's vectors at most (None: ``CHUNK_BYTES``)."""
     n_layers = tc.n_layers
-    xs = [clean[tc.input_hook(lay)][0].to(dtype) for lay in range(n_layers)]
-    acts = []
-    for layer, x in enumerate(xs):
+    # layer by layer, a per-layer set's dense activations [pos d_tc] one layer at a time (a
+    # cross-layer set's reconstruction of layer j reads every layer's up to j)
+    acts, errors = [], []
+    layer_ids, pos_ids, feat_ids, values = [], [], [], []
+    for layer in range(n_layers):
+        x = clean[tc.input_hook(layer)][0].to(dtype)
         a = tc.encode(x, layer)
         a[0] = 0
-        acts.append(a)
-    layer_ids, pos_ids, feat_ids, values = [], [], [], []
-    for layer, a in enumerate(acts):
         pos, feat = torch.nonzero(a, as_tuple=True)
         layer_ids.append(torch.full_like(pos, layer))
         pos_ids.append(pos)
         feat_ids.append(feat)
         values.append(a[pos, feat])
+        if tc.kind != "per-layer":
+            acts.append(a)
+        recon = tc.decode(a if tc.kind == "per-layer" else acts, layer) + tc.skip(x, layer)
+        y = clean[tc.output_hook(layer)][0].to(dtype)
+        errors.append((y - recon)[1:])
+        del a, x, y, recon
+    n_pos = clean["hook_embed"].shape[1]
     feat_layer, feat_pos = torch.cat(layer_ids), torch.cat(pos_ids)
     feat_index, activation = torch.cat(feat_ids), torch.cat(values)
     columns = torch.arange(len(feat_layer), device=feat_layer.device)
@@ -178,13 +185,7 @@ def read_sources(
         # a cross-layer feature writes into every layer from its own (columns: source layer
         # by layer, so a position's slots are too)
         mine = feat_layer == j if tc.kind == "per-layer" else feat_layer <= j
-        layout.append(_by_position(columns[mine], feat_pos[mine], len(xs[0])))
-    errors = []
-    for layer, x in enumerate(xs):
-        decode_in = acts[layer] if tc.kind == "per-layer" else acts
-        recon = tc.decode(decode_in, layer) + tc.skip(x, layer)
-        y = clean[tc.output_hook(layer)][0].to(dtype)
-        errors.append((y - recon)[1:])
+        layout.append(_by_position(columns[mine], feat_pos[mine], n_pos))
     return Sources(
         feat_layer=feat_layer,
         feat_pos=feat_pos,
