@@ -28,8 +28,10 @@ from interp.engine import CachedRun
 
 __all__ = ["CHUNK_BYTES", "Sources", "node_table", "read_sources", "salient_logits"]
 
-# a writer block's output vectors at most (its positions chosen so): a row step holds one block
-# and the decoder rows gathered into it at once, so ~2 x this besides the gradients
+# a writer block's output vectors at most (its positions chosen so, one at least): a row step
+# holds one block and one source layer's decoder rows gathered into it besides its gradients.
+# Large enough that a block's matmul is not launch-bound on a GPU (at Gemma-2-2B's size ~35
+# positions of ~205 writers), small beside the gradients a row step holds there
 CHUNK_BYTES = 256 * 2**20
 
 
