@@ -118,7 +118,8 @@ class Sources:
             mine = slice(None) if self.tc.kind == "per-layer" else src_layer == s
             f = feats[mine]
             rows = self.tc.decoder_rows(s, self.feat_index[f], layer).to(dtype)
-            # in place: the same product as activation * rows, one [n d_model] tensor fewer
+            # in place (decoder_rows indexes the weights: a new tensor): the same product as
+            # activation * rows, one [n d_model] tensor fewer
             vecs[pos[mine], slot[mine]] = rows.mul_(self.activation[f, None])
         return vecs, cols
 
