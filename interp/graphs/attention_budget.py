@@ -3,8 +3,9 @@
 Both decompositions (:mod:`interp.graphs.heads`, :mod:`interp.graphs.qk`) hold, besides the
 model and the graph they were given:
 
-* the sources (:class:`interp.graphs.nodes.Sources`: exact bytes), read from a clean pass
-  whose cache (every transcoder site and the logits, model dtype) is alive while they are read;
+* the sources (:class:`interp.graphs.nodes.Sources`: exact bytes, and their largest writer
+  block, alive while a pass's gradients are contracted), read from a clean pass whose cache
+  (every transcoder site and the logits, model dtype) is alive while they are read;
 * their results, exact bytes: head loadings' ``[target layer head column]`` loadings and
   residual parts, QK attribution's ``2 x d_head`` rows of the query's and key's parts;
 * per row of a pass: the frozen passes (:mod:`interp.graphs.attention_pass`; head loadings
@@ -85,10 +86,9 @@ def _nbytes(*tensors) -> int:
 
 
 def _source_bytes(src) -> int:
-    tensors = [src.encoders, src.errors, src.embed, src.activation, src.feat_layer]
-    tensors += [src.feat_pos, src.feat_index]
-    tensors += [v for v, _ in src.writers] + [c for _, c in src.writers]
-    return _nbytes(*tensors)
+    # what the sources hold and, alive while a pass's gradients are contracted, their largest
+    # writer block (interp.graphs.nodes: no vector per feature is held)
+    return src.held_bytes + src.block_bytes
 
 
 def heads_bytes(src, loads, residual, n_edges: int) -> Held:

@@ -195,11 +195,7 @@ def contract(
         if g is None:
             continue
         g = g.to(work)
-        vecs, cols = src.writers[j]  # [pos slot d_model], [pos slot]
-        if vecs.shape[1]:
-            scores = torch.bmm(g.transpose(0, 1), vecs.transpose(1, 2))  # [pos rows slot]
-            valid = cols >= 0
-            out[:, cols[valid]] += scores.permute(1, 0, 2)[:, valid]
+        src.add_writer_scores(out, j, g)  # its writers' columns, block by block
         start = src.n_features + j * (n_pos - 1)
         out[:, start : start + n_pos - 1] = torch.einsum("bpd,pd->bp", g[:, 1:], src.errors[j])
     if embed is not None:

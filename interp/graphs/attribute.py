@@ -55,12 +55,6 @@ from interp.transcoders.loading import check_transcoders_fit
 __all__ = ["attribution_graph", "estimate_graph_bytes"]
 
 
-def _source_bytes(src: Sources) -> int:
-    tensors = [src.encoders, src.errors, src.embed] + [v for v, _ in src.writers]
-    tensors += [c for _, c in src.writers]
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) -> Tensor:
     """Attribution rows ``[b n_cols]`` (every feature, error, token) for ``b`` targets."""
     n_layers, b = len(fp.inputs), len(layers)
@@ -83,11 +77,7 @@ def _rows(fp, src: Sources, layers: Tensor, positions: Tensor, vectors: Tensor) 
         if got[j] is None:
             continue
         g = got[j][:b].to(work)
-        vecs, cols = src.writers[j]  # [pos slot d_model], [pos slot]
-        if vecs.shape[1]:
-            scores = torch.bmm(g.transpose(0, 1), vecs.transpose(1, 2))  # [pos b slot]
-            valid = cols >= 0
-            out[:, cols[valid]] += scores.permute(1, 0, 2)[:, valid]
+        src.add_writer_scores(out, j, g)  # its writers' columns, block by block
         start = src.n_features + j * (n_pos - 1)
         out[:, start : start + n_pos - 1] = torch.einsum("bpd,pd->bp", g[:, 1:], src.errors[j])
     if got[-1] is not None:
@@ -109,7 +99,7 @@ def _feature_targets(src: Sources, batch: Int[Tensor, " batch"]) -> tuple:
     """A batch of features' targets: their layers, positions and encoder rows."""
     device = src.embed.device
     layers, positions = src.feat_layer[batch], src.feat_pos[batch]
-    vectors = src.encoders[batch.to(device)]
+    vectors = src.encoder_rows(batch)
     return layers.to(device), positions.to(device), vectors
 
 
@@ -286,8 +276,8 @@ def attribution_graph(
     one_copy = one_copy_backward(model, tokens, tc, backward)  # None: the batched pass
     plan = plan_graph(
         model, tc, len(tokens), n_active=src.n_features, n_logits=len(logits[0]),
-        source_bytes=_source_bytes(src), max_feature_nodes=max_feature_nodes,
-        batch_size=batch_size, max_bytes=max_bytes,
+        source_bytes=src.held_bytes, block_bytes=src.block_bytes,
+        max_feature_nodes=max_feature_nodes, batch_size=batch_size, max_bytes=max_bytes,
         free=free_bytes(model.cfg.device) if max_bytes is None else None,
         one_copy=one_copy is not None, ranking=ranking,
     )  # fmt: skip

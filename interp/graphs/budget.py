@@ -2,8 +2,11 @@
 
 The build holds, in the work dtype (float32, float64 for a float64 model) unless said:
 
-* the sources: the active features' encoder rows, their decoder vectors by layer written to
-  (grouped by position, zero-padded), the error vectors and token embeddings;
+* the sources (:mod:`interp.graphs.nodes`): per active feature its layer, position, index
+  and activation, and its column in the layout of each layer it writes to (grouped by position,
+  padded), the error vectors and token embeddings; no vector per feature: while a row step
+  contracts, one writer block (a layer's writers' output vectors for a block of positions, at
+  most ``CHUNK_BYTES``) and the decoder rows gathered into it;
 * the rows: ``(kept features + logits) x (active features + errors + tokens + logits)``;
 * the frozen pass of ``batch`` rows (model dtype): per layer the transcoder's input and
   output and the graph around them, ``_FROZEN`` numbers per row, position and ``d_model``;
@@ -44,6 +47,7 @@ import torch
 from interp.engine.estimates import parse_size
 from interp.engine.plan import MemoryBudgetError
 from interp.foundation.sizes import available_host_bytes, format_size
+from interp.graphs.nodes import CHUNK_BYTES
 from interp.graphs.sparse_ranking import choose_entries, sparse_ranking_bytes, warn_sparse
 from interp.graphs.vjp import BACKWARDS, one_copy_fits
 
@@ -102,6 +106,16 @@ HEADROOM = 2 * 2**20
 _ONE_COPY_PASS = 3.0
 _ONE_COPY_BACKWARD = 5.0
 _FIXED_ONE_COPY = 1 * 2**20
+# [batch pos d_model] tensors (work dtype) alive beside a writer block while a layer's gradient
+# is contracted with it (interp.graphs.nodes.Sources.add_writer_scores): the gradient and the
+# matmul's contiguous copy of it. Measured: a cross-layer graph (4 layers, d_model 128, 4,096
+# features a layer, 1,024 positions, capped at 256, float32) peaked 75 MiB higher with one
+# block per layer (139 MiB of vectors) than with blocks of one position; this counts 71 MiB
+_AT_BLOCK = 2.0
+# the slots of a layout, padded to the fullest position, over a layer's mean writers a
+# position (interp.graphs.nodes): ~1.25 at Gemma-2-2B's ~164 a position; up to ~2 at the
+# small benches' ~6, where the layout is small beside the rest
+_PADDING = 1.25
 
 
 def graph_bytes(
@@ -115,20 +129,23 @@ def graph_bytes(
     batch: int,
     source_bytes: int | None = None,
     one_copy: bool = False,
+    block_bytes: int | None = None,
     entries: int | None = None,
 ) -> int:
     """Bytes the build of a graph of ``n_active`` active features (``keep`` kept) holds at its
-    peak (module docstring); ``source_bytes``: the sources' exact size where known;
-    ``one_copy``: rows by the one-copy backward (:mod:`interp.graphs.vjp`); ``entries``: under
-    a cap, ranked by the sparse ranking keeping at most this many entries a row (None: dense)."""
+    peak (module docstring); ``source_bytes``, ``block_bytes``: what the sources hold and what
+    their writer block adds (:attr:`interp.graphs.nodes.Sources.held_bytes`, ``block_bytes``)
+    where known; ``one_copy``: rows by the one-copy backward (:mod:`interp.graphs.vjp`);
+    ``entries``: under a cap, ranked by the sparse ranking keeping at most this many entries a
+    row (None: dense)."""
     cfg = model.cfg
     d, n_heads, n_layers = int(cfg.d_model), int(cfg.n_heads), int(tc.n_layers)
     work = 8 if cfg.dtype == torch.float64 else 4
     item = torch.empty((), dtype=cfg.dtype).element_size()
     if source_bytes is None:
-        writes = 1.0 if tc.kind == "per-layer" else (n_layers + 1) / 2
-        source_bytes = int(n_active * d * work * (1 + 1.25 * writes))
-        source_bytes += (n_layers + 1) * n_pos * d * work
+        source_bytes = _sources_held(tc, n_pos, n_active, d, work)
+    if block_bytes is None:
+        block_bytes = _writer_block(tc, n_pos, n_active, d, work)
     rows = keep + n_logits
     columns = n_active + n_layers * (n_pos - 1) + n_pos + n_logits
     kept_columns = columns - n_active + keep
@@ -141,6 +158,9 @@ def graph_bytes(
         frozen = n_layers * n_heads * n_pos * n_pos * item
         attention = _ONE_COPY_PASS * n_heads * n_pos * n_pos * item
         backward = token * work * _ONE_COPY_BACKWARD + batch * columns * work
+    # a row step contracts at one layer at a time, beside fewer of its gradients than its
+    # peak holds: a writer block and the rows gathered into it show only when they outgrow those
+    backward = max(backward, token * work * _AT_BLOCK + block_bytes + batch * columns * work)
     capped = keep < n_active
     # the normalised rows and their [row row] block at the rows' own nodes, on the host or on
     # a CUDA device (ranking_device)
@@ -161,6 +181,32 @@ def graph_bytes(
         kernels = _KERNELS * min(passes, 1024) ** 0.5
     fixed = _FIXED_ONE_COPY if one_copy else _FIXED.get(item, _FIXED[4])
     return int(fixed + kernels + source_bytes + block + max(during, end, pruning))
+
+
+def _writes(tc) -> float:
+    """The layers each feature writes to, on average (a cross-layer feature: its own and on)."""
+    return 1.0 if tc.kind == "per-layer" else (int(tc.n_layers) + 1) / 2
+
+
+def _sources_held(tc, n_pos: int, n_active: int, d: int, work: int) -> int:
+    """The sources' bytes (:attr:`interp.graphs.nodes.Sources.held_bytes`): per feature its
+    layer, position, index (int64) and activation, a column (int64) in each layer's layout it
+    writes to (padded: ``_PADDING``); the errors and embeddings ``[pos d_model]`` per layer + 1."""
+    per_feature = 3 * 8 + work + 8 * _PADDING * _writes(tc)
+    return int(n_active * per_feature) + (int(tc.n_layers) + 1) * n_pos * d * work
+
+
+def _writer_block(tc, n_pos: int, n_active: int, d: int, work: int) -> int:
+    """What a row step's writer block adds (:attr:`interp.graphs.nodes.Sources.block_bytes`):
+    the largest layer's writers' vectors (per-layer: an even share of the features; cross-layer:
+    the last layer's, every feature), padded, at most ``CHUNK_BYTES`` (one position at least),
+    and one source layer's decoder rows gathered into it (``n_active / n_layers`` features in
+    that block's share)."""
+    n_layers = int(tc.n_layers)
+    share = 1 / n_layers if tc.kind == "per-layer" else 1.0
+    vectors = _PADDING * n_active * share * d * work
+    block = min(vectors, max(CHUNK_BYTES, vectors / n_pos))
+    return int(block * (1 + 1 / (_PADDING * n_layers * share)))
 
 
 def estimate_graph_bytes(
@@ -285,6 +331,7 @@ def plan_graph(
     n_active: int,
     n_logits: int,
     source_bytes: int,
+    block_bytes: int | None = None,
     max_feature_nodes: int | None,
     batch_size: int | None,
     max_bytes: int | str | None,
@@ -305,7 +352,8 @@ def plan_graph(
     def any_ranking(batch: int, entries: int | None = None) -> int:
         return graph_bytes(
             model, tc, n_pos, n_active=n_active, keep=keep, n_logits=n_logits, batch=batch,
-            source_bytes=source_bytes, one_copy=one_copy, entries=entries,
+            source_bytes=source_bytes, one_copy=one_copy, block_bytes=block_bytes,
+            entries=entries,
         )  # fmt: skip
 
     asked = 64 if batch_size is None else int(batch_size)

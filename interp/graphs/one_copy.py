@@ -163,11 +163,7 @@ def _read(out: Tensor, src, layer: int, g: Float[Tensor, "batch pos d_model"]) -
     """The columns of the MLP output ``layer``'s sources (its writers and error nodes) from the
     gradient ``g`` there (positions past ``g``'s carry none)."""
     p = g.shape[1]
-    vecs, cols = src.writers[layer]  # [pos slot d_model], [pos slot]
-    if vecs.shape[1]:
-        scores = torch.bmm(g.transpose(0, 1), vecs[:p].transpose(1, 2))  # [pos b slot]
-        valid = cols[:p] >= 0
-        out[:, cols[:p][valid]] += scores.permute(1, 0, 2)[:, valid]
+    src.add_writer_scores(out, layer, g)  # its writers' columns, block by block
     n_pos = src.embed.shape[0]
     start = src.n_features + layer * (n_pos - 1)
     out[:, start : start + p - 1] = torch.einsum("bpd,pd->bp", g[:, 1:], src.errors[layer][: p - 1])
