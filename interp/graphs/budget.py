@@ -98,12 +98,13 @@ HEADROOM = 2 * 2**20
 # were not counted: the fifth copy stood in for them at 16-256 positions and overcounted from
 # 512 (float32 estimates 1.11-1.14 of the peak at 512-2,048 positions: one [64 pos 128]
 # float32 copy, 16-64 MiB, over; bfloat16 within 1.06 only because its upcast pattern, 4-64
-# MiB, was missing). 0.5 MiB of the allocator's and the heap's own (glibc's heap grew 1.1-1.3
-# MiB in use and 0.4-1.0 free over a 16-32 position build), fitted with the terms here to the
-# 16-128 position points on 1 and 2 threads (1 MiB while MKL's buffers were not counted)
+# MiB, was missing). 1 MiB of the allocator's and the heap's own (glibc's heap: 1.0-1.3 MiB
+# more in use at a 16-position build's peak, and free holes), fitted with the terms here to
+# the 16-64 position points on 1 and 2 threads, the heap trimmed before the call (as the
+# build's clean pass trims it: benchmarks/bench_graph_memory.py)
 _ONE_COPY_PASS = 3.0
 _ONE_COPY_BACKWARD = 4.0
-_FIXED_ONE_COPY = 0.5 * 2**20
+_FIXED_ONE_COPY = 1 * 2**20
 # a half-precision model's one pass on CPU (the one-copy backward): oneDNN's cached kernels,
 # 2.1-2.7 MiB (the peak less the peak with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0, 16-256
 # positions, 1 or 2 threads), and 1.3 MiB more with that cache off (a bfloat16 graph of 16
