@@ -124,6 +124,13 @@ _KERNELS_ONE_COPY = 3.5 * 2**20
 # 512: counted as _GEMM_OTHER + work bytes x batch*d_head x min(pos, _GEMM_K) per thread
 _GEMM_OTHER = 0.5 * 2**20
 _GEMM_K = 256
+# the one-copy row step's [batch columns] blocks (its rows, a layer's scores and their gathered
+# copy) come from glibc's heap while they are under FREED_AT (at batch 64 and 2 layers: up to
+# 64 positions), and their freed holes stay resident there: at a 32-64 position graph's peak
+# the heap held 2.0-2.8 MiB (1.1-2.3 in use, 0.4-1.6 in free holes), at 16 positions 1.0-1.5,
+# and the estimate fell 0.5-1.6 MiB short at 32-64 positions (0.83-0.96 of the peak). From 128
+# positions (a 500 KiB block) they are mmapped and freed at once
+_HEAP_BLOCKS = 3
 
 
 def graph_bytes(
@@ -165,6 +172,8 @@ def graph_bytes(
         backward = token * work * _ONE_COPY_BACKWARD + batch * columns * work
         if item < work:  # a layer's pattern upcast for its transpose (value_path._dense)
             backward += n_heads * n_pos * n_pos * work
+        if batch * columns * work < FREED_AT:  # the row step's blocks in glibc's heap
+            backward += _HEAP_BLOCKS * batch * columns * work
     capped = keep < n_active
     # the normalised rows and their [row row] block at the rows' own nodes, on the host or on
     # a CUDA device (ranking_device)
