@@ -18,7 +18,11 @@ The build holds, in the work dtype (float32, float64 for a float64 model) unless
   attention while the prompt's one pass runs (``_ONE_COPY_PASS``), and the backward's
   ``[batch pos d_model]`` gradients (``_ONE_COPY_BACKWARD``, work dtype) and block of rows;
 * a bfloat16/float16 model on CPU: the kernels oneDNN compiles and caches per shape, which
-  grow with the passes (``_KERNELS``; the one-copy backward: one pass, its rows in float32);
+  grow with the passes (``_KERNELS``; the one-copy backward: one pass, its rows in float32:
+  ``_KERNELS_ONE_COPY``, and one layer's pattern upcast at a time);
+* with the one-copy backward on CPU, MKL's matmul buffers, kept per thread at the largest
+  size each thread has met (``_GEMM_OTHER``, ``_GEMM_K``): ``torch.get_num_threads()`` of
+  them, or the ``threads`` given;
 * under a cap, the ranking's normalised copy of the rows and its ``[row row]`` block at the
   rows' own nodes (:mod:`interp.graphs.ranking`),
   filled as the rows are and alive with the row step's working memory until the last row,
@@ -91,21 +95,53 @@ _BACKWARD = (0.5, 4.0)  # (per layer, fixed) [batch pos d_model] tensors of one 
 # 9.96 MiB peaked at 10.1-12.9 MiB in four fresh processes, 10.0-10.4 MiB with 256 KiB
 FREED_AT = 256 * 2**10
 # max_bytes bounds the peak; the estimate is a fit to it. The planner keeps HEADROOM of max_bytes
-# unplanned for what a small graph's first build allocates that the estimate cannot foresee:
-# MKL keeps the buffers of a float32 matmul at a size it first meets (~4 MiB more mmapped after
-# a 32-position build, 0.4 with MKL_DISABLE_FAST_MM=1) and glibc's heap moves by ~0.5 MiB run to
-# run; a 32-position graph planned at 4.6 MiB peaked at 6.0. Negligible at a large graph's size
+# unplanned for what a small graph's build allocates that the estimate cannot foresee: glibc's
+# heap moves by ~0.5 MiB run to run (its free holes at the peak: 0.4-1.0 MiB at 32 positions),
+# and the kernel's high-water mark itself is counted per CPU in batches (VmHWM read 0.01-0.27
+# MiB under a known peak); a 32-position graph planned at 4.6 MiB had peaked at 6.0 before
+# MKL's buffers were counted. Negligible at a large graph's size
 HEADROOM = 2 * 2**20
 # the one-copy backward (interp.graphs.vjp): [head pos pos] tensors alive at one layer's
 # attention in its one-row recording pass (as _ATTENTION, for one row), [batch pos d_model]
 # tensors (work dtype) alive in its backward (the residual's gradient, the attention's and a
-# norm's transposes, the skip term's), and the allocator's own (no autograd graph: less than
-# _FIXED: 1 MiB once blocks of FREED_AT went back at once, 2 before). On the grid of 16 to
-# 2,048 positions (per-layer and cross-layer, float32 and bfloat16; docs/graphs.md) every
-# estimate is within 0.89-1.12 of its peak
+# norm's transposes), one layer's pattern upcast to the work dtype where the model's is
+# narrower, and the allocator's own. _ONE_COPY_BACKWARD was 5.0 while MKL's buffers (below)
+# were not counted: the fifth copy stood in for them at 16-256 positions and overcounted from
+# 512 (float32 estimates 1.11-1.14 of the peak at 512-2,048 positions: one [64 pos 128]
+# float32 copy, 16-64 MiB, over; bfloat16 within 1.06 only because its upcast pattern, 4-64
+# MiB, was missing). 1 MiB of the allocator's and the heap's own (glibc's heap: 1.0-1.3 MiB
+# more in use at a 16-position build's peak, and free holes), fitted with the terms here to
+# the 16-64 position points on 1 and 2 threads, the heap trimmed before the call (as the
+# build's clean pass trims it: benchmarks/bench_graph_memory.py)
 _ONE_COPY_PASS = 3.0
-_ONE_COPY_BACKWARD = 5.0
+_ONE_COPY_BACKWARD = 4.0
 _FIXED_ONE_COPY = 1 * 2**20
+# a half-precision model's one pass on CPU (the one-copy backward): oneDNN's cached kernels,
+# 2.1-2.7 MiB (the peak less the peak with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0, 16-256
+# positions, 1 or 2 threads), and 1.3 MiB more with that cache off (a bfloat16 graph of 16
+# positions peaked 4.6-4.8 MiB without its cache, the float32 graph 3.0-3.7 on one thread);
+# bfloat16 less float32 peaks on the grid: 3.6-3.9 MiB at 16-256 positions
+_KERNELS_ONE_COPY = 3.5 * 2**20
+# MKL (float32/float64 matmuls on CPU) keeps each thread's buffers at the largest size that
+# thread has met (its "fast memory manager"; MKL_DISABLE_FAST_MM=1 frees them after each
+# call). Per thread the largest is the attention's transpose, pattern^T [pos pos] @ [pos
+# batch*d_head] per head: measured alone (the resident size freed by mkl_free_buffers) it
+# holds 4 bytes x batch*d_head x pos per thread up to pos 128 (1.07 MiB at 128 x 2,048), and
+# 1.1-1.8 MiB beyond (MKL's blocking); twice that on two threads. Over a whole build (the
+# other matmuls' buffers too: the skip term's, the contraction's, the clean pass's) a thread
+# held 0.4-0.7 MiB at 16 positions, 1.1-1.3 at 64, 1.4-1.6 at 128, 1.7-1.8 at 256 and
+# 2.4-3.0 at 512-2,048 (2-layer, d_model 128, 4 heads, batch 64), and a graph's peak on two
+# threads stood 0.6-1.5 MiB above its peak on one (16-256 positions), 2.9-3.2 MiB above from
+# 512: counted as _GEMM_OTHER + work bytes x batch*d_head x min(pos, _GEMM_K) per thread
+_GEMM_OTHER = 0.5 * 2**20
+_GEMM_K = 256
+# the one-copy row step's [batch columns] blocks (its rows, a layer's scores and their gathered
+# copy) come from glibc's heap while they are under FREED_AT (at batch 64 and 2 layers: up to
+# 64 positions), and their freed holes stay resident there: at a 32-64 position graph's peak
+# the heap held 2.0-2.8 MiB (1.1-2.3 in use, 0.4-1.6 in free holes), at 16 positions 1.0-1.5,
+# and the estimate fell 0.5-1.6 MiB short at 32-64 positions (0.83-0.96 of the peak). From 128
+# positions (a 500 KiB block) they are mmapped and freed at once
+_HEAP_BLOCKS = 3
 # [batch pos d_model] tensors (work dtype) alive beside a writer block while a layer's gradient
 # is contracted with it (interp.graphs.nodes.Sources.add_writer_scores): the gradient and the
 # matmul's contiguous copy of it. Measured: a cross-layer graph (4 layers, d_model 128, 4,096
@@ -131,13 +167,15 @@ def graph_bytes(
     one_copy: bool = False,
     block_bytes: int | None = None,
     entries: int | None = None,
+    threads: int | None = None,
 ) -> int:
     """Bytes the build of a graph of ``n_active`` active features (``keep`` kept) holds at its
     peak (module docstring); ``source_bytes``, ``block_bytes``: what the sources hold and what
     their writer block adds (:attr:`interp.graphs.nodes.Sources.held_bytes`, ``block_bytes``)
     where known; ``one_copy``: rows by the one-copy backward (:mod:`interp.graphs.vjp`);
     ``entries``: under a cap, ranked by the sparse ranking keeping at most this many entries a
-    row (None: dense)."""
+    row (None: dense); ``threads``: the threads its matmuls run on (None:
+    ``torch.get_num_threads()``)."""
     cfg = model.cfg
     d, n_heads, n_layers = int(cfg.d_model), int(cfg.n_heads), int(tc.n_layers)
     work = 8 if cfg.dtype == torch.float64 else 4
@@ -158,6 +196,10 @@ def graph_bytes(
         frozen = n_layers * n_heads * n_pos * n_pos * item
         attention = _ONE_COPY_PASS * n_heads * n_pos * n_pos * item
         backward = token * work * _ONE_COPY_BACKWARD + batch * columns * work
+        if item < work:  # a layer's pattern upcast for its transpose (value_path._dense)
+            backward += n_heads * n_pos * n_pos * work
+        if batch * columns * work < FREED_AT:  # the row step's blocks in glibc's heap
+            backward += _HEAP_BLOCKS * batch * columns * work
     # a row step contracts at one layer at a time, beside fewer of its gradients than its
     # peak holds: a writer block and the rows gathered into it show only when they outgrow those
     backward = max(backward, token * work * _AT_BLOCK + block_bytes + batch * columns * work)
@@ -175,10 +217,15 @@ def graph_bytes(
         block, end = 0, end + frozen + max(attention, backward)
     during = frozen + ranking + max(attention, backward)
     kernels = 0.0
-    if item < 4 and str(cfg.device).startswith("cpu"):
+    on_cpu = str(cfg.device).startswith("cpu")
+    if item < 4 and on_cpu:
+        passes = (-(-n_logits // batch) + -(-keep // batch)) * (1 + sparse)
         # the one-copy backward runs one pass in the model's dtype (its rows in float32)
-        passes = 1 if one_copy else (-(-n_logits // batch) + -(-keep // batch)) * (1 + sparse)
-        kernels = _KERNELS * min(passes, 1024) ** 0.5
+        kernels = _KERNELS_ONE_COPY if one_copy else _KERNELS * min(passes, 1024) ** 0.5
+    if one_copy and on_cpu:  # MKL's buffers, per thread (the batched pass's fit has its own)
+        threads = torch.get_num_threads() if threads is None else int(threads)
+        d_head = d // n_heads
+        kernels += threads * (_GEMM_OTHER + work * batch * d_head * min(n_pos, _GEMM_K))
     fixed = _FIXED_ONE_COPY if one_copy else _FIXED.get(item, _FIXED[4])
     return int(fixed + kernels + source_bytes + block + max(during, end, pruning))
 
@@ -221,6 +268,7 @@ def estimate_graph_bytes(
     backward: str = "auto",
     ranking: str = "auto",
     max_bytes: int | str | None = None,
+    threads: int | None = None,
 ) -> int:
     """Bytes :func:`interp.attribution_graph` holds at its peak for a prompt of ``n_pos`` tokens
     through transcoders ``tc`` (the model's own weights not counted).
@@ -236,6 +284,8 @@ def estimate_graph_bytes(
         ranking, max_bytes: the ranking under a cap (``attribution_graph``'s): ``"auto"``
             counts the sparse one where the dense one needs more than ``max_bytes`` (or, without
             it, the memory free on the model's device).
+        threads: the threads the build's matmuls run on (None: ``torch.get_num_threads()``,
+            what the build will use); on CPU MKL keeps buffers per thread.
     """
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {', '.join(BACKWARDS)}, got {backward!r}")
@@ -251,7 +301,7 @@ def estimate_graph_bytes(
     def sized(batch: int, entries: int | None = None) -> int:
         return graph_bytes(
             model, tc, n_pos, n_active=n_active, keep=keep, n_logits=n_logits, batch=batch,
-            one_copy=one_copy, entries=entries,
+            one_copy=one_copy, entries=entries, threads=threads,
         )  # fmt: skip
 
     room = parse_size(max_bytes) - HEADROOM if max_bytes is not None else None
