@@ -16,7 +16,7 @@ once (:mod:`interp.graphs.vjp`, the one-copy backward, where the model is covere
 target's vector (circuit-tracer's phases: logits first, then features, ranked by influence in
 rounds under ``max_feature_nodes``).
 
-The build reads as three steps: the plan (:func:`interp.graphs.budget.plan_graph`: features
+The build reads as three steps: the plan (:func:`interp.graphs.graph_plan.plan_graph`: features
 kept, batch, rounds, the ranking, under the memory budget), the rows (:func:`_graph_rows`:
 logits, then features in rounds, each batch of targets turned into rows by one call of the row
 step: :func:`_rows` over the batched frozen pass, or :meth:`interp.graphs.one_copy.OneCopy.rows`)
@@ -41,9 +41,10 @@ from tqdm.auto import tqdm
 
 from interp.engine import run_cached, to_tokens
 from interp.engine.allocator import return_freed_memory
-from interp.graphs.budget import FREED_AT, GraphPlan, estimate_graph_bytes, free_bytes, plan_graph
+from interp.graphs.budget import FREED_AT, estimate_graph_bytes, free_bytes
 from interp.graphs.frozen import FINAL_HOOK, frozen_pass, no_param_grads
 from interp.graphs.graph import AttributionGraph
+from interp.graphs.graph_plan import GraphPlan, plan_graph
 from interp.graphs.nodes import Sources, node_table, read_sources, salient_logits
 from interp.graphs.row_table import RowTable as _RowTable  # tests/graphs patch its next_round
 from interp.graphs.row_table import certified, kept_columns, kept_rows, new_table

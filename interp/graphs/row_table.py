@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from interp.graphs.budget import GraphPlan
+from interp.graphs.graph_plan import GraphPlan
 from interp.graphs.nodes import Sources
 from interp.graphs.ranking import Ranking, ranking_device
 from interp.graphs.sparse_ranking import SparseRanking

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from interp.graphs import budget
+from interp.graphs import budget, graph_plan
 from interp.graphs.budget import estimate_graph_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_max_bytes_keeps_the_headroom():
     model = _model(torch.float32)
 
     def plan(max_bytes):
-        return budget.plan_graph(
+        return graph_plan.plan_graph(
             model, TC, 64, n_active=800, n_logits=10, source_bytes=10**6, max_feature_nodes=256,
             batch_size=64, max_bytes=max_bytes, free=None, one_copy=True,
         )  # fmt: skip
