@@ -5,6 +5,7 @@ positions capped at 8,192 features in <= 10 minutes::
 
     python benchmarks/bench_graph_gemma.py OUT [--bench DIR] [--scale 1] [--density 0.01]
         [--device cuda] [--cases 1024:8192:60,8192:8192:600] [--batch N] [--max-bytes 70GB]
+        [--ranking auto|dense|sparse]
 
 builds the bench into DIR (default OUT/bench; kept, and reused when its build_stats.json has
 the same --scale and --density), then runs each case N_POS:MAX_FEATURE_NODES:TARGET_S[:LIMIT_S]
@@ -84,7 +85,7 @@ class _PeakRSS:
 
 def run_case(bench: Path, n_pos: int, max_feature_nodes: int | None = None, *, device: str = "cuda",
              batch: int | None = None, max_bytes: str | None = None, warm: int = WARM,
-             dtype: torch.dtype = torch.bfloat16):  # fmt: skip
+             dtype: torch.dtype = torch.bfloat16, ranking: str = "auto"):  # fmt: skip
     """Time one graph on the bench, the model and transcoders loaded in ``dtype``; returns
     (figures, graph); ``graph.context`` holds the model and the transcoders."""
     import interp
@@ -105,6 +106,7 @@ def run_case(bench: Path, n_pos: int, max_feature_nodes: int | None = None, *, d
     ids = torch.randint(1, int(model.cfg.d_vocab), (n_pos - 1,), generator=gen)
     tokens = torch.cat([torch.tensor([0]), ids])
     kw = {"max_feature_nodes": max_feature_nodes, "batch_size": batch, "max_bytes": max_bytes}
+    kw |= {"ranking": ranking} if max_feature_nodes else {}
     start = time.perf_counter()
     interp.attribution_graph(model, tokens[: min(warm, n_pos)], tc, **kw)
     sync()
@@ -121,9 +123,10 @@ def run_case(bench: Path, n_pos: int, max_feature_nodes: int | None = None, *, d
     nodes = graph.nodes
     n_active = int(graph.info["active_features"])
     chosen = int(graph.info["batch_size"])
+    mode = graph.info.get("ranking_mode")  # the ranking the build used (None: uncapped)
     estimate = interp.estimate_graph_bytes(
         model, tc, n_pos, max_feature_nodes, chosen, n_active=n_active,
-        n_logits=len(graph.logit_token_ids),
+        n_logits=len(graph.logit_token_ids), ranking=mode or "auto",
     )  # fmt: skip
     res = {
         "n_pos": n_pos, "max_feature_nodes": max_feature_nodes, "device": str(dev),
@@ -133,6 +136,9 @@ def run_case(bench: Path, n_pos: int, max_feature_nodes: int | None = None, *, d
         "n_logits": len(graph.logit_token_ids), "batch_requested": batch, "batch_used": chosen,
         "max_bytes": max_bytes, "estimate_bytes": int(estimate),
         "estimate_bytes_graph": int(graph.info["estimated_bytes"]),
+        "ranking_mode": mode, "ranking_entries": graph.info.get("ranking_entries"),
+        "ranking_rounds": graph.info.get("ranking_rounds"),
+        "ranking_certified": graph.info.get("ranking_certified"),
         "peak_rss_mb": round(rss.peak / 2**20), "interp": interp.__version__,
         "torch": torch.__version__,
     }  # fmt: skip
@@ -153,9 +159,11 @@ def _run_one(argv: list[str]) -> int:  # the child process of one case
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--max-bytes", default=None)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--ranking", default="auto", choices=("auto", "dense", "sparse"))
     a = ap.parse_args(argv)
     res, _ = run_case(a.bench, a.n_pos, a.cap or None, device=a.device, batch=a.batch,
-                      max_bytes=a.max_bytes, dtype=getattr(torch, a.dtype))  # fmt: skip
+                      max_bytes=a.max_bytes, dtype=getattr(torch, a.dtype),
+                      ranking=a.ranking)  # fmt: skip
     print(json.dumps(res), flush=True)
     return 0
 
@@ -196,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=None, help="None: attribution_graph's choice")
     ap.add_argument("--max-bytes", default=None)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--ranking", default="auto", choices=("auto", "dense", "sparse"))
     ap.add_argument("--build-limit", type=float, default=540.0, help="seconds for the build")
     a = ap.parse_args(argv)
     cases = parse_cases(a.cases)
@@ -226,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd += [str(case["n_pos"]), str(case["max_feature_nodes"] or 0), "--device", a.device]
         cmd += ["--batch", str(a.batch)] if a.batch else []
         cmd += ["--max-bytes", a.max_bytes] if a.max_bytes else []
-        cmd += ["--dtype", a.dtype]
+        cmd += ["--dtype", a.dtype, "--ranking", a.ranking]
         status, lines, secs = _child(cmd, case["limit_s"], log)
         row = dict(case, status=status, process_s=secs, **(lines[-1] if lines else {}))
         row["target_met"] = bool(lines) and lines[-1]["wall_s"] <= case["target_s"]
