@@ -143,6 +143,13 @@ def _child(tmp_path, **spec) -> dict:
 # the estimate counts by the thread count. Before it did, the smallest points missed: the
 # 16-position bfloat16 estimate 1.17-1.21 of its peak on one thread, the 32-position capped
 # float32 one 0.82-0.89 on two (docs/graphs.md, "Memory and scale")
+# A graph of 16-32 positions peaks at 4-12 MiB, and glibc's heap layout moves that peak from one
+# fresh process to the next: repeats of the per-layer float32 16-position point peaked at
+# 3.8-4.4 MiB (its estimate 4.3: 0.97-1.13), the 32-position one at 7.3-8.7 MiB (docs/graphs.md,
+# "Memory and scale"). There the peak is the median of REPEATS fresh processes, so that one
+# process's layout does not decide the test; the bound is the same
+NOISY_UP_TO = 32
+REPEATS = 3
 POINTS = [
     ("per-layer", "float32", 16, None, 1),
     ("per-layer", "float32", 16, None, 2),
@@ -173,9 +180,14 @@ BUDGET_POINTS = [
 def test_measured_peak_is_the_estimate(tmp_path, kind, dtype, n_pos, cap, threads):
     """A fresh process's peak resident size over the build (the memory benchmark's child, its
     matmuls on ``threads`` threads; the estimate counts MKL's buffers for that many)."""
-    free = _child(tmp_path, kind=kind, dtype=dtype, n_pos=n_pos, cap=cap, threads=threads)
+    runs = REPEATS if n_pos <= NOISY_UP_TO else 1
+    got = [
+        _child(tmp_path, kind=kind, dtype=dtype, n_pos=n_pos, cap=cap, threads=threads)
+        for _ in range(runs)
+    ]
+    free = sorted(got, key=lambda run: run["peak"])[runs // 2]  # the median peak
     assert free["threads"] == threads
-    assert abs(free["estimate"] / free["peak"] - 1) <= ESTIMATE_SPREAD, free
+    assert abs(free["estimate"] / free["peak"] - 1) <= ESTIMATE_SPREAD, got
 
 
 @pytest.mark.slow
