@@ -49,6 +49,8 @@ def _child(spec: dict) -> dict:
     import torch
 
     sys.path.append(str(ROOT))  # after PYTHONPATH: the revision's interp, not this checkout's
+    # the revision's benchmarks too, so this builds its case itself (memory_child's
+    # gpt2_graph_case is newer than the revisions it compares)
     from benchmarks.memory_child import Peak, free_at_once, random_transcoders
 
     free_at_once()

@@ -30,27 +30,16 @@ def _child(spec: dict) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from benchmarks.memory_child import Peak, free_at_once, random_transcoders
+    from benchmarks.memory_child import Peak, free_at_once, gpt2_graph_case
 
     free_at_once()
     torch.set_num_threads(spec["threads"])
     import interp
     from interp.graphs import sparse_ranking
-    from tests.checkpoints import make_checkpoint
 
     sparse_ranking.ENTRIES = spec["entries"]
-    n, d, heads = spec["layers"], spec["d_model"], spec["heads"]
-    folder = Path(spec["dir"]) / f"model{n}_{d}_{heads}"
-    if not (folder / "config.json").exists():
-        make_checkpoint(folder, arch="gpt2", n_layers=n, n_heads=heads, d_model=d,
-                        n_ctx=2048, vocab_size=1000)  # fmt: skip
-    model = interp.load_model(folder, device=spec["device"])
-    gen = torch.Generator().manual_seed(0)
-    tc = random_transcoders(n, d, spec["d_tc"], "per-layer", "bench-sparse", ACTIVE, gen)
-    tc = tc.to(spec["device"])
+    model, tc, tokens = gpt2_graph_case(spec, "bench-sparse", ACTIVE)
     n_pos = spec["n_pos"]
-    tokens = torch.cat([torch.zeros(1, dtype=torch.long),
-                        torch.randint(1, 400, (n_pos - 1,), generator=gen)])  # fmt: skip
     options = dict(max_feature_nodes=spec["cap"], batch_size=spec["batch"],
                    ranking=spec["ranking"])  # fmt: skip
     interp.attribution_graph(model, tokens[:16], tc, **{**options, "max_feature_nodes": 8})

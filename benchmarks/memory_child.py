@@ -52,6 +52,29 @@ def random_transcoders(
     )
 
 
+def gpt2_graph_case(spec: dict, name: str, active: float = 0.01):
+    """The model, per-layer transcoders and prompt of a graph bench's child: a random GPT-2
+    checkpoint (``spec``'s layers, d_model, heads; written once into ``spec["dir"]``), random
+    ReLU transcoders (``spec["d_tc"]`` wide, ``active`` of features firing) and ``spec["n_pos"]``
+    tokens (BOS id 0, then seeded ids), on ``spec["device"]``."""
+    import torch
+
+    import interp
+    from tests.checkpoints import make_checkpoint
+
+    n, d, heads = spec["layers"], spec["d_model"], spec["heads"]
+    folder = Path(spec["dir"]) / f"model{n}_{d}_{heads}"
+    if not (folder / "config.json").exists():
+        make_checkpoint(folder, arch="gpt2", n_layers=n, n_heads=heads, d_model=d,
+                        n_ctx=2048, vocab_size=1000)  # fmt: skip
+    model = interp.load_model(folder, device=spec["device"])
+    gen = torch.Generator().manual_seed(0)
+    tc = random_transcoders(n, d, spec["d_tc"], "per-layer", name, active, gen)
+    tokens = torch.cat([torch.zeros(1, dtype=torch.long),
+                        torch.randint(1, 400, (spec["n_pos"] - 1,), generator=gen)])  # fmt: skip
+    return model, tc.to(spec["device"]), tokens
+
+
 def _rss() -> dict[str, int]:
     lines = Path("/proc/self/status").read_text().splitlines()
     pairs = (line.split(":", 1) for line in lines)
